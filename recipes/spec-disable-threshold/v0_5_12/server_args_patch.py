@@ -1,0 +1,100 @@
+"""Threshold flag for SGLang 0.5.12 (classic ServerArgs: a dataclass field plus argparse).
+
+Both a field and an ``add_argument`` are needed in this style: ``from_cli_args`` reads every
+dataclass field from the argparse namespace.
+"""
+
+import argparse
+import logging
+from typing import Optional
+
+from sglang.srt.environ import envs
+
+logger = logging.getLogger(__name__)
+
+
+class ServerArgsFields:
+    speculative_disable_batch_size_threshold: Optional[int] = None
+    speculative_disable_batch_size_hysteresis: int = 0
+
+
+def add_cli_args(parser: argparse.ArgumentParser):
+    parser.add_argument(
+        "--speculative-disable-batch-size-threshold",
+        type=int,
+        default=ServerArgs.speculative_disable_batch_size_threshold,
+        help="Dynamic speculation disable: when a decode batch holds more than this many "
+        "requests, EAGLE skips drafting and runs a plain one-token target decode (keeping the "
+        "draft KV cache in sync). 0 means never draft in decode. Default: off.",
+    )
+    parser.add_argument(
+        "--speculative-disable-batch-size-hysteresis",
+        type=int,
+        default=ServerArgs.speculative_disable_batch_size_hysteresis,
+        help="Once drafting is off, turn it back on only when the decode batch is at most "
+        "threshold - hysteresis requests (avoids flapping at the boundary). Default: 0.",
+    )
+
+
+def call_validation(self):
+    self._validate_speculative_disable_threshold()
+
+
+class ServerArgs:
+    speculative_disable_batch_size_threshold: Optional[int] = None
+    speculative_disable_batch_size_hysteresis: int = 0
+
+    def _validate_speculative_disable_threshold(self):
+        """spectool: refuse settings under which the batch-size fallback cannot work."""
+        threshold = self.speculative_disable_batch_size_threshold
+        if threshold is None:
+            return
+        if threshold < 0:
+            raise ValueError(
+                f"--speculative-disable-batch-size-threshold must be >= 0 (got {threshold}); "
+                "0 means never draft in decode."
+            )
+        hysteresis = self.speculative_disable_batch_size_hysteresis
+        if hysteresis < 0 or (hysteresis > 0 and hysteresis > threshold):
+            raise ValueError(
+                "--speculative-disable-batch-size-hysteresis must be between 0 and the "
+                f"threshold ({threshold}), got {hysteresis}."
+            )
+        if self.speculative_algorithm not in ("EAGLE", "EAGLE3"):
+            raise ValueError(
+                "--speculative-disable-batch-size-threshold needs --speculative-algorithm "
+                f"EAGLE or EAGLE3 (got {self.speculative_algorithm})."
+            )
+        if self.disable_overlap_schedule or not envs.SGLANG_ENABLE_SPEC_V2.get():
+            raise ValueError(
+                "--speculative-disable-batch-size-threshold works on the overlap (spec v2) "
+                "worker only: do not pass --disable-overlap-schedule or SGLANG_ENABLE_SPEC_V2=0."
+            )
+        if self.speculative_eagle_topk != 1:
+            raise ValueError(
+                "--speculative-disable-batch-size-threshold needs --speculative-eagle-topk 1 "
+                f"(got {self.speculative_eagle_topk})."
+            )
+        if self.enable_dp_attention:
+            raise ValueError(
+                "--speculative-disable-batch-size-threshold cannot be combined with "
+                "--enable-dp-attention: each DP rank sees its own batch size, so ranks would "
+                "take different branches around collective operations."
+            )
+        if self.speculative_adaptive:
+            raise ValueError(
+                "--speculative-disable-batch-size-threshold cannot be combined with "
+                "--speculative-adaptive: both swap the worker's runtime state between steps."
+            )
+        if (
+            self.max_running_requests is not None
+            and threshold >= self.max_running_requests
+        ):
+            logger.warning(
+                "speculative_disable_batch_size_threshold=%s is not below "
+                "max_running_requests=%s (spec v2 lowers the default to 48): the decode batch "
+                "can never exceed it, so drafting will never be switched off. Raise "
+                "--max-running-requests or lower the threshold.",
+                threshold,
+                self.max_running_requests,
+            )

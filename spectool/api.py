@@ -1,0 +1,195 @@
+"""The small public API: apply, check, status, revert. The CLI is a thin layer over these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__, lockfile, transaction
+from .errors import SourceError, ValidationError
+from .plan import (ALREADY_APPLIED, APPLIED_NOW, OK_STATES, UPSTREAMED, WOULD_APPLY, Plan,
+                   build_plan, sha256)
+from .recipe import Recipe, load_recipes
+from .source import SglangTree, locate
+
+
+@dataclass
+class Outcome:
+    """What a command did, ready to print as text or JSON."""
+
+    command: str
+    tree: SglangTree | None
+    plan: Plan | None = None
+    ok: bool = True
+    notes: list[str] = field(default_factory=list)
+    files: list[dict] = field(default_factory=list)
+    wrote: bool = False
+
+    def to_json(self) -> dict:
+        out = {
+            "command": self.command,
+            "ok": self.ok,
+            "sglang_dir": str(self.tree.dir) if self.tree else None,
+            "sglang_version": str(self.tree.version) if self.tree else None,
+            "notes": self.notes,
+            "files": self.files,
+        }
+        if self.plan is not None:
+            out["recipes"] = [r.to_json() for r in self.plan.results]
+            out["changed_files"] = [c.relpath for c in self.plan.changes]
+        return out
+
+
+def _integrity(tree: SglangTree, lock: lockfile.Lock | None) -> list[dict]:
+    """Per locked file: intact (as we wrote it), original, or modified since."""
+    if lock is None:
+        return []
+    out = []
+    for rel, h in sorted(lock.files.items()):
+        path = tree.root / rel
+        cur = sha256(path.read_bytes()) if path.exists() else None
+        state = "intact" if cur == h["after"] else "original" if cur == h["before"] else "missing" if cur is None else "modified"
+        out.append({"file": rel, "state": state, "before": h["before"], "after": h["after"], "current": cur})
+    return out
+
+
+def _refuse_modified(tree: SglangTree, lock, files: list[dict], force: bool, verb: str) -> None:
+    if force or lock is None:
+        return
+    bad = [f["file"] for f in files if f["state"] in ("modified", "missing")]
+    if str(tree.version) != lock.sglang_version:
+        raise SourceError(
+            f"{tree.dir} holds SGLang {tree.version}, but its spectool.lock was written for "
+            f"{lock.sglang_version}: the tree was replaced under the patch. Revert or reinstall, "
+            f"or pass --force to {verb} anyway."
+        )
+    if bad:
+        raise SourceError(
+            f"{len(bad)} patched file(s) changed since spectool wrote them ({', '.join(bad)}): "
+            f"edited by hand or replaced by another SGLang. spectool will not {verb} over them; "
+            "restore them or pass --force."
+        )
+
+
+def _select(recipes_dir, select) -> list[Recipe]:
+    return load_recipes(Path(recipes_dir) if recipes_dir else None, select or None)
+
+
+def check(sglang_dir, *, recipes_dir=None, select=None, options=None, version=None) -> Outcome:
+    """Would everything apply, or is it applied and intact? Writes nothing."""
+    tree = locate(sglang_dir, version)
+    recipes = _select(recipes_dir, select)
+    lock = lockfile.read(tree.dir)
+    files = _integrity(tree, lock)
+    plan = build_plan(tree, recipes, options)
+    out = Outcome("check", tree, plan, files=files)
+    out.ok = plan.ok and not any(f["state"] in ("modified", "missing") for f in files)
+    if lock and str(tree.version) != lock.sglang_version:
+        out.ok = False
+        out.notes.append(f"spectool.lock was written for SGLang {lock.sglang_version}, the tree is {tree.version}")
+    return out
+
+
+def apply(sglang_dir, *, recipes_dir=None, select=None, options=None, version=None,
+          dry_run=False, force=False) -> Outcome:
+    """Apply the recipes to the tree: all of them, or (on any drift or conflict) none."""
+    tree = locate(sglang_dir, version)
+    recipes = _select(recipes_dir, select)
+    with transaction.locked(tree.dir):
+        lock = lockfile.read(tree.dir)
+        touched = sorted(lock.files) if lock else []
+        out = Outcome("apply", tree)
+        if not dry_run and transaction.recover(tree.root, tree.dir, touched):
+            out.notes.append("finished an interrupted apply found in the journal")
+            lock = lockfile.read(tree.dir)
+        files = _integrity(tree, lock)
+        _refuse_modified(tree, lock, files, force, "apply")
+        plan = build_plan(tree, recipes, options)
+        out.plan, out.files = plan, files
+        out.ok = plan.ok
+        if not plan.ok or dry_run or not plan.changed:
+            return out
+        new_lock = lockfile.Lock(str(tree.version), spectool_version=__version__,
+                                 files=dict(lock.files) if lock else {})
+        extra: dict[str, bytes | None] = {}
+        for c in plan.changes:
+            entry = new_lock.files.get(c.relpath)
+            if entry is None:
+                new_lock.files[c.relpath] = {"before": sha256(c.before), "after": sha256(c.after)}
+                extra[f"{lockfile.ORIG_DIR}/{c.relpath}"] = c.before
+            else:
+                entry["after"] = sha256(c.after)
+        new_lock.recipes = _lock_recipes(plan, options)
+        extra[lockfile.LOCKFILE] = new_lock.to_bytes()
+        transaction.commit(tree.root, tree.dir, {c.relpath: c.after for c in plan.changes}, extra)
+        out.wrote = True
+        _post_check(tree, recipes, options, plan)
+        return out
+
+
+def _lock_recipes(plan: Plan, options) -> list[dict]:
+    by_id = {r.id: r for r in plan.recipes}
+    return [
+        {"id": r.id, "variant": r.variant, "status": r.status if r.status != WOULD_APPLY else APPLIED_NOW,
+         "content_hash": by_id[r.id].content_hash, "options": (options or {}).get(r.id, {})}
+        for r in plan.results if r.status in OK_STATES
+    ]
+
+
+def _post_check(tree, recipes, options, plan) -> None:
+    """'Applied' only after reading the files back: every recipe must now be in place."""
+    again = build_plan(tree, recipes, options)
+    bad = [r.id for r in again.results if r.status not in (ALREADY_APPLIED, UPSTREAMED)]
+    if bad or again.changes:
+        raise ValidationError(
+            f"after writing, recipe(s) {', '.join(bad) or '?'} do not read back as applied; the "
+            "recipe is not idempotent (a second apply would change the file again). Run "
+            "'spectool revert' and report the recipe."
+        )
+    for r in plan.results:
+        if r.status == WOULD_APPLY:
+            r.status = APPLIED_NOW
+
+
+def status(sglang_dir, *, version=None) -> Outcome:
+    """What is applied, from the lockfile, with hash checks."""
+    tree = locate(sglang_dir, version)
+    lock = lockfile.read(tree.dir)
+    out = Outcome("status", tree)
+    if lock is None:
+        out.notes.append("no spectool.lock: nothing applied")
+        return out
+    out.files = _integrity(tree, lock)
+    out.notes.append(f"applied to SGLang {lock.sglang_version} by spectool {lock.spectool_version}")
+    out.recipes = lock.recipes  # type: ignore[attr-defined]
+    out.ok = all(f["state"] == "intact" for f in out.files) and str(tree.version) == lock.sglang_version
+    return out
+
+
+def revert(sglang_dir, *, version=None, force=False) -> Outcome:
+    """Restore every patched file byte for byte and forget the lock."""
+    tree = locate(sglang_dir, version)
+    with transaction.locked(tree.dir):
+        lock = lockfile.read(tree.dir)
+        out = Outcome("revert", tree)
+        if lock is None:
+            out.notes.append("no spectool.lock: nothing to revert")
+            return out
+        transaction.recover(tree.root, tree.dir, sorted(lock.files))
+        files = _integrity(tree, lock)
+        _refuse_modified(tree, lock, files, force, "revert")
+        writes, extra = {}, {lockfile.LOCKFILE: None}
+        for f in files:
+            orig_path = tree.dir / lockfile.ORIG_DIR / f["file"]
+            if not orig_path.exists():
+                raise SourceError(f"the saved original of {f['file']} is missing from {orig_path.parent}; cannot revert it.")
+            data = orig_path.read_bytes()
+            if sha256(data) != f["before"]:
+                raise SourceError(f"the saved original of {f['file']} does not match its hash in spectool.lock; cannot revert it.")
+            if f["state"] != "original":
+                writes[f["file"]] = data
+            extra[f"{lockfile.ORIG_DIR}/{f['file']}"] = None
+        transaction.commit(tree.root, tree.dir, writes, extra)
+        out.files = [{**f, "state": "reverted"} for f in files]
+        out.wrote = True
+        return out

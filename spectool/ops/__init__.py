@@ -1,0 +1,15 @@
+"""The operation kinds a recipe may use, by name. One general mechanism each."""
+
+from .base import ALREADY, APPLIED, FileState, OpContext, Operation, Target
+from .expressions import ReplaceExpression, WrapExpression
+from .imports import AddImport, add_import
+from .members import AddField, AddMethod, ReplaceMethod
+from .statements import AddArgument, InsertAfter, InsertBefore
+
+OPERATIONS: dict[str, type[Operation]] = {
+    cls.kind: cls
+    for cls in (AddMethod, ReplaceMethod, AddField, InsertBefore, InsertAfter, AddArgument,
+                ReplaceExpression, WrapExpression, AddImport)
+}
+
+__all__ = ["OPERATIONS", "ALREADY", "APPLIED", "FileState", "OpContext", "Operation", "Target", "add_import"]

@@ -1,0 +1,257 @@
+"""Plan every edit in memory: select variants, run operations, detect conflicts, render,
+compile and look for undefined names. Nothing here writes to disk.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+
+from .errors import DriftError, RecipeError, SpectoolError, SourceError
+from .ops import ALREADY, APPLIED, FileState, OpContext, add_import
+from .recipe import Recipe
+from .source import SglangTree
+
+# Per-recipe outcomes, the words the user sees.
+WOULD_APPLY = "would-apply"
+APPLIED_NOW = "applied"
+ALREADY_APPLIED = "already-applied"
+UPSTREAMED = "upstreamed"
+DRIFT = "drift"
+CONFLICT = "conflict"
+UNSUPPORTED = "unsupported"
+BLOCKED = "blocked"
+INVALID = "invalid"
+OK_STATES = {WOULD_APPLY, APPLIED_NOW, ALREADY_APPLIED, UPSTREAMED}
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class FileSet:
+    """Parsed files of one tree, loaded on first use (only files that recipes name)."""
+
+    def __init__(self, tree: SglangTree, overrides: dict[str, bytes] | None = None):
+        self.tree = tree
+        self.states: dict[str, FileState] = {}
+        self.by_module: dict[str, str] = {}
+        self.overrides = overrides or {}
+
+    def get(self, module: str, op=None, ctx=None) -> FileState:
+        rel = self.by_module.get(module)
+        if rel is None:
+            try:
+                path = self.tree.file_for(module)
+            except SourceError as exc:
+                if op is not None:
+                    raise op.drift(ctx, None, f"module file missing ({exc.message})",
+                                   ctx.tree.find_definition_elsewhere(op.target.qualname.split(".")[-1] or module.split(".")[-1], "")) from None
+                raise
+            rel = self.tree.relpath(path)
+            self.by_module[module] = rel
+        if rel not in self.states:
+            data = self.overrides.get(rel)
+            if data is None:
+                data = (self.tree.root / rel).read_bytes()
+            self.states[rel] = FileState(rel, data, parse_module(data, rel))
+        return self.states[rel]
+
+    def snapshot(self) -> dict:
+        return {rel: (st.module, dict(st.owners)) for rel, st in self.states.items()}
+
+    def restore(self, snap: dict) -> None:
+        for rel, st in list(self.states.items()):
+            if rel in snap:
+                st.module, st.owners = snap[rel][0], snap[rel][1]
+            else:
+                del self.states[rel]
+                self.by_module = {m: r for m, r in self.by_module.items() if r != rel}
+
+
+_PARSE_CACHE: dict[str, cst.Module] = {}
+
+
+def parse_module(data: bytes, rel: str) -> cst.Module:
+    """libcst parse, cached by content hash (trees are immutable, so sharing is safe)."""
+    key = sha256(data)
+    mod = _PARSE_CACHE.get(key)
+    if mod is None:
+        try:
+            mod = cst.parse_module(data)
+        except cst.ParserSyntaxError as exc:
+            raise SourceError(f"{rel} is not valid Python (line {exc.raw_line}): {exc.message}") from None
+        except UnicodeDecodeError as exc:
+            raise SourceError(f"{rel} cannot be decoded ({exc.reason}); is its coding declaration right?") from None
+        _PARSE_CACHE[key] = mod
+    return mod
+
+
+@dataclass
+class RecipeResult:
+    id: str
+    status: str
+    variant: str | None = None
+    message: str = ""
+    error: SpectoolError | None = None
+    ops: list[dict] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        out = {"id": self.id, "status": self.status, "variant": self.variant, "message": self.message,
+               "operations": self.ops, "files": self.files}
+        if self.error is not None:
+            out["error"] = self.error.to_json()
+        return out
+
+
+@dataclass
+class FileChange:
+    relpath: str
+    before: bytes
+    after: bytes
+
+    def diff(self) -> str:
+        a = self.before.decode("utf-8", "replace").splitlines(keepends=True)
+        b = self.after.decode("utf-8", "replace").splitlines(keepends=True)
+        return "".join(difflib.unified_diff(a, b, f"a/{self.relpath}", f"b/{self.relpath}"))
+
+
+@dataclass
+class Plan:
+    tree: SglangTree
+    recipes: list[Recipe]
+    results: list[RecipeResult]
+    changes: list[FileChange]
+    options: dict
+
+    @property
+    def ok(self) -> bool:
+        return all(r.status in OK_STATES for r in self.results)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.changes)
+
+    def diff(self) -> str:
+        return "".join(c.diff() for c in self.changes)
+
+
+def _options_for(recipe: Recipe, options: dict) -> dict:
+    merged = dict(recipe.options)
+    given = options.get(recipe.id, {})
+    unknown = sorted(set(given) - set(merged))
+    if unknown:
+        raise RecipeError(f"options {unknown} given for recipe {recipe.id!r}, which declares {sorted(merged)}.")
+    merged.update(given)
+    return merged
+
+
+def build_plan(tree: SglangTree, recipes: list[Recipe], options: dict | None = None,
+               overrides: dict[str, bytes] | None = None) -> Plan:
+    """Run every recipe against the tree in memory and return what would change."""
+    options = options or {}
+    files = FileSet(tree, overrides)
+    results: list[RecipeResult] = []
+    by_id: dict[str, RecipeResult] = {}
+    for recipe in recipes:
+        opts = _options_for(recipe, options)
+        variant = recipe.variant_for(tree.version)
+        res = RecipeResult(recipe.id, UNSUPPORTED, variant.name if variant else None)
+        by_id[recipe.id] = res
+        results.append(res)
+        failed_req = [r for r in recipe.requires if by_id.get(r) and by_id[r].status not in OK_STATES]
+        if variant is None:
+            ranges = ", ".join(f"{v.name} ({v.versions})" for v in recipe.variants)
+            res.message = f"no variant covers SGLang {tree.version}; variants: {ranges}"
+            continue
+        if variant.unsupported:
+            res.message = f"SGLang {tree.version} is not supported: {variant.unsupported}"
+            continue
+        if failed_req:
+            res.status, res.message = BLOCKED, f"requires {', '.join(failed_req)}, which did not apply"
+            continue
+        if variant.upstreamed is not None and not variant.operations:
+            res.status, res.message = _check_upstreamed(tree, files, recipe, variant)
+            continue
+        snap = files.snapshot()
+        statuses = []
+        try:
+            for i, op in enumerate(variant.operations):
+                if op.when and not opts.get(op.when):
+                    res.ops.append({"op": op.kind, "target": str(op.target), "status": "skipped-by-option"})
+                    continue
+                ctx = OpContext(recipe.id, variant.name, i, tree, files, opts)
+                status = op.run(ctx)
+                st = files.get(op.target.module)
+                for imp in op.imports:
+                    if add_import(st, imp, op.where, recipe.id) == APPLIED:
+                        status = APPLIED
+                statuses.append(status)
+                res.ops.append({"op": op.kind, "target": str(op.target), "status": status})
+                if st.relpath not in res.files:
+                    res.files.append(st.relpath)
+        except DriftError as exc:
+            files.restore(snap)
+            res.status, res.error, res.message = exc.kind, exc, exc.message
+            continue
+        if statuses and all(s == ALREADY for s in statuses):
+            res.status = ALREADY_APPLIED
+        else:
+            n_already = sum(s == ALREADY for s in statuses)
+            res.status = WOULD_APPLY
+            if n_already:
+                res.message = f"{n_already} of {len(statuses)} operations were already in place"
+        if variant.upstreamed is not None:
+            res.message = (res.message + "; " if res.message else "") + variant.upstreamed.note
+    changes = []
+    for rel, st in sorted(files.states.items()):
+        after = st.module.bytes
+        if after != st.original:
+            changes.append(FileChange(rel, st.original, after))
+    plan = Plan(tree, recipes, results, changes, options)
+    _validate(plan)
+    return plan
+
+
+def _check_upstreamed(tree, files, recipe, variant) -> tuple[str, str]:
+    probe = variant.upstreamed.probe
+    note = variant.upstreamed.note
+    if probe is None:
+        return UPSTREAMED, note
+    from .cstutil import find_definition
+
+    try:
+        st = files.get(probe.module)
+    except SourceError:
+        return DRIFT, f"declared upstreamed, but the probe module {probe.module} is missing"
+    if find_definition(st.module, probe.qualname) is None:
+        return DRIFT, f"declared upstreamed, but the probe {probe} is missing: the upstream feature moved"
+    return UPSTREAMED, note
+
+
+def _validate(plan: Plan) -> None:
+    """Every patched file must compile, and must not use names it does not define."""
+    from .validate import new_undefined_names
+
+    for change in plan.changes:
+        touched = [r for r in plan.results if change.relpath in r.files and r.status == WOULD_APPLY]
+        problem = None
+        try:
+            compile(change.after, change.relpath, "exec", dont_inherit=True)
+        except SyntaxError as exc:
+            problem = f"does not compile after patching (line {exc.lineno}: {exc.msg})"
+        if problem is None:
+            names = new_undefined_names(change.before, change.after, change.relpath)
+            if names:
+                problem = "uses names it does not define after patching: " + ", ".join(names)
+        if problem:
+            for r in touched:
+                r.status = INVALID
+                r.message = f"{change.relpath} {problem} (recipes touching it: {', '.join(t.id for t in touched)})"
+    if any(r.status == INVALID for r in plan.results):
+        plan.changes = []

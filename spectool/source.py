@@ -1,0 +1,131 @@
+"""Find the ``sglang`` package in a directory and read its version.
+
+DIR may be a git checkout of SGLang (``DIR/python/sglang``), a folder holding the package
+(site-packages, an unpacked wheel or sdist: ``DIR/sglang``), or the package itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from .errors import SourceError
+
+_VERSION_RE = re.compile(r"""^\s*(?:__version__|version)\s*(?::\s*str\s*)?=\s*(?:\w+\s*=\s*)?['"]([^'"]+)['"]""", re.M)
+_TOPLEVEL_RE = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.M)
+
+
+@dataclass
+class SglangTree:
+    dir: Path  # what the user named; lockfile and backups live here
+    root: Path  # the folder that holds the `sglang` package
+    version: Version
+    kind: str  # checkout | package
+
+    def file_for(self, module: str) -> Path:
+        rel = Path(*module.split("."))
+        for cand in (self.root / rel.with_suffix(".py"), self.root / rel / "__init__.py"):
+            if cand.exists() or cand.is_symlink():
+                self.check_inside(cand)
+                return cand
+        raise SourceError(f"module {module} not found under {self.root} (no {rel}.py).")
+
+    def relpath(self, path: Path) -> str:
+        return path.relative_to(self.root).as_posix()
+
+    def check_inside(self, path: Path) -> None:
+        real = Path(os.path.realpath(path))
+        base = Path(os.path.realpath(self.root))
+        if base not in real.parents and real != base:
+            raise SourceError(
+                f"{path} is a symlink that leads out of {self.dir} (to {real}); spectool refuses "
+                "to write outside the tree it was given."
+            )
+
+    def find_definition_elsewhere(self, name: str, skip: str) -> list[str]:
+        """'path:line' of `def name`/`class name` in other files: where a moved function went."""
+        pat = re.compile(rb"^\s*(?:async\s+def|def|class)\s+" + re.escape(name.encode()) + rb"\b", re.M)
+        hits = []
+        for path in sorted((self.root / "sglang").rglob("*.py")):
+            rel = self.relpath(path)
+            if rel == skip:
+                continue
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            if name.encode() not in data:
+                continue
+            m = pat.search(data)
+            if m:
+                line = data.count(b"\n", 0, m.start()) + 1
+                hits.append(f"{rel}:{line}")
+                if len(hits) == 4:
+                    break
+        return hits
+
+
+def _read_version(pkg: Path) -> str | None:
+    """Most authoritative first: package metadata, the generated _version.py, a static
+    pyproject version, git tags (a checkout), and a module-level literal in version.py."""
+    parent = pkg.parent
+    for meta in sorted(parent.glob("sglang-*.dist-info/METADATA")) + [parent / "PKG-INFO"]:
+        if meta.is_file():
+            m = re.search(r"^Version:\s*(\S+)", meta.read_text(encoding="utf-8", errors="replace"), re.M)
+            if m:
+                return m.group(1)
+    f = pkg / "_version.py"
+    if f.is_file():
+        m = _VERSION_RE.search(f.read_text(encoding="utf-8", errors="replace"))
+        if m:
+            return m.group(1)
+    pyproject = parent / "pyproject.toml"
+    if pyproject.is_file():
+        m = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(encoding="utf-8"), re.M)
+        if m:
+            return m.group(1)
+    if (parent.parent / ".git").exists():
+        import subprocess
+
+        r = subprocess.run(["git", "-C", str(parent.parent), "describe", "--tags", "--abbrev=0"],
+                           capture_output=True, text=True)
+        if r.returncode == 0 and r.stdout.strip():
+            return r.stdout.strip().lstrip("v")
+    f = pkg / "version.py"
+    if f.is_file():
+        m = _TOPLEVEL_RE.search(f.read_text(encoding="utf-8", errors="replace"))
+        if m:
+            return m.group(1)
+    return None
+
+
+def locate(directory: str | Path, version: str | None = None) -> SglangTree:
+    """The SGLang tree in directory, with its version (``version`` overrides detection)."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise SourceError(f"--sglang-dir {d} is not a directory.")
+    d = d.resolve()
+    for root, kind in ((d / "python", "checkout"), (d, "package"), (d.parent, "package")):
+        pkg = root / "sglang"
+        if (pkg / "srt").is_dir() and (pkg / "__init__.py").is_file():
+            break
+    else:
+        raise SourceError(
+            f"{d} does not hold SGLang: expected python/sglang/ (a git checkout), sglang/ (a "
+            "site-packages or unpacked wheel) or the sglang package itself, each with srt/."
+        )
+    text = version or _read_version(pkg)
+    if text is None:
+        raise SourceError(
+            f"cannot tell the SGLang version of {pkg}: no _version.py, version.py, dist-info "
+            "or pyproject.toml with a version. Pass --sglang-version."
+        )
+    try:
+        v = Version(text)
+    except InvalidVersion:
+        raise SourceError(f"SGLang version {text!r} read from {pkg} is not a PEP 440 version.") from None
+    return SglangTree(d, root, v, kind)
