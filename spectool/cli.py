@@ -16,7 +16,10 @@ from .report import print_outcome, to_json
 
 
 def _console() -> Console:
-    return Console(stderr=False, highlight=False, soft_wrap=True)
+    import shutil
+
+    width = shutil.get_terminal_size((160, 40)).columns if sys.stdout.isatty() else 160
+    return Console(stderr=False, highlight=False, width=width)
 
 
 def _fail(exc: SpectoolError, as_json: bool) -> None:

@@ -60,10 +60,15 @@ class ServerArgs:
                 "--speculative-disable-batch-size-hysteresis must be between 0 and the "
                 f"threshold ({threshold}), got {hysteresis}."
             )
-        if self.speculative_algorithm not in ("EAGLE", "EAGLE3"):
+        if self.speculative_algorithm not in ("EAGLE", "EAGLE3", "STANDALONE"):
             raise ValueError(
                 "--speculative-disable-batch-size-threshold needs --speculative-algorithm "
-                f"EAGLE or EAGLE3 (got {self.speculative_algorithm})."
+                f"EAGLE, EAGLE3 or STANDALONE (got {self.speculative_algorithm})."
+            )
+        if self.enable_multi_layer_eagle:
+            raise ValueError(
+                "--speculative-disable-batch-size-threshold does not support "
+                "--enable-multi-layer-eagle (a different worker class)."
             )
         if self.disable_overlap_schedule or not envs.SGLANG_ENABLE_SPEC_V2.get():
             raise ValueError(

@@ -1,0 +1,303 @@
+"""EAGLEWorkerV2 fallback for SGLang 0.5.12: plain decode above a batch-size threshold.
+
+Inserted into sglang/srt/speculative/eagle_worker_v2.py. Design (see docs/fallback.md):
+
+* Target: one token per request in DECODE mode, through a *second* attention backend and a
+  DECODE CUDA graph built once at start-up. In spec mode the target's only graph runner is
+  captured for TARGET_VERIFY with num_draft_tokens tokens per request; replaying it with a
+  one-token batch would be wrong, so it is swapped out for the call, never reused.
+* Draft: a one-token DRAFT_EXTEND_V2 over the token the target produced, with the target's
+  EAGLE-3 hidden states, writes the draft KV at the same slot the spec path would have used
+  and yields the next topk_p / topk_index / hidden_states, so drafting can resume on the
+  next step without a cold or stale draft cache.
+* Result: next_token_ids (bs,), speculative_num_draft_tokens=1 (the 0.5.12 consumer reads
+  its stride from the result), accept_lens all 1, an EagleDraftInput with bonus_tokens,
+  new_seq_lens and verify_done: exactly what the scheduler and FutureMap read.
+* Tensor parallelism: the decision depends only on the batch (size, grammar, logprob and
+  hidden-state flags), which every rank receives identically, so all ranks branch alike.
+  The hysteresis state is updated from the same inputs on every rank.
+* Batches with grammars, logprobs or hidden-state return stay on the speculative path (the
+  stated rule), as do idle batches.
+"""
+
+import collections
+import json
+import logging
+import os
+import time
+
+import torch
+
+from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.speculative.eagle_info import EagleDraftInput
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.layers.moe.utils import (
+    speculative_moe_a2a_backend_context,
+    speculative_moe_backend_context,
+)
+from sglang.srt.utils.common import fast_topk
+
+logger = logging.getLogger(__name__)
+
+
+def init_hook(self, server_args):
+    self._spec_fallback_init(server_args)
+
+
+def verify_complete_hook(self, num_correct_drafts_per_req):
+    self._spec_fallback_on_verify(num_correct_drafts_per_req)
+
+
+def decode_hook(self, model_worker_batch):
+    if self._spec_fallback_should_run(model_worker_batch):
+        return self._spec_fallback_decode(model_worker_batch)
+
+
+class EAGLEWorkerV2:
+    def _spec_fallback_init(self, server_args):
+        """spectool spec-fallback: read the threshold, prepare counters and the decode graph."""
+        self._fallback_threshold = getattr(
+            server_args, "speculative_disable_batch_size_threshold", None
+        )
+        self._fallback_hysteresis = (
+            getattr(server_args, "speculative_disable_batch_size_hysteresis", 0) or 0
+        )
+        self._fallback_active = False
+        self._fallback_stats = {
+            "fallback_steps": 0,
+            "spec_steps": 0,
+            "switches_to_fallback": 0,
+            "switches_to_spec": 0,
+            "fallback_requests": 0,
+            "last_batch_size": 0,
+            # One entry per run of steps in one mode; acceptance is measured per phase, so a
+            # stale draft cache after a switch shows up as a drop in the next spec phase.
+            "phases": [],
+            "phase_count": 0,
+        }
+        self._fallback_modes = collections.deque()
+        self._fallback_stats_path = (
+            os.environ.get("SPECTOOL_FALLBACK_STATS")
+            if getattr(self, "tp_rank", 0) == 0
+            else None
+        )
+        self._fallback_attn_backend = None
+        self._fallback_graph_runner = None
+        if self._fallback_threshold is None:
+            return
+        self._spec_fallback_build_decode_graph(server_args)
+        logger.info(
+            "spec-fallback: drafting is switched off above %d requests per decode batch "
+            "(back on at <= %d); decode CUDA graph: %s",
+            self._fallback_threshold,
+            self._fallback_threshold - self._fallback_hysteresis,
+            "yes" if self._fallback_graph_runner is not None else "no (eager)",
+        )
+
+    def _spec_fallback_build_decode_graph(self, server_args):
+        """A second target attention backend plus a DECODE graph runner (1 token/request)."""
+        mr = self._target_worker.model_runner
+        backup_init = mr.init_new_workspace
+        try:
+            self._fallback_attn_backend = mr._get_attention_backend(
+                init_new_workspace=True
+            )
+        finally:
+            mr.init_new_workspace = backup_init
+        if server_args.disable_cuda_graph:
+            return
+        tic = time.perf_counter()
+        saved = (mr.spec_algorithm, mr.server_args.enable_return_hidden_states)
+        try:
+            # Capture as a plain decode model whose graphs also return the EAGLE-3
+            # auxiliary hidden states (capture_hidden_mode FULL), which the draft needs.
+            mr.spec_algorithm = SpeculativeAlgorithm.NONE
+            mr.server_args.enable_return_hidden_states = True
+            self._fallback_graph_runner = CudaGraphRunner(
+                mr, attn_backend=self._fallback_attn_backend
+            )
+        except Exception as exc:  # keep serving: eager fallback is slower but correct
+            logger.warning(
+                "spec-fallback: could not capture a decode CUDA graph (%s); fallback "
+                "steps will run eagerly",
+                exc,
+            )
+            self._fallback_graph_runner = None
+        finally:
+            mr.spec_algorithm, mr.server_args.enable_return_hidden_states = saved
+        logger.info(
+            "spec-fallback: decode CUDA graph captured in %.1f s",
+            time.perf_counter() - tic,
+        )
+
+    def _spec_fallback_should_run(self, batch):
+        """Decide per decode step; identical on every TP rank (depends on the batch only)."""
+        threshold = self._fallback_threshold
+        if (
+            threshold is None
+            or batch.forward_mode.is_idle()
+            or batch.spec_info is None
+        ):
+            return False
+        bs = len(batch.seq_lens)
+        if self._fallback_active:
+            active = bs > threshold - self._fallback_hysteresis
+        else:
+            active = bs > threshold
+        eligible = not (
+            batch.has_grammar
+            or batch.return_logprob
+            or getattr(batch, "return_hidden_states", False)
+        )
+        take = active and eligible
+        stats = self._fallback_stats
+        mode = "fallback" if take else "spec"
+        phases = stats["phases"]
+        if not phases or phases[-1]["mode"] != mode:
+            stats["phase_count"] += 1
+            phases.append({"id": stats["phase_count"], "mode": mode,
+                           "steps": 0, "reqs": 0, "correct_drafts": 0})
+            del phases[:-200]
+        phases[-1]["steps"] += 1
+        self._fallback_modes.append(mode)
+        stats["last_batch_size"] = bs
+        if active != self._fallback_active:
+            self._fallback_active = active
+            key = "switches_to_fallback" if active else "switches_to_spec"
+            stats[key] += 1
+            logger.info(
+                "spec-fallback: decode batch of %d requests, drafting %s "
+                "(fallback steps %d, speculative steps %d so far)",
+                bs,
+                "OFF" if active else "ON",
+                stats["fallback_steps"],
+                stats["spec_steps"],
+            )
+        if take:
+            stats["fallback_steps"] += 1
+            stats["fallback_requests"] += bs
+        else:
+            stats["spec_steps"] += 1
+        if self._fallback_stats_path:
+            self._spec_fallback_publish_stats()
+        return take
+
+    def _spec_fallback_on_verify(self, num_correct_drafts_per_req):
+        """Result-side counters (the scheduler reports accept counts in step order)."""
+        if not getattr(self, "_fallback_modes", None):
+            return
+        mode = self._fallback_modes.popleft()
+        for phase in reversed(self._fallback_stats["phases"]):
+            if phase["mode"] == mode:
+                phase["reqs"] += len(num_correct_drafts_per_req)
+                phase["correct_drafts"] += sum(num_correct_drafts_per_req)
+                break
+
+    def _spec_fallback_decode(self, batch):
+        """One plain decode step in the speculative result format (0.5.12: stride 1)."""
+        device = self.device
+        bs = len(batch.seq_lens)
+        batch.seq_lens.record_stream(torch.get_device_module(device).current_stream())
+        draft_input = batch.spec_info
+        seq_lens = batch.seq_lens
+        seq_lens_cpu = batch.seq_lens_cpu
+        seq_lens_sum = batch.seq_lens_sum
+
+        # KV slot of the bonus token: req_to_token[req, seq_len], inside the v2 per-request
+        # over-allocation, exactly where verify would put its first token.
+        out_cache_loc = self.req_to_token_pool.req_to_token[
+            batch.req_pool_indices, seq_lens
+        ].to(torch.int64)
+
+        batch.input_ids = draft_input.bonus_tokens.to(torch.int64)
+        batch.out_cache_loc = out_cache_loc
+        batch.seq_lens = seq_lens + 1
+        batch.seq_lens_cpu = seq_lens_cpu + 1
+        batch.seq_lens_sum = seq_lens_sum + bs
+        batch.forward_mode = ForwardMode.DECODE
+        batch.spec_info = None
+        batch.capture_hidden_mode = (
+            CaptureHiddenMode.NULL
+            if self.speculative_algorithm.is_standalone()
+            else CaptureHiddenMode.FULL
+        )
+
+        mr = self._target_worker.model_runner
+        saved = (mr.attn_backend, mr.graph_runner)
+        mr.attn_backend = self._fallback_attn_backend
+        mr.graph_runner = self._fallback_graph_runner
+        try:
+            target_out = self._target_worker.forward_batch_generation(batch)
+        finally:
+            mr.attn_backend, mr.graph_runner = saved
+        logits_output = target_out.logits_output
+        next_token_ids = target_out.next_token_ids.to(torch.int32)
+
+        verify_done = torch.get_device_module(device).Event()
+        verify_done.record()
+        next_draft_input = EagleDraftInput(
+            bonus_tokens=next_token_ids,
+            new_seq_lens=seq_lens + 1,
+            verify_done=verify_done,
+        )
+
+        # Draft KV sync over the same slot, with the target's hidden states.
+        batch.seq_lens = seq_lens
+        batch.seq_lens_cpu = seq_lens_cpu
+        batch.seq_lens_sum = seq_lens_sum
+        batch.out_cache_loc = out_cache_loc
+        with (
+            self.draft_worker.draft_tp_context(self.draft_worker.draft_runner.tp_group),
+            speculative_moe_backend_context(),
+            speculative_moe_a2a_backend_context(),
+        ):
+            self._spec_fallback_draft_extend(
+                batch, next_token_ids, logits_output.hidden_states, next_draft_input
+            )
+        logits_output.hidden_states = None  # saves a (bs, 3H) device-to-host copy
+
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=next_token_ids,
+            can_run_cuda_graph=target_out.can_run_cuda_graph,
+            speculative_num_draft_tokens=1,
+            next_draft_input=next_draft_input,
+            accept_lens=torch.ones(bs, dtype=torch.int32, device=device),
+        )
+
+    def _spec_fallback_draft_extend(self, batch, tokens, hidden_states, next_draft_input):
+        """DRAFT_EXTEND_V2 with one token per request (eager; the draft is one layer)."""
+        dw = self.draft_worker
+        bs = len(batch.seq_lens)
+        draft_input = EagleDraftInput(
+            hidden_states=hidden_states,
+            num_tokens_per_req=1,
+            num_tokens_for_logprob_per_req=1,
+        )
+        forward_batch = draft_input.prepare_for_extend_to_fill_draft_kvcache(
+            batch, tokens, 1, dw.draft_runner, None
+        )
+        forward_batch.spec_info.num_correct_drafts = torch.zeros(
+            bs, dtype=torch.int32, device=self.device
+        )
+        forward_batch.spec_info.num_accept_tokens = torch.ones(
+            bs, dtype=torch.int32, device=self.device
+        )
+        draft_logits = dw.draft_runner.forward(
+            forward_batch, skip_attn_backend_init=True
+        ).logits_output
+        probs = torch.softmax(draft_logits.next_token_logits, dim=-1)
+        next_draft_input.topk_p, next_draft_input.topk_index = fast_topk(
+            probs, self.topk, dim=-1
+        )
+        next_draft_input.hidden_states = draft_logits.hidden_states
+
+    def _spec_fallback_publish_stats(self):
+        """Counters for tests and dashboards: a JSON file named by SPECTOOL_FALLBACK_STATS."""
+        path = self._fallback_stats_path
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self._fallback_stats, f)
+        os.replace(tmp, path)

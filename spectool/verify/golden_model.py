@@ -1,0 +1,211 @@
+"""Golden models, built locally from a seed: a tiny Llama trained on a copy task.
+
+Why trained: with random weights, speculative and plain decoding disagree on near ties
+(the verify kernels differ from the decode kernels in the last bits). A model trained to
+copy is confident (large top-1 margins), so equal tokens mean equal computation, and the
+continuation needs attention over the whole context, so a corrupted KV cache (target or
+draft) changes the output or the acceptance.
+
+The checkpoint is written in Hugging Face Llama layout (config.json + model.safetensors),
+so SGLang loads it as ``LlamaForCausalLM``. An EAGLE-3 draft config (one layer, random
+weights via ``speculative_draft_load_format="dummy"``) exercises the auxiliary-hidden-state
+path; the same checkpoint used as a STANDALONE draft gives high acceptance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    seed: int = 20261129
+    vocab: int = 512
+    hidden: int = 256
+    layers: int = 8
+    heads: int = 4
+    intermediate: int = 688
+    seq_len: int = 256
+    min_segment: int = 8
+    max_segment: int = 64
+    steps: int = 1500
+    batch: int = 64
+    lr: float = 2e-3
+    rope_theta: float = 10000.0
+    eps: float = 1e-5
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def copy_sequence(rng: random.Random, spec: ModelSpec, length: int) -> list[int]:
+    """A random segment (tokens 1..vocab-1) repeated to fill `length` tokens."""
+    seg_len = rng.randint(spec.min_segment, spec.max_segment)
+    seg = [rng.randint(1, spec.vocab - 1) for _ in range(seg_len)]
+    return (seg * (length // seg_len + 1))[:length]
+
+
+def copy_prompt(rng: random.Random, spec: ModelSpec, *, segment: int | None = None, repeats: float = 2.5) -> list[int]:
+    """A segment shown `repeats` times: greedy continuation must keep copying."""
+    seg_len = segment or rng.randint(spec.min_segment, spec.max_segment)
+    seg = [rng.randint(1, spec.vocab - 1) for _ in range(seg_len)]
+    n = max(seg_len + 1, int(seg_len * repeats))
+    return (seg * (n // seg_len + 1))[:n]
+
+
+def _model(spec: ModelSpec):
+    import torch
+    from torch import nn
+
+    class RMSNorm(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(d))
+
+        def forward(self, x):
+            v = x.float().pow(2).mean(-1, keepdim=True)
+            return (x.float() * torch.rsqrt(v + spec.eps)).type_as(x) * self.weight
+
+    hd = spec.hidden // spec.heads
+
+    def rope(x, pos):
+        inv = 1.0 / (spec.rope_theta ** (torch.arange(0, hd, 2, device=x.device).float() / hd))
+        freqs = pos[:, None].float() * inv[None]
+        emb = torch.cat([freqs, freqs], -1)
+        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        return x * cos + torch.cat([-x2, x1], -1) * sin
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_layernorm = RMSNorm(spec.hidden)
+            self.post_attention_layernorm = RMSNorm(spec.hidden)
+            self.q_proj = nn.Linear(spec.hidden, spec.hidden, bias=False)
+            self.k_proj = nn.Linear(spec.hidden, spec.hidden, bias=False)
+            self.v_proj = nn.Linear(spec.hidden, spec.hidden, bias=False)
+            self.o_proj = nn.Linear(spec.hidden, spec.hidden, bias=False)
+            self.gate_proj = nn.Linear(spec.hidden, spec.intermediate, bias=False)
+            self.up_proj = nn.Linear(spec.hidden, spec.intermediate, bias=False)
+            self.down_proj = nn.Linear(spec.intermediate, spec.hidden, bias=False)
+
+        def forward(self, x, pos):
+            b, t, _ = x.shape
+            h = self.input_layernorm(x)
+            q = self.q_proj(h).view(b, t, spec.heads, hd).transpose(1, 2)
+            k = self.k_proj(h).view(b, t, spec.heads, hd).transpose(1, 2)
+            v = self.v_proj(h).view(b, t, spec.heads, hd).transpose(1, 2)
+            q, k = rope(q, pos), rope(k, pos)
+            a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.o_proj(a.transpose(1, 2).reshape(b, t, spec.hidden))
+            h = self.post_attention_layernorm(x)
+            return x + self.down_proj(torch.nn.functional.silu(self.gate_proj(h)) * self.up_proj(h))
+
+    class Llama(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden)
+            self.layers = nn.ModuleList([Layer() for _ in range(spec.layers)])
+            self.norm = RMSNorm(spec.hidden)
+            self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False)
+
+        def forward(self, ids):
+            pos = torch.arange(ids.shape[1], device=ids.device)
+            x = self.embed_tokens(ids)
+            for layer in self.layers:
+                x = layer(x, pos)
+            return self.lm_head(self.norm(x))
+
+    return Llama()
+
+
+def train(spec: ModelSpec, device: str = "cuda", steps: int | None = None, log=print):
+    """Train the copy-task Llama; returns (model, final loss, seconds)."""
+    import torch
+
+    torch.manual_seed(spec.seed)
+    rng = random.Random(spec.seed)
+    model = _model(spec).to(device)
+    for p in model.parameters():
+        if p.dim() == 2:
+            torch.nn.init.normal_(p, std=0.02)
+    steps = spec.steps if steps is None else steps
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100) * 0.5 * (1 + math.cos(math.pi * s / max(1, steps))))
+    t0, loss_v = time.time(), float("nan")
+    use_amp = device.startswith("cuda")
+    for step in range(steps):
+        batch = torch.tensor([copy_sequence(rng, spec, spec.seq_len + 1) for _ in range(spec.batch)], device=device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
+            logits = model(batch[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, spec.vocab), batch[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        loss_v = float(loss)
+        if log and (step % 250 == 0 or step == steps - 1):
+            log(f"golden model: step {step}/{steps} loss {loss_v:.4f}")
+    return model, loss_v, time.time() - t0
+
+
+def config_json(spec: ModelSpec) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": spec.vocab,
+        "hidden_size": spec.hidden, "intermediate_size": spec.intermediate,
+        "num_hidden_layers": spec.layers, "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.heads, "max_position_embeddings": 4096,
+        "rms_norm_eps": spec.eps, "rope_theta": spec.rope_theta, "hidden_act": "silu",
+        "torch_dtype": "bfloat16", "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 0,
+    }
+
+
+def eagle3_config_json(spec: ModelSpec) -> dict:
+    cfg = config_json(spec)
+    cfg.update({"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1, "draft_vocab_size": spec.vocab})
+    return cfg
+
+
+def save(model, spec: ModelSpec, out: Path, extra: dict | None = None) -> None:
+    """Hugging Face layout: config.json + model.safetensors (bf16)."""
+    import torch
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    sd = {"model.embed_tokens.weight": model.embed_tokens.weight, "model.norm.weight": model.norm.weight,
+          "lm_head.weight": model.lm_head.weight}
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            sd[p + f"self_attn.{name}.weight"] = getattr(layer, name).weight
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            sd[p + f"mlp.{name}.weight"] = getattr(layer, name).weight
+        sd[p + "input_layernorm.weight"] = layer.input_layernorm.weight
+        sd[p + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight
+    save_file({k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in sd.items()}, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config_json(spec), indent=2))
+    (out / "spectool-model.json").write_text(json.dumps({"spec": asdict(spec), "key": spec.key(), **(extra or {})}, indent=2))
+
+
+def write_eagle3_draft(spec: ModelSpec, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(eagle3_config_json(spec), indent=2))
+    return out
+
+
+def ensure_models(cache: Path, spec: ModelSpec = ModelSpec(), device: str = "cuda", log=print) -> dict:
+    """Target and draft dirs, trained once per spec and cached by its key."""
+    target = cache / f"golden-target-{spec.key()}"
+    if not (target / "model.safetensors").exists():
+        model, loss, secs = train(spec, device, log=log)
+        save(model, spec, target, {"final_loss": loss, "train_seconds": round(secs, 1)})
+    draft = write_eagle3_draft(spec, cache / f"golden-eagle3-{spec.key()}")
+    meta = json.loads((target / "spectool-model.json").read_text())
+    return {"target": str(target), "eagle3_draft": str(draft), "meta": meta}
