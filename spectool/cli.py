@@ -184,5 +184,29 @@ def fetch(version, dest, as_json):
         click.echo(str(path))
 
 
+@main.command()
+@_dir_opt(required=False)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="results/verify", help="Where results, logs and the JSON report go.")
+@click.option("--golden-dir", type=click.Path(file_okay=False), default="golden", help="Recorded golden files, per SGLang version and GPU arch.")
+@click.option("--record", is_flag=True, help="Record the baseline tokens as the golden file.")
+@click.option("--parallel", type=int, default=3, help="Engines run at once on the GPU.")
+@click.option("--only", default="", help="Comma-separated engine configs (baselines always run).")
+@click.option("--model-cache", type=click.Path(file_okay=False), default=None, help="Where the trained golden model is kept.")
+@_json_opt
+@guarded
+def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, model_cache, as_json):
+    """Golden GPU tests: the patched SGLang must give the no-speculation tokens exactly."""
+    from .verify.runner import print_report, verify as run_verify
+
+    report = run_verify(sglang_dir, Path(out_dir), golden_root=Path(golden_dir), record=record, parallel=parallel,
+                        only=[x for x in only.split(",") if x] or None,
+                        model_cache=Path(model_cache) if model_cache else None, console=_console())
+    if as_json:
+        click.echo(to_json(report))
+    else:
+        print_report(report, _console())
+    sys.exit(EXIT_OK if report["ok"] else EXIT_FAILED)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

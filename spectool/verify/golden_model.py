@@ -31,11 +31,11 @@ class ModelSpec:
     layers: int = 8
     heads: int = 4
     intermediate: int = 688
-    seq_len: int = 256
+    seq_len: int = 512
     min_segment: int = 8
     max_segment: int = 64
     steps: int = 1500
-    batch: int = 64
+    batch: int = 32
     lr: float = 2e-3
     rope_theta: float = 10000.0
     eps: float = 1e-5

@@ -1,0 +1,165 @@
+"""Comparison and counter logic of the golden tests, on recorded data (CPU-testable)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GOLDEN_SCHEMA = 1
+
+
+def stats_window(before: dict, after: dict) -> dict:
+    """Counter deltas and the phases that ran between two snapshots of the stats file."""
+    keys = ("fallback_steps", "spec_steps", "switches_to_fallback", "switches_to_spec", "fallback_requests")
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in keys}
+    prev = {p["id"]: p for p in before.get("phases", [])}
+    phases = []
+    for p in after.get("phases", []):
+        q = prev.get(p["id"])
+        if q is not None:
+            p = {**p, **{k: p[k] - q[k] for k in ("steps", "reqs", "correct_drafts")}}
+        if p["steps"] > 0 or p["reqs"] > 0:
+            phases.append(p)
+    delta["phases"] = phases
+    return delta
+
+
+def acceptance(phases: list[dict]) -> float | None:
+    """Mean accepted tokens per speculative verify step per request (bonus included)."""
+    reqs = sum(p["reqs"] for p in phases if p["mode"] == "spec")
+    drafts = sum(p["correct_drafts"] for p in phases if p["mode"] == "spec")
+    return None if reqs == 0 else 1.0 + drafts / reqs
+
+
+def transitions(phases: list[dict]) -> dict:
+    modes = [p["mode"] for p in phases if p["steps"] > 0]
+    first_fb = modes.index("fallback") if "fallback" in modes else None
+    last_fb = len(modes) - 1 - modes[::-1].index("fallback") if "fallback" in modes else None
+    spec_before = [p for p in phases[:first_fb] if p["mode"] == "spec"] if first_fb is not None else []
+    spec_after = [p for p in phases[last_fb + 1:] if p["mode"] == "spec"] if last_fb is not None else []
+    return {
+        "spec_after_fallback": bool(spec_after) and sum(p["steps"] for p in spec_after) > 0,
+        "fallback_after_spec": bool(spec_before) and sum(p["steps"] for p in spec_before) > 0,
+        "acceptance_before": acceptance(spec_before),
+        "acceptance_after": acceptance(spec_after),
+    }
+
+
+def check_expectations(expect: dict, window: dict) -> list[str]:
+    """What the scenario claims to test, checked against the counters."""
+    fails = []
+    fb, sp = window.get("fallback_steps", 0), window.get("spec_steps", 0)
+    want = expect.get("fallback_steps", "any")
+    if want == "zero" and fb != 0:
+        fails.append(f"expected no fallback steps, got {fb}")
+    if want == "positive" and fb <= 0:
+        fails.append("expected fallback steps, got none")
+    if want == "all" and (fb <= 0 or sp != 0):
+        fails.append(f"expected only fallback steps, got {fb} fallback and {sp} speculative")
+    tr = transitions(window.get("phases", []))
+    if expect.get("spec_after_fallback") and not tr["spec_after_fallback"]:
+        fails.append("expected speculative steps after a fallback phase, saw none")
+    if expect.get("fallback_after_spec") and not tr["fallback_after_spec"]:
+        fails.append("expected a fallback phase after speculative steps, saw none")
+    acc = acceptance(window.get("phases", []))
+    if expect.get("min_acceptance") is not None and (acc is None or acc < expect["min_acceptance"]):
+        fails.append(f"expected mean acceptance >= {expect['min_acceptance']}, got {acc}")
+    if expect.get("resume_acceptance_not_lower"):
+        a, b = tr["acceptance_before"], tr["acceptance_after"]
+        if a is None or b is None:
+            fails.append("acceptance before/after the fallback could not be measured")
+        elif b < a - 0.05:
+            fails.append(f"acceptance after speculation resumed ({b:.2f}) is below before the fallback ({a:.2f}): stale draft KV?")
+    return fails
+
+
+@dataclass
+class TokenComparison:
+    requests: int = 0
+    equal: int = 0
+    tokens: int = 0
+    mismatches: list[dict] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.requests > 0 and self.equal == self.requests
+
+
+def compare_tokens(baseline: list[dict], candidate: list[dict], prompts: list[list[int]] | None = None) -> TokenComparison:
+    """Exact equality per request; on a mismatch, where and how close the baseline was."""
+    out = TokenComparison()
+    for b, c in zip(baseline, candidate):
+        out.requests += 1
+        bi, ci = b["output_ids"], c["output_ids"]
+        out.tokens += len(bi)
+        if bi == ci:
+            out.equal += 1
+            continue
+        pos = next((i for i, (x, y) in enumerate(zip(bi, ci)) if x != y), min(len(bi), len(ci)))
+        margins = b.get("top2_margins") or []
+        out.mismatches.append({
+            "request": b.get("index"), "first_diff": pos,
+            "baseline_token": bi[pos] if pos < len(bi) else None,
+            "candidate_token": ci[pos] if pos < len(ci) else None,
+            "baseline_top2_margin": margins[pos] if pos < len(margins) else None,
+            "lengths": [len(bi), len(ci)],
+            "prompt_len": len(prompts[b["index"]]) if prompts else None,
+        })
+    if len(baseline) != len(candidate):
+        out.mismatches.append({"request": None, "error": f"{len(baseline)} baseline vs {len(candidate)} candidate requests"})
+    return out
+
+
+def min_margin(requests: list[dict]) -> float | None:
+    vals = [m for r in requests for m in (r.get("top2_margins") or []) if m is not None]
+    return min(vals) if vals else None
+
+
+def prompts_hash(prompts: list[list[int]]) -> str:
+    return hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]
+
+
+def golden_path(root: Path, sglang_version: str, arch: str) -> Path:
+    return Path(root) / sglang_version / arch / "golden.json"
+
+
+def make_golden(sglang_version: str, arch: str, model_meta: dict, settings: dict, baselines: dict) -> dict:
+    """baselines: workload name -> {prompts, requests (with output_ids, top2_margins)}."""
+    return {
+        "schema": GOLDEN_SCHEMA, "sglang_version": sglang_version, "gpu_arch": arch,
+        "model": model_meta, "settings": settings,
+        "workloads": {
+            name: {"prompts_sha": prompts_hash(b["prompts"]), "min_top2_margin": min_margin(b["requests"]),
+                   "output_ids": [r["output_ids"] for r in b["requests"]]}
+            for name, b in sorted(baselines.items())
+        },
+    }
+
+
+def validate_golden(data: dict) -> list[str]:
+    problems = []
+    for key in ("schema", "sglang_version", "gpu_arch", "model", "settings", "workloads"):
+        if key not in data:
+            problems.append(f"missing key {key}")
+    if data.get("schema") != GOLDEN_SCHEMA:
+        problems.append(f"schema {data.get('schema')} != {GOLDEN_SCHEMA}")
+    for name, w in (data.get("workloads") or {}).items():
+        if not isinstance(w.get("output_ids"), list) or not all(isinstance(x, list) for x in w["output_ids"]):
+            problems.append(f"workload {name}: output_ids must be a list of token lists")
+        if not isinstance(w.get("prompts_sha"), str):
+            problems.append(f"workload {name}: prompts_sha missing")
+    return problems
+
+
+def compare_to_golden(golden: dict, name: str, prompts: list[list[int]], requests: list[dict]) -> list[str]:
+    """An SGLang upgrade that changes plain outputs is caught before any recipe is involved."""
+    w = golden.get("workloads", {}).get(name)
+    if w is None:
+        return [f"golden file has no workload {name}"]
+    if w["prompts_sha"] != prompts_hash(prompts):
+        return [f"workload {name}: prompts differ from the golden file (different seed or generator)"]
+    cmp = compare_tokens([{"output_ids": o, "index": i} for i, o in enumerate(w["output_ids"])], requests)
+    return [f"workload {name}: baseline differs from golden in request {m.get('request')} at token {m.get('first_diff')}"
+            for m in cmp.mismatches]

@@ -1,0 +1,126 @@
+"""One SGLang engine configuration, run in its own process (``python -m``).
+
+SGLang spawns scheduler processes and holds the GPU, so each configuration gets a fresh
+process; the runner reads the JSON this writes. Input and output are JSON files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+
+
+def _stats(path: str | None) -> dict:
+    if not path:
+        return {}
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def engine_kwargs(job: dict) -> dict:
+    cfg = job["config"]
+    kw = dict(
+        model_path=job["target"],
+        skip_tokenizer_init=True,
+        attention_backend="triton",
+        sampling_backend="pytorch",
+        grammar_backend="none",
+        cuda_graph_max_bs=32,
+        disable_piecewise_cuda_graph=True,
+        mem_fraction_static=job.get("mem_fraction", 0.08),
+        max_running_requests=64,
+        random_seed=0,
+        port=job.get("port", 31000),
+        log_level="info",
+    )
+    if not cfg["cuda_graph"]:
+        kw["disable_cuda_graph"] = True
+    if cfg["chunked_prefill"]:
+        kw["chunked_prefill_size"] = cfg["chunked_prefill"]
+    algo = cfg["algorithm"]
+    if algo:
+        kw.update(speculative_algorithm=algo, speculative_num_steps=3, speculative_eagle_topk=1,
+                  speculative_num_draft_tokens=4)
+        if algo == "EAGLE3":
+            kw.update(speculative_draft_model_path=job["eagle3_draft"], speculative_draft_load_format="dummy")
+        else:
+            kw.update(speculative_draft_model_path=job["target"])
+        if cfg["threshold"] is not None:
+            kw["speculative_disable_batch_size_threshold"] = cfg["threshold"]
+            kw["speculative_disable_batch_size_hysteresis"] = cfg["hysteresis"]
+    kw.update(job.get("engine_overrides", {}))
+    return kw
+
+
+async def _run_workload(engine, wl: dict, want_logprobs: bool) -> list[dict]:
+    t0 = time.perf_counter()
+
+    async def one(i, req):
+        if req["delay"]:
+            await asyncio.sleep(req["delay"])
+        params = {"temperature": 0.0, "max_new_tokens": req["max_new_tokens"], "ignore_eos": True}
+        kwargs = {}
+        if want_logprobs:
+            kwargs = dict(return_logprob=True, top_logprobs_num=2)
+        out = await engine.async_generate(input_ids=req["prompt"], sampling_params=params, **kwargs)
+        meta = out.get("meta_info", {})
+        rec = {
+            "index": i,
+            "output_ids": list(out.get("output_ids", [])),
+            "spec_verify_ct": meta.get("spec_verify_ct"),
+            "spec_accept_length": meta.get("spec_accept_length"),
+            "completion_tokens": meta.get("completion_tokens"),
+            "finished_at": time.perf_counter() - t0,
+        }
+        if want_logprobs:
+            margins = []
+            for pos in meta.get("output_top_logprobs") or []:
+                vals = sorted((p[0] for p in pos if p and p[0] is not None), reverse=True)
+                margins.append(vals[0] - vals[1] if len(vals) >= 2 else None)
+            rec["top2_margins"] = margins
+        return rec
+
+    return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(wl["requests"]))))
+
+
+def main(job_path: str, out_path: str) -> int:
+    job = json.loads(open(job_path).read())
+    stats_path = job.get("stats_path")
+    if stats_path:
+        os.environ["SPECTOOL_FALLBACK_STATS"] = stats_path
+    result = {"config": job["config"]["name"], "workloads": {}, "ok": False}
+    t_start = time.perf_counter()
+    import sglang
+
+    engine = sglang.Engine(**engine_kwargs(job))
+    result["startup_s"] = round(time.perf_counter() - t_start, 1)
+    try:
+        want_lp = job["config"]["algorithm"] is None
+        loop = asyncio.get_event_loop()
+        for wl in job["workloads"]:
+            before = _stats(stats_path)
+            t0 = time.perf_counter()
+            outs = loop.run_until_complete(_run_workload(engine, wl, want_lp))
+            time.sleep(0.2)  # the last step's counters are written after the result returns
+            after = _stats(stats_path)
+            result["workloads"][wl["name"]] = {
+                "requests": outs, "seconds": round(time.perf_counter() - t0, 3),
+                "stats_before": before, "stats_after": after,
+            }
+        result["ok"] = True
+    finally:
+        result["total_s"] = round(time.perf_counter() - t_start, 1)
+        with open(out_path, "w") as f:
+            json.dump(result, f)
+        engine.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,243 @@
+"""``spectool verify``: build the golden models, run every engine configuration in its own
+process (a few at a time on one GPU), compare each speculative scenario with its
+no-speculation baseline and with the recorded golden file, and report."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from ..errors import BadInputError, SpectoolError
+from . import compare, scenarios
+from .golden_model import ModelSpec, ensure_models
+
+
+class VerifyFailed(SpectoolError):
+    exit_code = 1
+    kind = "verify"
+
+
+def gpu_info() -> tuple[str, str]:
+    """('sm90', 'NVIDIA H200'), or raise a clear error without a GPU."""
+    try:
+        import torch
+    except ImportError:
+        raise BadInputError("spectool verify needs torch with CUDA (pip install 'spectool[gpu]').") from None
+    if not torch.cuda.is_available():
+        raise BadInputError("spectool verify needs a CUDA GPU; none is visible (torch.cuda.is_available() is False).")
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm{major}{minor}", torch.cuda.get_device_name()
+
+
+def _launch(job: dict, workdir: Path, env: dict) -> tuple[subprocess.Popen, Path, Path]:
+    name = job["config"]["name"]
+    job_path, out_path, log_path = workdir / f"{name}.job.json", workdir / f"{name}.out.json", workdir / f"{name}.log"
+    job_path.write_text(json.dumps(job))
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "spectool.verify.engine_worker", str(job_path), str(out_path)],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return proc, out_path, log_path
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _tail(path: Path, n: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def run_engines(jobs: list[dict], workdir: Path, env: dict, parallel: int, timeout: float, progress=None) -> dict:
+    """Run jobs, `parallel` at a time; returns name -> result (or an error with the log tail)."""
+    pending, running, results = list(jobs), {}, {}
+    try:
+        while pending or running:
+            while pending and len(running) < parallel:
+                job = pending.pop(0)
+                proc, out, log = _launch(job, workdir, env)
+                running[job["config"]["name"]] = (proc, out, log, time.time())
+            time.sleep(1.0)
+            for name, (proc, out, log, t0) in list(running.items()):
+                rc = proc.poll()
+                if rc is None and time.time() - t0 < timeout:
+                    continue
+                if rc is None:
+                    _kill_group(proc)
+                    results[name] = {"ok": False, "error": f"timed out after {timeout:.0f} s", "log_tail": _tail(log)}
+                else:
+                    _kill_group(proc)  # SGLang children left behind
+                    try:
+                        results[name] = json.loads(out.read_text())
+                        if not results[name].get("ok"):
+                            results[name]["log_tail"] = _tail(log)
+                    except (OSError, ValueError):
+                        results[name] = {"ok": False, "error": f"engine process exited with {rc}", "log_tail": _tail(log)}
+                del running[name]
+                if progress:
+                    progress(name, results[name])
+    finally:
+        for proc, *_ in running.values():
+            _kill_group(proc)
+    return results
+
+
+def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: bool = False, parallel: int = 3,
+           timeout: float = 420, only: list[str] | None = None, model_cache: Path | None = None, console=None) -> dict:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    arch, gpu_name = gpu_info()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    sg_version = None
+    if sglang_dir:
+        from ..source import locate
+
+        tree = locate(sglang_dir)
+        sg_version = str(tree.version)
+        env["PYTHONPATH"] = os.pathsep.join([str(tree.root), str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+        from .. import api
+
+        chk = api.check(sglang_dir)
+        if not all(r.status in ("already-applied", "upstreamed") for r in chk.plan.results):
+            bad = ", ".join(f"{r.id}={r.status}" for r in chk.plan.results)
+            raise BadInputError(f"the SGLang tree {sglang_dir} is not patched ({bad}); run 'spectool apply --sglang-dir {sglang_dir}' first.")
+    else:
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+    if sg_version is None:
+        import importlib.metadata
+
+        sg_version = importlib.metadata.version("sglang")
+    t_all = time.time()
+    spec = ModelSpec()
+    log_lines = []
+    models = ensure_models(model_cache or out_dir / "models", spec, log=log_lines.append)
+    wls = scenarios.workloads(spec)
+    cfgs = [c for c in scenarios.configs() if not only or c.name in only or c.algorithm is None]
+    jobs = []
+    for i, c in enumerate(cfgs):
+        jobs.append({
+            "config": asdict(c), "target": models["target"], "eagle3_draft": models["eagle3_draft"],
+            "workloads": [{"name": w, "requests": [asdict(r) for r in wls[w].requests]} for w in c.workloads],
+            "stats_path": str(out_dir / f"{c.name}.stats.json") if c.algorithm else None,
+            "port": 31000 + 50 * i, "mem_fraction": 0.08,
+        })
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=False) as bar:
+        task = bar.add_task("engines", total=len(jobs))
+
+        def tick(name, res):
+            status = "ok" if res.get("ok") else "FAILED"
+            bar.console.print(f"  engine {name}: {status} (startup {res.get('startup_s', '?')} s, total {res.get('total_s', '?')} s)")
+            bar.advance(task)
+
+        results = run_engines(jobs, out_dir, env, parallel, timeout, tick)
+    report = evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root, record)
+    report["wall_seconds"] = round(time.time() - t_all, 1)
+    report["model_build_log"] = log_lines
+    (out_dir / "verify-results.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root, record) -> dict:
+    by_name = {c.name: c for c in cfgs}
+    rows, engine_errors = [], {}
+    for name, res in results.items():
+        if not res.get("ok"):
+            engine_errors[name] = {"error": res.get("error", "failed"), "log_tail": res.get("log_tail", "")}
+    baselines = {}
+    for c in cfgs:
+        if c.algorithm is None and results.get(c.name, {}).get("ok"):
+            for w in c.workloads:
+                baselines.setdefault(w, {"prompts": [r.prompt for r in wls[w].requests],
+                                         "requests": results[c.name]["workloads"][w]["requests"]})
+    gpath = compare.golden_path(golden_root, sg_version, arch)
+    golden_problems = []
+    if record:
+        data = compare.make_golden(sg_version, arch, models["meta"], {"threshold": scenarios.THRESHOLD, "engine": "triton attention, pytorch sampling, greedy"}, baselines)
+        gpath.parent.mkdir(parents=True, exist_ok=True)
+        gpath.write_text(json.dumps(data, indent=1))
+    elif gpath.exists():
+        golden = json.loads(gpath.read_text())
+        for w, b in baselines.items():
+            golden_problems += compare.compare_to_golden(golden, w, b["prompts"], b["requests"])
+    else:
+        golden_problems.append(f"no golden file at {gpath} (record one with --record)")
+    for s in scenarios.scenarios():
+        c = by_name.get(s.config)
+        if c is None:
+            continue
+        row = {"scenario": s.name, "config": s.config, "workload": s.workload, "what": s.what}
+        base = scenarios.baseline_for(c, cfgs, s.workload)
+        res, bres = results.get(c.name, {}), results.get(base.name, {})
+        if not res.get("ok") or not bres.get("ok"):
+            row.update(ok=False, failures=[f"engine {c.name if not res.get('ok') else base.name} failed"])
+            rows.append(row)
+            continue
+        cand = res["workloads"][s.workload]
+        basew = bres["workloads"][s.workload]
+        prompts = [r.prompt for r in wls[s.workload].requests]
+        cmp = compare.compare_tokens(basew["requests"], cand["requests"], prompts)
+        window = compare.stats_window(cand["stats_before"], cand["stats_after"])
+        fails = [] if cmp.ok else [f"{len(cmp.mismatches)} request(s) differ from the no-speculation baseline"]
+        fails += compare.check_expectations(asdict(s.expect), window)
+        tr = compare.transitions(window["phases"])
+        row.update(
+            ok=not fails, failures=fails, requests=cmp.requests, equal=cmp.equal, tokens=cmp.tokens,
+            mismatches=cmp.mismatches, fallback_steps=window["fallback_steps"], spec_steps=window["spec_steps"],
+            acceptance=compare.acceptance(window["phases"]), acceptance_before=tr["acceptance_before"],
+            acceptance_after=tr["acceptance_after"], min_baseline_margin=compare.min_margin(basew["requests"]),
+            seconds=cand["seconds"],
+        )
+        rows.append(row)
+    ok = all(r["ok"] for r in rows) and not engine_errors and not golden_problems
+    return {
+        "ok": ok, "sglang_version": sg_version, "gpu_arch": arch, "gpu": gpu_name, "golden_file": str(gpath),
+        "recorded": record, "golden_problems": golden_problems, "engine_errors": engine_errors,
+        "scenarios": rows, "model": models["meta"],
+        "engines": {k: {"startup_s": v.get("startup_s"), "total_s": v.get("total_s"), "ok": v.get("ok")} for k, v in results.items()},
+    }
+
+
+def print_report(report: dict, console) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"spectool verify: SGLang {report['sglang_version']} on {report['gpu']} ({report['gpu_arch']})")
+    for col in ("scenario", "result", "equal/req", "tokens", "fallback", "spec", "accept", "acc before/after", "min margin"):
+        t.add_column(col)
+
+    def f(x, d=2):
+        return "-" if x is None else f"{x:.{d}f}"
+
+    for r in report["scenarios"]:
+        t.add_row(r["scenario"], "[green]pass[/]" if r["ok"] else "[red]FAIL[/]",
+                  f"{r.get('equal', '-')}/{r.get('requests', '-')}", str(r.get("tokens", "-")),
+                  str(r.get("fallback_steps", "-")), str(r.get("spec_steps", "-")), f(r.get("acceptance")),
+                  f"{f(r.get('acceptance_before'))}/{f(r.get('acceptance_after'))}", f(r.get("min_baseline_margin")))
+    console.print(t)
+    for r in report["scenarios"]:
+        for fl in r.get("failures", []):
+            console.print(f"[red]{r['scenario']}[/]: {fl}")
+        for m in r.get("mismatches", [])[:3]:
+            console.print(f"    request {m.get('request')}: first difference at token {m.get('first_diff')} "
+                          f"(baseline {m.get('baseline_token')} vs {m.get('candidate_token')}, baseline top-2 gap {m.get('baseline_top2_margin')})")
+    for name, e in report["engine_errors"].items():
+        console.print(f"[red]engine {name} failed[/]: {e['error']}\n{e['log_tail']}", markup=False)
+    for p in report["golden_problems"]:
+        console.print(f"golden: {p}")
+    console.print(f"overall: {'PASS' if report['ok'] else 'FAIL'} in {report.get('wall_seconds')} s")

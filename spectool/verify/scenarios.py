@@ -1,0 +1,170 @@
+"""Scenarios of the golden tests: engine configurations and the workloads run on them.
+
+Every speculative scenario is compared, request by request, with the same workload on a
+no-speculation engine of the same settings (CUDA graphs, chunked prefill). Each scenario
+also states which path it claims to test, checked from the fallback counters.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+
+from .golden_model import ModelSpec, copy_prompt
+
+THRESHOLD = 4  # T: the scenarios sit around it (T-1, T, T+1)
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    max_new_tokens: int
+    delay: float = 0.0  # seconds after the workload starts
+
+
+@dataclass
+class Workload:
+    name: str
+    requests: list[Request]
+    note: str = ""
+
+
+@dataclass
+class EngineConfig:
+    name: str
+    algorithm: str | None  # None (baseline), EAGLE3, STANDALONE
+    threshold: int | None = None
+    hysteresis: int = 0
+    cuda_graph: bool = True
+    chunked_prefill: int | None = None
+    workloads: list[str] = field(default_factory=list)
+
+    @property
+    def settings_key(self) -> tuple:
+        """Engines with equal keys are comparable: same kernels apart from speculation."""
+        return (self.cuda_graph, self.chunked_prefill)
+
+
+@dataclass
+class Expect:
+    fallback_steps: str = "any"  # "zero" | "positive" | "all" | "any"
+    spec_after_fallback: bool = False
+    fallback_after_spec: bool = False
+    min_acceptance: float | None = None
+    resume_acceptance_not_lower: bool = False
+
+
+@dataclass
+class Scenario:
+    name: str
+    config: str
+    workload: str
+    expect: Expect
+    what: str
+
+
+def workloads(spec: ModelSpec = ModelSpec(), seed: int = 1234) -> dict[str, Workload]:
+    rng = random.Random(seed)
+
+    def batch(n, new, *, seg=None, repeats=2.5):
+        return [Request(copy_prompt(rng, spec, segment=seg, repeats=repeats), new) for _ in range(n)]
+
+    T = THRESHOLD
+    w = [
+        Workload("bs1", batch(1, 96), "one request"),
+        Workload(f"bs{T - 1}", batch(T - 1, 64), "T-1 requests"),
+        Workload(f"bs{T}", batch(T, 64), "T requests"),
+        Workload(f"bs{T + 1}", batch(T + 1, 64), "T+1 requests"),
+        Workload("bs8", batch(8, 64), "8 requests"),
+        Workload(
+            "stagger",
+            [Request(copy_prompt(rng, spec), n) for n in (24, 32, 40, 48, 56, 64, 72, 80, 120, 160, 200, 240)],
+            "12 requests finishing at staggered lengths: the batch falls below T mid-request",
+        ),
+        Workload(
+            "arrive",
+            [Request(copy_prompt(rng, spec), 200) for _ in range(2)]
+            + [Request(copy_prompt(rng, spec), 64, delay=0.4) for _ in range(8)],
+            "2 long requests decode alone, then 8 arrive: the batch rises above T mid-request",
+        ),
+        Workload(
+            "long",
+            [Request(copy_prompt(rng, spec, segment=48, repeats=10), 64) for _ in range(T + 2)],
+            "long prompts (480 tokens, 4 chunks) through chunked prefill",
+        ),
+    ]
+    return {x.name: x for x in w}
+
+
+def configs() -> list[EngineConfig]:
+    T = THRESHOLD
+    return [
+        EngineConfig("base-graph", None, workloads=["bs1", f"bs{T-1}", f"bs{T}", f"bs{T+1}", "bs8", "stagger", "arrive"]),
+        EngineConfig("base-eager", None, cuda_graph=False, workloads=[f"bs{T+1}", "stagger"]),
+        EngineConfig("base-chunked", None, chunked_prefill=128, workloads=["long"]),
+        EngineConfig("eagle3-t4", "EAGLE3", T, workloads=["bs1", f"bs{T-1}", f"bs{T}", f"bs{T+1}", "stagger", "arrive"]),
+        EngineConfig("eagle3-t0", "EAGLE3", 0, workloads=["bs8", "stagger"]),
+        EngineConfig("eagle3-high", "EAGLE3", 1000, workloads=["bs8", "stagger"]),
+        EngineConfig("eagle3-t4-eager", "EAGLE3", T, cuda_graph=False, workloads=[f"bs{T+1}", "stagger"]),
+        EngineConfig("eagle3-t4-chunked", "EAGLE3", T, chunked_prefill=128, workloads=["long"]),
+        EngineConfig("standalone-t4", "STANDALONE", T, workloads=["bs1", "stagger", "arrive"]),
+    ]
+
+
+def scenarios() -> list[Scenario]:
+    T = THRESHOLD
+    s = [
+        Scenario("eagle3 always-spec (T=1000)", "eagle3-high", "bs8", Expect("zero"), "threshold far above the batch"),
+        Scenario("eagle3 always-spec stagger (T=1000)", "eagle3-high", "stagger", Expect("zero"), "threshold far above the batch"),
+        Scenario("eagle3 always-fallback (T=0)", "eagle3-t0", "bs8", Expect("all"), "threshold 0"),
+        Scenario("eagle3 always-fallback stagger (T=0)", "eagle3-t0", "stagger", Expect("all"), "threshold 0"),
+        Scenario("eagle3 bs=1", "eagle3-t4", "bs1", Expect("zero"), "single request speculates"),
+        Scenario(f"eagle3 bs=T-1={T-1}", "eagle3-t4", f"bs{T-1}", Expect("zero"), "below threshold"),
+        Scenario(f"eagle3 bs=T={T}", "eagle3-t4", f"bs{T}", Expect("zero"), "at threshold (drafting stays on)"),
+        Scenario(f"eagle3 bs=T+1={T+1}", "eagle3-t4", f"bs{T+1}", Expect("positive"), "above threshold"),
+        Scenario("eagle3 transition down", "eagle3-t4", "stagger", Expect("positive", spec_after_fallback=True),
+                 "batch shrinks below T: speculation resumes mid-request"),
+        Scenario("eagle3 transition up", "eagle3-t4", "arrive", Expect("positive", fallback_after_spec=True),
+                 "requests arrive while others decode: fallback starts mid-request"),
+        Scenario("eagle3 no CUDA graph", "eagle3-t4-eager", f"bs{T+1}", Expect("positive"), "eager target and draft"),
+        Scenario("eagle3 no CUDA graph transition", "eagle3-t4-eager", "stagger", Expect("positive", spec_after_fallback=True), "eager"),
+        Scenario("eagle3 chunked prefill long prompt", "eagle3-t4-chunked", "long", Expect("positive"), "chunked prefill (128), 480-token prompts"),
+        Scenario("standalone bs=1 (high acceptance)", "standalone-t4", "bs1", Expect("zero", min_acceptance=2.0), "multi-token accept path"),
+        Scenario("standalone transition down", "standalone-t4", "stagger",
+                 Expect("positive", spec_after_fallback=True, resume_acceptance_not_lower=True),
+                 "draft KV kept in sync: acceptance after resume >= before"),
+        Scenario("standalone transition up", "standalone-t4", "arrive", Expect("positive", fallback_after_spec=True), "arrivals"),
+    ]
+    return s
+
+
+def baseline_for(cfg: EngineConfig, all_configs: list[EngineConfig], workload: str) -> EngineConfig:
+    for b in all_configs:
+        if b.algorithm is None and b.settings_key == cfg.settings_key and workload in b.workloads:
+            return b
+    raise KeyError(f"no baseline engine runs workload {workload} with settings {cfg.settings_key}")
+
+
+def check_plan() -> list[str]:
+    """Consistency of the tables above (run by the CPU tests)."""
+    problems = []
+    cfgs = {c.name: c for c in configs()}
+    wl = workloads()
+    for s in scenarios():
+        c = cfgs.get(s.config)
+        if c is None:
+            problems.append(f"{s.name}: unknown config {s.config}")
+            continue
+        if s.workload not in c.workloads:
+            problems.append(f"{s.name}: config {c.name} does not run workload {s.workload}")
+        if s.workload not in wl:
+            problems.append(f"{s.name}: unknown workload {s.workload}")
+        try:
+            baseline_for(c, list(cfgs.values()), s.workload)
+        except KeyError as exc:
+            problems.append(f"{s.name}: {exc}")
+    return problems
+
+
+def to_json(obj) -> dict:
+    return asdict(obj)

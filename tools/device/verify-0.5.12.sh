@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Golden GPU tests on the lent H200 (see tools/device/README.md): unpack the SGLang 0.5.12
+# runtime, apply the recipes to it with spectool, run `spectool verify`, return results.
+# Usage there: bash tools/device/verify-0.5.12.sh [extra spectool verify args]
+set -euo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p /tmp/site "$OUT"
+[ -d /tmp/site/sglang ] || tar xJf .device-cache/sglang-0.5.12-site.tar.xz -C /tmp/site
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
+python3 -m spectool.cli apply --sglang-dir /tmp/site
+mkdir -p /tmp/models
+if [ -d .device-cache/models ]; then cp -r .device-cache/models/. /tmp/models/; fi
+set +e
+python3 -m spectool.cli verify --sglang-dir /tmp/site --out /tmp/verify --model-cache /tmp/models "$@" 2>&1 | tee "$OUT/verify.log"
+rc=${PIPESTATUS[0]}
+set -e
+cp /tmp/verify/verify-results.json "$OUT/" 2>/dev/null || true
+find golden -name golden.json -newer tools/device/verify-0.5.12.sh -exec cp {} "$OUT/" \; 2>/dev/null || true
+tar czf "$OUT/verify-logs.tgz" -C /tmp/verify --exclude='*.job.json' . 2>/dev/null || true
+if [ ! -d .device-cache/models ]; then tar czf "$OUT/models.tgz" -C /tmp/models . ; fi
+exit $rc
