@@ -17,7 +17,7 @@ python3 -m spectool.cli verify --sglang-dir /tmp/site --out /tmp/verify --model-
 rc=${PIPESTATUS[0]}
 set -e
 cp /tmp/verify/verify-results.json "$OUT/" 2>/dev/null || true
-find golden -name golden.json -newer tools/device/verify-0.5.12.sh -exec cp {} "$OUT/" \; 2>/dev/null || true
+cp golden/0.5.12/*/golden.json "$OUT/" 2>/dev/null || true
 tar czf "$OUT/verify-logs.tgz" -C /tmp/verify --exclude='*.job.json' . 2>/dev/null || true
 if [ ! -d .device-cache/models ]; then tar czf "$OUT/models.tgz" -C /tmp/models . ; fi
 exit $rc
