@@ -189,7 +189,7 @@ def fetch(version, dest, as_json):
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="results/verify", help="Where results, logs and the JSON report go.")
 @click.option("--golden-dir", type=click.Path(file_okay=False), default="golden", help="Recorded golden files, per SGLang version and GPU arch.")
 @click.option("--record", is_flag=True, help="Record the baseline tokens as the golden file.")
-@click.option("--parallel", type=int, default=3, help="Engines run at once on the GPU.")
+@click.option("--parallel", type=int, default=4, help="Engines run at once on the GPU.")
 @click.option("--only", default="", help="Comma-separated engine configs (baselines always run).")
 @click.option("--model-cache", type=click.Path(file_okay=False), default=None, help="Where the trained golden model is kept.")
 @_json_opt

@@ -33,7 +33,10 @@ def engine_kwargs(job: dict) -> dict:
         grammar_backend="none",
         cuda_graph_max_bs=32,
         disable_piecewise_cuda_graph=True,
-        mem_fraction_static=job.get("mem_fraction", 0.08),
+        # Several engines share the GPU: a high static fraction passes SGLang's free-memory
+        # check, and max_total_tokens keeps each KV pool small.
+        mem_fraction_static=job.get("mem_fraction", 0.85),
+        max_total_tokens=job.get("max_total_tokens", 32768),
         max_running_requests=64,
         random_seed=0,
         port=job.get("port", 31000),

@@ -31,11 +31,11 @@ class ModelSpec:
     layers: int = 8
     heads: int = 4
     intermediate: int = 688
-    seq_len: int = 512
+    seq_len: int = 256
     min_segment: int = 8
-    max_segment: int = 64
+    max_segment: int = 48
     steps: int = 1500
-    batch: int = 32
+    batch: int = 64
     lr: float = 2e-3
     rope_theta: float = 10000.0
     eps: float = 1e-5
@@ -150,7 +150,7 @@ def train(spec: ModelSpec, device: str = "cuda", steps: int | None = None, log=p
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        loss_v = float(loss)
+        loss_v = float(loss.detach())
         if log and (step % 250 == 0 or step == steps - 1):
             log(f"golden model: step {step}/{steps} loss {loss_v:.4f}")
     return model, loss_v, time.time() - t0

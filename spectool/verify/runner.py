@@ -97,7 +97,7 @@ def run_engines(jobs: list[dict], workdir: Path, env: dict, parallel: int, timeo
     return results
 
 
-def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: bool = False, parallel: int = 3,
+def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: bool = False, parallel: int = 4,
            timeout: float = 420, only: list[str] | None = None, model_cache: Path | None = None, console=None) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -135,7 +135,7 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
             "config": asdict(c), "target": models["target"], "eagle3_draft": models["eagle3_draft"],
             "workloads": [{"name": w, "requests": [asdict(r) for r in wls[w].requests]} for w in c.workloads],
             "stats_path": str(out_dir / f"{c.name}.stats.json") if c.algorithm else None,
-            "port": 31000 + 50 * i, "mem_fraction": 0.08,
+            "port": 31000 + 50 * i,
         })
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=False) as bar:

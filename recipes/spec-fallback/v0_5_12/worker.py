@@ -113,8 +113,11 @@ class EAGLEWorkerV2:
         try:
             # Capture as a plain decode model whose graphs also return the EAGLE-3
             # auxiliary hidden states (capture_hidden_mode FULL), which the draft needs.
+            # The capture mode must equal what fallback steps request, or the runner
+            # recaptures at replay time in spec mode (STANDALONE requests NULL).
             mr.spec_algorithm = SpeculativeAlgorithm.NONE
-            mr.server_args.enable_return_hidden_states = True
+            if not self.speculative_algorithm.is_standalone():
+                mr.server_args.enable_return_hidden_states = True
             self._fallback_graph_runner = CudaGraphRunner(
                 mr, attn_backend=self._fallback_attn_backend
             )
