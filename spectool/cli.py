@@ -208,5 +208,41 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, model_cache,
     sys.exit(EXIT_OK if report["ok"] else EXIT_FAILED)
 
 
+@main.command()
+@_dir_opt(required=False)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="results/bench", help="Results folder (resumes from cells.jsonl).")
+@click.option("--threshold", type=int, default=12, help="T for arm A2 (see --suggest-threshold).")
+@click.option("--concurrency", default="1,2,4,8,16,32,64,128,256", help="Comma-separated C values.")
+@click.option("--reps", type=int, default=3)
+@click.option("--acc-len", type=float, default=3.0, help="SGLANG_SIMULATE_ACC_LEN for the spec arms.")
+@click.option("--prompt-len", type=int, default=128)
+@click.option("--out-len", type=int, default=128)
+@click.option("--budget", type=float, default=540, help="Stop measuring after this many seconds (resume later).")
+@click.option("--no-transition", is_flag=True)
+@click.option("--suggest-threshold", "suggest", is_flag=True, help="Only print T from the recorded results in --out.")
+@_json_opt
+@guarded
+def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, suggest, as_json):
+    """Throughput sweep (GPU): no-spec, EAGLE-3, and the patched fallback, per concurrency."""
+    import json as _json
+
+    from .bench import analyze
+    from .bench.sweep import run
+
+    cs = [int(x) for x in concurrency.split(",") if x]
+    if suggest:
+        cells = [_json.loads(l) for l in (Path(out_dir) / "cells.jsonl").read_text().splitlines()]
+        res = analyze.suggest_threshold(analyze.medians([c for c in cells if c.get("acc_len", acc_len) == acc_len]), cs)
+        click.echo(to_json(res) if as_json else f"suggested threshold: {res['threshold']} ({res['why']})")
+        return
+    report = run(Path(out_dir), threshold=threshold, concurrencies=cs, reps=reps, prompt_len=prompt_len, out_len=out_len,
+                 acc_len=acc_len, transition=not no_transition, budget_s=budget, sglang_dir=sglang_dir, console=_console())
+    if as_json:
+        click.echo(to_json(report))
+    else:
+        click.echo((Path(out_dir) / "bench-table.md").read_text())
+        click.echo(f"suggested threshold: {report['suggested_threshold']}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

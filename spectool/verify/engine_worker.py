@@ -97,6 +97,7 @@ def main(job_path: str, out_path: str) -> int:
     stats_path = job.get("stats_path")
     if stats_path:
         os.environ["SPECTOOL_FALLBACK_STATS"] = stats_path
+        os.environ["SPECTOOL_FALLBACK_STATS_INTERVAL"] = "0"  # exact counters per workload
     result = {"config": job["config"]["name"], "workloads": {}, "ok": False}
     t_start = time.perf_counter()
     import sglang

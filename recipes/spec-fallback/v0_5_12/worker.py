@@ -83,6 +83,10 @@ class EAGLEWorkerV2:
             if getattr(self, "tp_rank", 0) == 0
             else None
         )
+        self._fallback_publish_interval = float(
+            os.environ.get("SPECTOOL_FALLBACK_STATS_INTERVAL", "0.5")
+        )
+        self._fallback_last_publish = 0.0
         self._fallback_attn_backend = None
         self._fallback_graph_runner = None
         if self._fallback_threshold is None:
@@ -298,7 +302,12 @@ class EAGLEWorkerV2:
         next_draft_input.hidden_states = draft_logits.hidden_states
 
     def _spec_fallback_publish_stats(self):
-        """Counters for tests and dashboards: a JSON file named by SPECTOOL_FALLBACK_STATS."""
+        """Counters for tests and dashboards: a JSON file named by SPECTOOL_FALLBACK_STATS,
+        rewritten at most every SPECTOOL_FALLBACK_STATS_INTERVAL seconds (default 0.5)."""
+        now = time.monotonic()
+        if now - self._fallback_last_publish < self._fallback_publish_interval:
+            return
+        self._fallback_last_publish = now
         path = self._fallback_stats_path
         tmp = path + ".tmp"
         with open(tmp, "w") as f:

@@ -1,0 +1,1 @@
+"""spectool bench: throughput of no-spec, EAGLE-3 and the patched fallback, per concurrency."""

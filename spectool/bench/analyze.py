@@ -1,0 +1,112 @@
+"""Envelope, ratios, the threshold rule, tables and the plot, from recorded cells (CPU-only)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+
+def medians(cells: list[dict]) -> dict:
+    """(arm, C) -> {median, min, max, reps, tpot_ms, ttft_ms, acceptance, spec_fraction}."""
+    groups = defaultdict(list)
+    for c in cells:
+        groups[(c["arm"], c["C"])].append(c)
+    out = {}
+    for key, cs in groups.items():
+        vals = [c["output_tok_s"] for c in cs]
+
+        def med(field):
+            xs = [c[field] for c in cs if c.get(field) is not None]
+            return statistics.median(xs) if xs else None
+
+        out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "reps": len(vals),
+                    "tpot_ms": med("tpot_ms"), "ttft_ms": med("ttft_ms"), "acceptance": med("acceptance"),
+                    "spec_fraction": med("spec_fraction")}
+    return out
+
+
+def envelope(m: dict, concurrencies: list[int]) -> dict:
+    """E(C) = max(A0, A1): the best of never and always speculating."""
+    return {C: max(m[("A0", C)]["median"], m[("A1", C)]["median"]) for C in concurrencies
+            if ("A0", C) in m and ("A1", C) in m}
+
+
+def ratios(m: dict, concurrencies: list[int]) -> dict:
+    env = envelope(m, concurrencies)
+    out = {}
+    for C in concurrencies:
+        row = {"E": env.get(C)}
+        if ("A2", C) in m and C in env:
+            row["A2/E"] = m[("A2", C)]["median"] / env[C]
+        if ("A4", C) in m and ("A0", C) in m:
+            row["A4/A0"] = m[("A4", C)]["median"] / m[("A0", C)]["median"]
+        if ("A1", C) in m and ("A0", C) in m:
+            row["A1/A0"] = m[("A1", C)]["median"] / m[("A0", C)]["median"]
+        if ("A3", C) in m and ("A1", C) in m:
+            row["A3/A1"] = m[("A3", C)]["median"] / m[("A1", C)]["median"]
+        out[C] = row
+    return out
+
+
+def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:
+    """The rule: speculate while it wins. T = the largest measured C at which A1 >= A0;
+    if the next C loses, the crossover lies between them, and T stays at the last winning C
+    (a decode batch of C requests is then the largest that drafts). Returns T and the evidence."""
+    wins = [C for C in concurrencies if ("A0", C) in m and ("A1", C) in m and m[("A1", C)]["median"] >= m[("A0", C)]["median"]]
+    loses = [C for C in concurrencies if ("A0", C) in m and ("A1", C) in m and m[("A1", C)]["median"] < m[("A0", C)]["median"]]
+    if not wins:
+        return {"threshold": 0, "why": "speculation never wins: always fall back"}
+    # The first loss after the last win bounds the crossover.
+    T = max(c for c in wins if not any(l < c for l in loses)) if any(c < min(loses) for c in wins) and loses else max(wins)
+    return {"threshold": T, "wins": wins, "loses": loses,
+            "why": f"EAGLE-3 beats no-spec up to C={T}; above, plain decoding is faster"}
+
+
+def markdown(m: dict, concurrencies: list[int], arms: list[str]) -> str:
+    r = ratios(m, concurrencies)
+    head = "| C | " + " | ".join(f"{a} tok/s" for a in arms) + " | E=max(A0,A1) | A2/E | A4/A0 | A2 spec frac | A1 accept |"
+    lines = [head, "|" + "---|" * (len(arms) + 6)]
+    for C in concurrencies:
+        cells = []
+        for a in arms:
+            x = m.get((a, C))
+            cells.append("-" if x is None else f"{x['median']:.0f} ({x['min']:.0f}-{x['max']:.0f})")
+        row = r.get(C, {})
+
+        def f(v, fmt="{:.3f}"):
+            return "-" if v is None else fmt.format(v)
+
+        sf = m.get(("A2", C), {}).get("spec_fraction")
+        acc = m.get(("A1", C), {}).get("acceptance")
+        lines.append(f"| {C} | " + " | ".join(cells) + f" | {f(row.get('E'), '{:.0f}')} | {f(row.get('A2/E'))} | "
+                     f"{f(row.get('A4/A0'))} | {f(sf, '{:.2f}')} | {f(acc, '{:.2f}')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(m: dict, concurrencies: list[int], arms: dict, path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    env = envelope(m, concurrencies)
+    xs = sorted(env)
+    ax.plot(xs, [env[c] for c in xs], color="black", lw=6, alpha=0.15, label="envelope max(A0, A1)")
+    for a, label in arms.items():
+        pts = [(C, m[(a, C)]) for C in concurrencies if (a, C) in m]
+        if not pts:
+            continue
+        ax.errorbar([p[0] for p in pts], [p[1]["median"] for p in pts],
+                    yerr=[[p[1]["median"] - p[1]["min"] for p in pts], [p[1]["max"] - p[1]["median"] for p in pts]],
+                    marker="o", capsize=3, label=f"{a}: {label}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("concurrent requests C (closed loop)")
+    ax.set_ylabel("output tokens/s (median of reps)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,177 @@
+"""``spectool bench``: start every arm's engine (in parallel, each in its own process), then
+measure the concurrency sweep arm by arm with the arm order rotated per repetition, and the
+alternating low/high transition workload. Results are appended per cell, so a run cut short
+by a time limit resumes where it stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from ..errors import BadInputError
+from . import analyze
+from .arms import arms as make_arms, engine_kwargs
+from .models import write_models
+
+DEFAULT_C = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def _requests_for(C: int) -> int:
+    return max(4, 2 * C) if C <= 64 else int(1.5 * C)
+
+
+def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, prompt_len: int = 128,
+        out_len: int = 128, acc_len: float = 3.0, transition: bool = True, budget_s: float = 540,
+        sglang_dir: str | None = None, console=None) -> dict:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    t_start = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    cells_path = out / "cells.jsonl"
+    done = set()
+    cells = []
+    if cells_path.exists():  # resume
+        for line in cells_path.read_text().splitlines():
+            c = json.loads(line)
+            cells.append(c)
+            done.add((c["arm"], c["C"], c["rep"], c.get("acc_len", acc_len)))
+    models = write_models(out / "models")
+    arm_list = make_arms(threshold)
+    max_bs = max(concurrencies)
+    env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN=str(acc_len), PYTHONUNBUFFERED="1")
+    if sglang_dir:
+        from ..source import locate
+
+        env["PYTHONPATH"] = os.pathsep.join([str(locate(sglang_dir).root), str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+    procs = {}
+    for i, arm in enumerate(arm_list):
+        job = {"engine": engine_kwargs(arm, models, max_bs=max_bs, max_total_tokens=max_bs * (prompt_len + out_len + 16) + 4096, port=32000 + 100 * i),
+               "ready_path": str(out / f"{arm.name}.ready.json"),
+               "stats_path": str(out / f"{arm.name}.stats.json") if arm.threshold is not None else None}
+        Path(job["ready_path"]).unlink(missing_ok=True)
+        log = open(out / f"{arm.name}.log", "w")
+        procs[arm.name] = subprocess.Popen([sys.executable, "-m", "spectool.bench.worker", json.dumps(job)], stdin=subprocess.PIPE,
+                                           stdout=log, stderr=subprocess.STDOUT, env=env, text=True, start_new_session=True)
+    try:
+        _wait_ready(procs, out, timeout=420)
+        startup = {a: json.loads((out / f"{a}.ready.json").read_text())["startup_s"] for a in procs}
+        todo = [(rep, C, arm.name) for rep in range(reps) for C in concurrencies for arm in _rotated(arm_list, rep)]
+        todo = [t for t in todo if (t[2], t[1], t[0], acc_len) not in done]
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console) as bar:
+            task = bar.add_task("cells", total=len(todo))
+            for rep, C, arm in todo:
+                if time.time() - t_start > budget_s:
+                    bar.console.print("time budget reached: stopping; rerun to resume")
+                    break
+                res = _command(procs[arm], out, {"kind": "point", "C": C, "n": _requests_for(C), "prompt_len": prompt_len,
+                                                  "out_len": out_len, "seed": 1000 * rep + C})
+                cell = {"arm": arm, "C": C, "rep": rep, "acc_len": acc_len, **res}
+                cells.append(cell)
+                with open(cells_path, "a") as f:
+                    f.write(json.dumps(cell) + "\n")
+                bar.advance(task)
+        trans = None
+        tpath = out / "transition.json"
+        if transition and not tpath.exists() and time.time() - t_start < budget_s:
+            sched = [{"C": 4, "n": 12}, {"C": 192, "n": 288}, {"C": 4, "n": 12}, {"C": 192, "n": 288}, {"C": 4, "n": 12}]
+            trans = {}
+            for arm in ("A2", "A0", "A1"):
+                trans[arm] = _command(procs[arm], out, {"kind": "phases", "schedule": sched, "prompt_len": prompt_len, "out_len": out_len, "seed": 77})
+            tpath.write_text(json.dumps(trans, indent=1))
+        elif tpath.exists():
+            trans = json.loads(tpath.read_text())
+    finally:
+        for p in procs.values():
+            try:
+                p.stdin.write(json.dumps({"quit": True}) + "\n")
+                p.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                pass
+        for p in procs.values():
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, 9)
+                except ProcessLookupError:
+                    pass
+    return summarize(out, cells, concurrencies, threshold, acc_len, trans, startup if "startup" in dir() else {})
+
+
+def _rotated(arm_list, rep):
+    k = rep % len(arm_list)
+    return arm_list[k:] + arm_list[:k]
+
+
+def _wait_ready(procs, out, timeout):
+    t0 = time.time()
+    while True:
+        missing = [a for a in procs if not (out / f"{a}.ready.json").exists()]
+        if not missing:
+            return
+        for a in missing:
+            if procs[a].poll() is not None:
+                tail = "\n".join((out / f"{a}.log").read_text(errors="replace").splitlines()[-30:])
+                raise BadInputError(f"bench arm {a} failed to start (exit {procs[a].returncode}):\n{tail}")
+        if time.time() - t0 > timeout:
+            raise BadInputError(f"bench arms {missing} did not start within {timeout} s")
+        time.sleep(2)
+
+
+def _command(proc, out, cmd):
+    rp = out / f"result-{time.time_ns()}.json"
+    cmd["result_path"] = str(rp)
+    proc.stdin.write(json.dumps(cmd) + "\n")
+    proc.stdin.flush()
+    while not rp.exists():
+        if proc.poll() is not None:
+            raise BadInputError(f"bench engine exited with {proc.returncode} during {cmd['kind']}")
+        time.sleep(0.05)
+    res = json.loads(rp.read_text())
+    rp.unlink()
+    return res
+
+
+def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startup) -> dict:
+    m = analyze.medians([c for c in cells if c.get("acc_len", acc_len) == acc_len])
+    labels = {a.name: a.label for a in make_arms(threshold)}
+    report = {
+        "threshold": threshold, "acc_len": acc_len, "concurrencies": concurrencies,
+        "cells": {f"{a}@{C}": v for (a, C), v in sorted(m.items(), key=lambda kv: (kv[0][0], kv[0][1]))},
+        "ratios": {str(C): v for C, v in analyze.ratios(m, concurrencies).items()},
+        "suggested_threshold": analyze.suggest_threshold(m, concurrencies),
+        "transition": _transition_summary(trans, m) if trans else None,
+        "startup_s": startup,
+    }
+    (out / "bench-results.json").write_text(json.dumps(report, indent=1))
+    (out / "bench-table.md").write_text(analyze.markdown(m, concurrencies, [a for a in labels if any(k[0] == a for k in m)]))
+    try:
+        analyze.plot(m, concurrencies, labels, out / "bench-plot.png", f"Llama-3.1-8B shape, H200, SGLang 0.5.12, acceptance {acc_len}, T={threshold}")
+    except ImportError:
+        pass
+    return report
+
+
+def _transition_summary(trans, m):
+    out = {}
+    for arm, res in trans.items():
+        rows = []
+        for ph in res["phases"]:
+            steady = m.get((arm, ph["C"]), {}).get("median") or _interp(m, arm, ph["C"])
+            rows.append({"C": ph["C"], "tok_s": ph["output_tok_s"], "steady": steady,
+                         "ratio": ph["output_tok_s"] / steady if steady else None})
+        out[arm] = rows
+    return out
+
+
+def _interp(m, arm, C):
+    pts = sorted((c, v["median"]) for (a, c), v in m.items() if a == arm)
+    for (c0, v0), (c1, v1) in zip(pts, pts[1:]):
+        if c0 <= C <= c1:
+            return v0 + (v1 - v0) * (C - c0) / (c1 - c0)
+    return None

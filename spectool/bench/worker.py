@@ -1,0 +1,123 @@
+"""One benchmark arm in its own process: start the engine, then serve load commands.
+
+Commands arrive as JSON lines on stdin; each names a file where the result is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+
+def _stats(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
+async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, seed: int, vocab: int) -> dict:
+    """C requests in flight until n are done; steady state = between the first completion
+    and the last submission (warm-up and drain excluded)."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(10, vocab - 10) for _ in range(prompt_len)] for _ in range(n)]
+    nxt, recs = 0, []
+    t0 = time.perf_counter()
+    last_submit = [t0]
+
+    async def client():
+        nonlocal nxt
+        while nxt < n:
+            i = nxt
+            nxt += 1
+            last_submit[0] = time.perf_counter()
+            start = last_submit[0]
+            out = await engine.async_generate(input_ids=prompts[i], sampling_params={
+                "temperature": 0.0, "max_new_tokens": out_len, "ignore_eos": True})
+            end = time.perf_counter()
+            m = out.get("meta_info", {})
+            tokens = m.get("completion_tokens") or len(out.get("output_ids", []))
+            dt = m.get("decode_throughput")
+            tpot = 1.0 / dt if dt else None
+            ttft = (end - start) - (tokens - 1) * tpot if tpot else None
+            recs.append({"start": start, "end": end, "tokens": tokens, "tpot": tpot, "ttft": ttft,
+                         "accept": m.get("spec_accept_length")})
+
+    await asyncio.gather(*(client() for _ in range(C)))
+    t_end = time.perf_counter()
+    first_done = min(r["end"] for r in recs)
+    w0, w1 = first_done, max(last_submit[0], first_done + 1e-3)
+    if w1 - w0 < 0.5:  # too few requests for a window: use the whole run
+        w0, w1 = t0, t_end
+    produced = 0.0
+    for r in recs:  # tokens spread evenly over each request's decode time
+        a = r["start"] + (r["ttft"] or 0.0)
+        b = r["end"]
+        if b <= a:
+            continue
+        overlap = max(0.0, min(b, w1) - max(a, w0))
+        produced += r["tokens"] * overlap / (b - a)
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    accepts = [r["accept"] for r in recs if r["accept"]]
+    return {
+        "C": C, "n": n, "output_tok_s": produced / (w1 - w0), "window_s": w1 - w0, "wall_s": t_end - t0,
+        "overall_tok_s": sum(r["tokens"] for r in recs) / (t_end - t0),
+        "tpot_ms": (med([r["tpot"] for r in recs if r["tpot"]]) or 0) * 1e3 or None,
+        "ttft_ms": (med([r["ttft"] for r in recs if r["ttft"] is not None]) or 0) * 1e3 or None,
+        "acceptance": statistics.mean(accepts) if accepts else None,
+    }
+
+
+async def phases(engine, schedule: list[dict], prompt_len: int, out_len: int, seed: int, vocab: int) -> list[dict]:
+    out = []
+    for i, ph in enumerate(schedule):
+        r = await closed_loop(engine, ph["C"], ph["n"], prompt_len, out_len, seed + i, vocab)
+        out.append({**ph, **r})
+    return out
+
+
+def main() -> int:
+    job = json.loads(sys.argv[1])
+    if job.get("stats_path"):
+        os.environ["SPECTOOL_FALLBACK_STATS"] = job["stats_path"]
+    import sglang
+
+    t = time.perf_counter()
+    engine = sglang.Engine(**job["engine"])
+    ready = {"ready": True, "startup_s": time.perf_counter() - t}
+    with open(job["ready_path"], "w") as f:
+        json.dump(ready, f)
+    loop = asyncio.get_event_loop()
+    vocab = job.get("vocab", 128256)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd.get("quit"):
+            break
+        before = _stats(job.get("stats_path"))
+        if cmd["kind"] == "point":
+            res = loop.run_until_complete(closed_loop(engine, cmd["C"], cmd["n"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab))
+        else:
+            res = {"phases": loop.run_until_complete(phases(engine, cmd["schedule"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab))}
+        time.sleep(0.6)  # stats are published at most every 0.5 s
+        after = _stats(job.get("stats_path"))
+        if before or after:
+            fb = after.get("fallback_steps", 0) - before.get("fallback_steps", 0)
+            sp = after.get("spec_steps", 0) - before.get("spec_steps", 0)
+            res["fallback_steps"], res["spec_steps"] = fb, sp
+            res["spec_fraction"] = sp / (fb + sp) if fb + sp else None
+        tmp = cmd["result_path"] + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(res, f)
+        os.replace(tmp, cmd["result_path"])
+    engine.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
