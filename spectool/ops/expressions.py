@@ -79,6 +79,10 @@ class ReplaceExpression(Operation):
         scope_node = spath[-1]
         done = self._find(st, scope_node, self.applied_pattern)
         todo = self._find(st, scope_node, self.pattern, cstutil.collect_ids([d[0] for d in done]))
+        for node, _, code in done:
+            other = st.owner_in(node, ctx.recipe_id)
+            if other:
+                raise self.conflict(ctx, st, other, f"expression {code.strip()!r}")
         if not todo and len(done) == self.count:
             return ALREADY
         if len(todo) + len(done) != self.count or (done and todo):

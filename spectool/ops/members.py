@@ -56,11 +56,11 @@ class AddMethod(_ClassOp):
         existing = [i for i, s in enumerate(body) if _def_name(s) == name]
         if existing:
             old = body[existing[0]]
-            if self.same_code(st, [old], [new_def], ref.module()):
-                return ALREADY
             other = st.owner_in(old, ctx.recipe_id)
             if other:
                 raise self.conflict(ctx, st, other, f"method {name!r} was added or changed")
+            if self.same_code(st, [old], [new_def], ref.module()):
+                return ALREADY
             if not self.replace:
                 raise self.drift(ctx, st, f"class already has a different method {name!r} "
                                  "(did upstream add it? then mark the variant 'upstreamed')")
@@ -122,6 +122,10 @@ class AddField(_ClassOp):
         body = _class_body(cls_node)
         present = {(_field_name(s)): s for s in body if _field_name(s)}
         done = [n for n in names if n in present]
+        for n in done:
+            other = st.owner_in(present[n], ctx.recipe_id)
+            if other:
+                raise self.conflict(ctx, st, other, f"field {n!r} was added")
         if done:
             if len(done) == len(names) and self.same_code(
                 st, [present[n] for n in names], new_fields, ref.module()

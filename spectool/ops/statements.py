@@ -80,6 +80,10 @@ class InsertStatements(Operation):
             i = next(j for j, s in enumerate(body) if s is stmt)
             lo, hi = (i - len(new), i) if self.before else (i + 1, i + 1 + len(new))
             if lo >= 0 and hi <= len(body) and self.same_code(st, body[lo:hi], new, ref.module()):
+                for node in body[lo:hi]:
+                    other = st.owner_in(node, ctx.recipe_id)
+                    if other:
+                        raise self.conflict(ctx, st, other, "the same statements were inserted")
                 continue
             at = i if self.before else i + 1
             body[at:at] = new

@@ -39,6 +39,8 @@ class ModelSpec:
     lr: float = 2e-3
     rope_theta: float = 10000.0
     eps: float = 1e-5
+    init_std: float = 0.0  # 0: PyTorch's default init (learns the copy task much faster)
+    warmup: int = 100
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
@@ -132,12 +134,13 @@ def train(spec: ModelSpec, device: str = "cuda", steps: int | None = None, log=p
     torch.manual_seed(spec.seed)
     rng = random.Random(spec.seed)
     model = _model(spec).to(device)
-    for p in model.parameters():
-        if p.dim() == 2:
-            torch.nn.init.normal_(p, std=0.02)
+    if spec.init_std:
+        for p in model.parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, std=spec.init_std)
     steps = spec.steps if steps is None else steps
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100) * 0.5 * (1 + math.cos(math.pi * s / max(1, steps))))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, spec.warmup)) * 0.5 * (1 + math.cos(math.pi * s / max(1, steps))))
     t0, loss_v = time.time(), float("nan")
     use_amp = device.startswith("cuda")
     for step in range(steps):

@@ -1,0 +1,53 @@
+"""Shared helpers: fake-but-real SGLang trees for fixtures, and fetched releases (network)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make_tree(root: Path, version: str, files: dict[str, bytes]) -> Path:
+    """A minimal folder holding an `sglang` package: enough for locate() and the engine."""
+    pkg = root / "sglang"
+    (pkg / "srt").mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "srt" / "__init__.py").write_text("")
+    (pkg / "version.py").write_text(f'__version__ = "{version}"\n')
+    for rel, data in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    return root
+
+
+@pytest.fixture(scope="session")
+def sglang_release(tmp_path_factory):
+    """Fetch a pinned SGLang release once per session (cached in SPECTOOL_CACHE across runs)."""
+    from spectool.fetch import fetch
+
+    cache = {}
+
+    def get(version: str) -> Path:
+        if version not in cache:
+            cache[version] = fetch(version, progress=False)
+        dest = tmp_path_factory.mktemp(f"sglang-{version}")
+        shutil.copytree(cache[version], dest, dirs_exist_ok=True, symlinks=True)
+        return dest
+
+    return get
+
+
+def pytest_report_header(config):
+    try:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    except ImportError:
+        gpu = False
+    return f"spectool: GPU {'available' if gpu else 'not available: tests marked gpu are skipped'}; cache {os.environ.get('SPECTOOL_CACHE', '~/.cache/spectool')}"
