@@ -19,6 +19,8 @@ from .arms import arms as make_arms, engine_kwargs
 from .models import write_models
 
 DEFAULT_C = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+# Alternating low and high load (closed loop): switches must cost nothing visible.
+TRANSITION = [{"C": 4, "n": 12}, {"C": 192, "n": 288}, {"C": 4, "n": 12}, {"C": 192, "n": 288}, {"C": 4, "n": 12}]
 
 
 def _requests_for(C: int) -> int:
@@ -48,7 +50,7 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
         from ..source import locate
 
         env["PYTHONPATH"] = os.pathsep.join([str(locate(sglang_dir).root), str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
-    procs = {}
+    procs, startup, trans = {}, {}, None
     for i, arm in enumerate(arm_list):
         job = {"engine": engine_kwargs(arm, models, max_bs=max_bs, max_total_tokens=max_bs * (prompt_len + out_len + 16) + 4096, port=32000 + 100 * i),
                "ready_path": str(out / f"{arm.name}.ready.json"),
@@ -62,12 +64,19 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
         startup = {a: json.loads((out / f"{a}.ready.json").read_text())["startup_s"] for a in procs}
         todo = [(rep, C, arm.name) for rep in range(reps) for C in concurrencies for arm in _rotated(arm_list, rep)]
         todo = [t for t in todo if (t[2], t[1], t[0], acc_len) not in done]
+        tpath = out / "transition.json"
+        trans = json.loads(tpath.read_text()) if tpath.exists() else None
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console) as bar:
             task = bar.add_task("cells", total=len(todo))
             for rep, C, arm in todo:
                 if time.time() - t_start > budget_s:
                     bar.console.print("time budget reached: stopping; rerun to resume")
                     break
+                if transition and trans is None and rep >= 2:
+                    # After two full repetitions: the steady-state reference exists.
+                    trans = {"A2": _command(procs["A2"], out, {"kind": "phases", "schedule": TRANSITION, "prompt_len": prompt_len,
+                                                               "out_len": out_len, "seed": 77})}
+                    tpath.write_text(json.dumps(trans, indent=1))
                 res = _command(procs[arm], out, {"kind": "point", "C": C, "n": _requests_for(C), "prompt_len": prompt_len,
                                                   "out_len": out_len, "seed": 1000 * rep + C})
                 cell = {"arm": arm, "C": C, "rep": rep, "acc_len": acc_len, **res}
@@ -75,16 +84,6 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
                 with open(cells_path, "a") as f:
                     f.write(json.dumps(cell) + "\n")
                 bar.advance(task)
-        trans = None
-        tpath = out / "transition.json"
-        if transition and not tpath.exists() and time.time() - t_start < budget_s:
-            sched = [{"C": 4, "n": 12}, {"C": 192, "n": 288}, {"C": 4, "n": 12}, {"C": 192, "n": 288}, {"C": 4, "n": 12}]
-            trans = {}
-            for arm in ("A2", "A0", "A1"):
-                trans[arm] = _command(procs[arm], out, {"kind": "phases", "schedule": sched, "prompt_len": prompt_len, "out_len": out_len, "seed": 77})
-            tpath.write_text(json.dumps(trans, indent=1))
-        elif tpath.exists():
-            trans = json.loads(tpath.read_text())
     finally:
         for p in procs.values():
             try:
@@ -100,7 +99,7 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
                     os.killpg(p.pid, 9)
                 except ProcessLookupError:
                     pass
-    return summarize(out, cells, concurrencies, threshold, acc_len, trans, startup if "startup" in dir() else {})
+    return summarize(out, cells, concurrencies, threshold, acc_len, trans, startup)
 
 
 def _rotated(arm_list, rep):

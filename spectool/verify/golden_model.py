@@ -26,17 +26,17 @@ from pathlib import Path
 @dataclass(frozen=True)
 class ModelSpec:
     seed: int = 20261129
-    vocab: int = 512
-    hidden: int = 256
+    vocab: int = 256
+    hidden: int = 128
     layers: int = 8
-    heads: int = 4
-    intermediate: int = 688
+    heads: int = 2
+    intermediate: int = 344
     seq_len: int = 256
     min_segment: int = 8
-    max_segment: int = 48
-    steps: int = 1500
-    batch: int = 64
-    lr: float = 2e-3
+    max_segment: int = 32
+    steps: int = 2500
+    batch: int = 32
+    lr: float = 3e-3
     rope_theta: float = 10000.0
     eps: float = 1e-5
     init_std: float = 0.0  # 0: PyTorch's default init (learns the copy task much faster)
@@ -49,14 +49,14 @@ class ModelSpec:
 def copy_sequence(rng: random.Random, spec: ModelSpec, length: int) -> list[int]:
     """A random segment (tokens 1..vocab-1) repeated to fill `length` tokens."""
     seg_len = rng.randint(spec.min_segment, spec.max_segment)
-    seg = [rng.randint(1, spec.vocab - 1) for _ in range(seg_len)]
+    seg = rng.sample(range(1, spec.vocab), seg_len)  # no repeats: every next token is unambiguous
     return (seg * (length // seg_len + 1))[:length]
 
 
 def copy_prompt(rng: random.Random, spec: ModelSpec, *, segment: int | None = None, repeats: float = 2.5) -> list[int]:
     """A segment shown `repeats` times: greedy continuation must keep copying."""
     seg_len = segment or rng.randint(spec.min_segment, spec.max_segment)
-    seg = [rng.randint(1, spec.vocab - 1) for _ in range(seg_len)]
+    seg = rng.sample(range(1, spec.vocab), seg_len)
     n = max(seg_len + 1, int(seg_len * repeats))
     return (seg * (n // seg_len + 1))[:n]
 

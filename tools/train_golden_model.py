@@ -1,0 +1,22 @@
+"""Train the golden model once (CPU is fine, about 30 min on 2 cores) into a cache folder.
+
+    python tools/train_golden_model.py CACHE_DIR [--device cpu|cuda]
+
+`spectool verify --model-cache CACHE_DIR` then uses it instead of training in the run.
+"""
+
+import argparse
+from pathlib import Path
+
+from spectool.verify.golden_model import ModelSpec, ensure_models
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cache", type=Path)
+    ap.add_argument("--device", default="cpu")
+    a = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    info = ensure_models(a.cache, ModelSpec(), device=a.device, log=lambda m: print(m, flush=True))
+    print(info)
