@@ -168,7 +168,7 @@ class EAGLEWorkerV2:
                            "steps": 0, "reqs": 0, "correct_drafts": 0})
             del phases[:-200]
         phases[-1]["steps"] += 1
-        self._fallback_modes.append(mode)
+        self._fallback_modes.append(phases[-1]["id"])
         stats["last_batch_size"] = bs
         if active != self._fallback_active:
             self._fallback_active = active
@@ -192,12 +192,13 @@ class EAGLEWorkerV2:
         return take
 
     def _spec_fallback_on_verify(self, num_correct_drafts_per_req):
-        """Result-side counters (the scheduler reports accept counts in step order)."""
+        """Result-side counters: the scheduler reports accept counts in step order, so the
+        oldest pending step's phase is the one this result belongs to."""
         if not getattr(self, "_fallback_modes", None):
             return
-        mode = self._fallback_modes.popleft()
+        phase_id = self._fallback_modes.popleft()
         for phase in reversed(self._fallback_stats["phases"]):
-            if phase["mode"] == mode:
+            if phase["id"] == phase_id:
                 phase["reqs"] += len(num_correct_drafts_per_req)
                 phase["correct_drafts"] += sum(num_correct_drafts_per_req)
                 break
