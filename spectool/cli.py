@@ -76,11 +76,14 @@ def _dir_opt(required=True):
                         help="A git checkout of SGLang, a folder holding the sglang package, or the package.")
 
 
-def _selection(select: str):
+def _selection(select: str, recipes_dir=None):
+    """--recipes wins; else the pin file's set for the shipped recipes; else all in --recipes-dir."""
     from .pin import load_pin
 
     if select:
         return [s.strip() for s in select.split(",") if s.strip()], {}
+    if recipes_dir is not None:
+        return None, {}
     pin = load_pin(required=False)
     return (pin.recipes if pin else None), (pin.options if pin else {})
 
@@ -116,7 +119,7 @@ def apply(sglang_dir, select, recipes_dir, version, dry_run, force, as_json):
         from .fetch import prepare_pinned_tree
 
         sglang_dir = prepare_pinned_tree(progress=not as_json)
-    ids, options = _selection(select)
+    ids, options = _selection(select, recipes_dir)
     out = api.apply(sglang_dir, recipes_dir=recipes_dir, select=ids, options=options, version=version,
                     dry_run=dry_run, force=force)
     ok = out.ok and not (dry_run and out.plan is not None and out.plan.changed)
@@ -131,7 +134,7 @@ def apply(sglang_dir, select, recipes_dir, version, dry_run, force, as_json):
 @guarded
 def check(sglang_dir, select, recipes_dir, version, against, as_json):
     """Would every recipe apply, or is it applied and intact? Exit 0 or 1."""
-    ids, options = _selection(select)
+    ids, options = _selection(select, recipes_dir)
     if against:
         from .fetch import fetch
 

@@ -14,7 +14,7 @@ import libcst as cst
 from .errors import DriftError, RecipeError, SpectoolError, SourceError
 from .ops import ALREADY, APPLIED, FileState, OpContext, add_import
 from .recipe import Recipe
-from .source import SglangTree
+from .source import MissingModule, SglangTree
 
 # Per-recipe outcomes, the words the user sees.
 WOULD_APPLY = "would-apply"
@@ -47,7 +47,7 @@ class FileSet:
         if rel is None:
             try:
                 path = self.tree.file_for(module)
-            except SourceError as exc:
+            except MissingModule as exc:
                 if op is not None:
                     raise op.drift(ctx, None, f"module file missing ({exc.message})",
                                    ctx.tree.find_definition_elsewhere(op.target.qualname.split(".")[-1] or module.split(".")[-1], "")) from None
@@ -227,7 +227,7 @@ def _check_upstreamed(tree, files, recipe, variant) -> tuple[str, str]:
 
     try:
         st = files.get(probe.module)
-    except SourceError:
+    except MissingModule:
         return DRIFT, f"declared upstreamed, but the probe module {probe.module} is missing"
     if find_definition(st.module, probe.qualname) is None:
         return DRIFT, f"declared upstreamed, but the probe {probe} is missing: the upstream feature moved"

@@ -171,7 +171,10 @@ def load_recipes(directory: Path | None = None, select: list[str] | None = None)
     if not directory.is_dir():
         raise RecipeError(f"recipes directory {directory} does not exist.")
     recipes = {}
-    for f in sorted(directory.glob("*/recipe.yaml")):
+    files = [directory / "recipe.yaml"] if (directory / "recipe.yaml").is_file() else sorted(directory.glob("*/recipe.yaml"))
+    if not files:
+        raise RecipeError(f"no recipes in {directory}: expected DIR/recipe.yaml or DIR/*/recipe.yaml.")
+    for f in files:
         r = load_recipe(f)
         if r.id in recipes:
             raise RecipeError(f"{f}: recipe id {r.id!r} is also used by {recipes[r.id].path}.")

@@ -19,6 +19,10 @@ _VERSION_RE = re.compile(r"""^\s*(?:__version__|version)\s*(?::\s*str\s*)?=\s*(?
 _TOPLEVEL_RE = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.M)
 
 
+class MissingModule(SourceError):
+    """A module a recipe names is not in the tree (reported as drift, not bad input)."""
+
+
 @dataclass
 class SglangTree:
     dir: Path  # what the user named; lockfile and backups live here
@@ -32,7 +36,7 @@ class SglangTree:
             if cand.exists() or cand.is_symlink():
                 self.check_inside(cand)
                 return cand
-        raise SourceError(f"module {module} not found under {self.root} (no {rel}.py).")
+        raise MissingModule(f"module {module} not found under {self.root} (no {rel}.py).")
 
     def relpath(self, path: Path) -> str:
         return path.relative_to(self.root).as_posix()

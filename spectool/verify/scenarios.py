@@ -83,9 +83,10 @@ def workloads(spec: ModelSpec = ModelSpec(), seed: int = 1234) -> dict[str, Work
         ),
         Workload(
             "arrive",
-            [Request(copy_prompt(rng, spec), 128) for _ in range(2)]
-            + [Request(copy_prompt(rng, spec), 48, delay=0.3) for _ in range(8)],
-            "2 long requests decode alone, then 8 arrive: the batch rises above T mid-request",
+            [Request(copy_prompt(rng, spec, segment=16), 200) for _ in range(2)]
+            + [Request(copy_prompt(rng, spec), 32, delay=0.2) for _ in range(8)],
+            "2 long requests decode alone, 8 arrive (the batch rises above T mid-request) and "
+            "finish first (it falls back below T): spec -> fallback -> spec inside the long ones",
         ),
         Workload(
             "long",
@@ -121,16 +122,17 @@ def scenarios() -> list[Scenario]:
         Scenario(f"eagle3 bs=T+1={T+1}", "eagle3-t4", f"bs{T+1}", Expect("positive"), "above threshold"),
         Scenario("eagle3 transition down", "eagle3-t4", "stagger", Expect("positive", spec_after_fallback=True),
                  "batch shrinks below T: speculation resumes mid-request"),
-        Scenario("eagle3 transition up", "eagle3-t4", "arrive", Expect("positive", fallback_after_spec=True),
-                 "requests arrive while others decode: fallback starts mid-request"),
+        Scenario("eagle3 transition up", "eagle3-t4", "arrive", Expect("positive", fallback_after_spec=True, spec_after_fallback=True),
+                 "requests arrive while others decode: fallback starts mid-request, then spec resumes"),
         Scenario("eagle3 no CUDA graph", "eagle3-t4-eager", f"bs{T+1}", Expect("positive"), "eager target and draft"),
         Scenario("eagle3 no CUDA graph transition", "eagle3-t4-eager", "stagger", Expect("positive", spec_after_fallback=True), "eager"),
         Scenario("eagle3 chunked prefill long prompt", "eagle3-t4-chunked", "long", Expect("positive"), "chunked prefill (64), 180-token prompts"),
         Scenario("standalone bs=1 (high acceptance)", "standalone-t4", "bs1", Expect("zero", min_acceptance=2.0), "multi-token accept path"),
-        Scenario("standalone transition down", "standalone-t4", "stagger",
-                 Expect("positive", spec_after_fallback=True, resume_acceptance_not_lower=True),
+        Scenario("standalone transition down", "standalone-t4", "stagger", Expect("positive", spec_after_fallback=True),
+                 "batch shrinks below T: speculation resumes mid-request"),
+        Scenario("standalone spec-fallback-spec", "standalone-t4", "arrive",
+                 Expect("positive", fallback_after_spec=True, spec_after_fallback=True, resume_acceptance_not_lower=True),
                  "draft KV kept in sync: acceptance after resume >= before"),
-        Scenario("standalone transition up", "standalone-t4", "arrive", Expect("positive", fallback_after_spec=True), "arrivals"),
     ]
     return s
 

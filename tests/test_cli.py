@@ -1,0 +1,120 @@
+"""The CLI through click's runner: exit codes, one-paragraph errors, the JSON schema."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from spectool.cli import main
+
+from .conftest import FIXTURES, make_tree
+
+TARGET = "sglang/srt/target.py"
+RECIPES = str(FIXTURES / "add_method" / "recipe")
+
+
+def _tree(tmp_path, src=None, version="0.5.12"):
+    before = src if src is not None else (FIXTURES / "add_method" / "before.py").read_bytes()
+    return make_tree(tmp_path / "tree", version, {TARGET: before})
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def _json(result):
+    data = json.loads(result.output)
+    assert data["schema_version"] == 1
+    return data
+
+
+def test_apply_check_status_revert_json(tmp_path):
+    tree = _tree(tmp_path)
+    r = run("check", "--sglang-dir", tree, "--recipes-dir", RECIPES, "--json")
+    assert r.exit_code == 0
+    d = _json(r)
+    assert d["command"] == "check" and d["sglang_version"] == "0.5.12"
+    assert d["recipes"][0]["status"] == "would-apply"
+
+    r = run("apply", "--sglang-dir", tree, "--recipes-dir", RECIPES, "--dry-run", "--json")
+    assert r.exit_code == 1, "dry-run exits 1 when something would change"
+    assert "+    def twice" in _json(r)["diff"]
+    assert not (tree / "spectool.lock").exists()
+
+    r = run("apply", "--sglang-dir", tree, "--recipes-dir", RECIPES, "--json")
+    assert r.exit_code == 0 and _json(r)["recipes"][0]["status"] == "applied"
+    r = run("apply", "--sglang-dir", tree, "--recipes-dir", RECIPES, "--json")
+    assert r.exit_code == 0 and _json(r)["recipes"][0]["status"] == "already-applied"
+    r = run("apply", "--sglang-dir", tree, "--recipes-dir", RECIPES, "--dry-run")
+    assert r.exit_code == 0
+
+    r = run("status", "--sglang-dir", tree, "--json")
+    d = _json(r)
+    assert r.exit_code == 0 and d["files"][0]["state"] == "intact" and d["recipes"][0]["id"] == "fx-add-method"
+
+    lock = json.loads((tree / "spectool.lock").read_text())
+    assert lock["sglang_version"] == "0.5.12" and TARGET in lock["files"]
+    assert set(lock["files"][TARGET]) == {"before", "after"}
+
+    r = run("revert", "--sglang-dir", tree)
+    assert r.exit_code == 0
+    assert (tree / TARGET).read_bytes() == (FIXTURES / "add_method" / "before.py").read_bytes()
+
+
+def test_drift_exit_1_with_candidates(tmp_path):
+    src = (FIXTURES / "add_method" / "before.py").read_text().replace("class Worker:", "class WorkerV2:")
+    tree = _tree(tmp_path, src.encode())
+    r = run("apply", "--sglang-dir", tree, "--recipes-dir", RECIPES)
+    assert r.exit_code == 1
+    assert "drift" in r.output and "WorkerV2" in r.output
+    d = _json(run("check", "--sglang-dir", tree, "--recipes-dir", RECIPES, "--json"))
+    err = d["recipes"][0]["error"]
+    assert err["kind"] == "drift" and err["recipe"] == "fx-add-method" and err["file"] == TARGET
+    assert err["operation"] == 1 and err["op"] == "add_method" and any("WorkerV2" in c for c in err["candidates"])
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda p: p / "nothing-here", "is not a directory"),
+    (lambda p: (p / "empty").mkdir() or p / "empty", "does not hold SGLang"),
+])
+def test_bad_directory_exit_2(tmp_path, make, needle):
+    r = run("check", "--sglang-dir", make(tmp_path), "--recipes-dir", RECIPES)
+    assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output
+
+
+def test_broken_recipe_exit_2(tmp_path):
+    tree = _tree(tmp_path)
+    cases = {
+        "unknown key": ("variants:\n", "variants:\n  - name: x\n    versions: '>=0.1'\n    bogus: 1\n    operations: []\n"),
+    }
+    rdir = tmp_path / "r" / "x"
+    shutil.copytree(RECIPES, rdir)
+    y = (rdir / "recipe.yaml").read_text()
+    (rdir / "recipe.yaml").write_text(y.replace('versions: ">=0.1"', "versions: 0.5"))
+    r = run("check", "--sglang-dir", tree, "--recipes-dir", rdir.parent)
+    assert r.exit_code == 2 and "must be str" in r.output and "quote version strings" in r.output
+    (rdir / "recipe.yaml").write_text(y.replace("    operations:", "    flavour: x\n    operations:"))
+    r = run("check", "--sglang-dir", tree, "--recipes-dir", rdir.parent)
+    assert r.exit_code == 2 and "unknown key(s) ['flavour']" in r.output and "recipe.yaml" in r.output
+    (rdir / "recipe.yaml").write_text(y)
+    (rdir / "code.py").write_text("class Worker:\n    def twice(self, x:\n        pass\n")
+    r = run("check", "--sglang-dir", tree, "--recipes-dir", rdir.parent)
+    assert r.exit_code == 2 and "syntax error" in r.output and "code.py" in r.output
+    del cases
+
+
+def test_unknown_version(tmp_path):
+    tree = _tree(tmp_path, version="0.0.1")
+    r = run("check", "--sglang-dir", tree, "--recipes-dir", RECIPES, "--json")
+    assert r.exit_code == 1
+    assert _json(r)["recipes"][0]["status"] == "unsupported"
+    r = run("check", "--sglang-dir", tree, "--recipes-dir", RECIPES, "--sglang-version", "not-a-version")
+    assert r.exit_code == 2 and "not a PEP 440 version" in r.output
+
+
+def test_select_unknown_recipe(tmp_path):
+    r = run("check", "--sglang-dir", _tree(tmp_path), "--recipes-dir", str(FIXTURES / "add_method"), "--recipes", "nope")
+    assert r.exit_code == 2 and "unknown recipe id" in r.output
