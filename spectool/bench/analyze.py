@@ -49,17 +49,20 @@ def ratios(m: dict, concurrencies: list[int]) -> dict:
 
 
 def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:
-    """The rule: speculate while it wins. T = the largest measured C at which A1 >= A0;
-    if the next C loses, the crossover lies between them, and T stays at the last winning C
-    (a decode batch of C requests is then the largest that drafts). Returns T and the evidence."""
-    wins = [C for C in concurrencies if ("A0", C) in m and ("A1", C) in m and m[("A1", C)]["median"] >= m[("A0", C)]["median"]]
-    loses = [C for C in concurrencies if ("A0", C) in m and ("A1", C) in m and m[("A1", C)]["median"] < m[("A0", C)]["median"]]
-    if not wins:
-        return {"threshold": 0, "why": "speculation never wins: always fall back"}
-    # The first loss after the last win bounds the crossover.
-    T = max(c for c in wins if not any(l < c for l in loses)) if any(c < min(loses) for c in wins) and loses else max(wins)
-    return {"threshold": T, "wins": wins, "loses": loses,
-            "why": f"EAGLE-3 beats no-spec up to C={T}; above, plain decoding is faster"}
+    """The rule: speculate while it wins. Walking up the measured concurrencies, T is the
+    last C at which EAGLE-3 (A1) is at least as fast as no speculation (A0) before the first
+    C where it loses; a decode batch of more than T requests then falls back. 0 when
+    speculation never wins."""
+    measured = [C for C in concurrencies if ("A0", C) in m and ("A1", C) in m]
+    T = 0
+    for C in measured:
+        if m[("A1", C)]["median"] < m[("A0", C)]["median"]:
+            break
+        T = C
+    wins = [C for C in measured if m[("A1", C)]["median"] >= m[("A0", C)]["median"]]
+    why = ("speculation never wins: always fall back" if T == 0 else
+           f"EAGLE-3 is at least as fast as plain decoding up to C={T} and slower above")
+    return {"threshold": T, "wins": wins, "loses": [C for C in measured if C not in wins], "why": why}
 
 
 def markdown(m: dict, concurrencies: list[int], arms: list[str]) -> str:

@@ -1,0 +1,58 @@
+"""Bench analysis on the committed H200 results (no GPU needed): envelope, ratios, the
+threshold rule, the markdown table and the plot are recomputed from the raw cells."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from spectool.bench import analyze
+from spectool.bench.sweep import DEFAULT_C, summarize
+
+RESULTS = Path(__file__).resolve().parent.parent / "results" / "bench-0.5.12"
+
+
+def _cells():
+    return [json.loads(line) for line in (RESULTS / "cells.jsonl").read_text().splitlines()]
+
+
+def test_recorded_run_is_complete():
+    cells = _cells()
+    keys = {(c["arm"], c["C"], c["rep"]) for c in cells}
+    assert len(keys) == len(cells) == 4 * len(DEFAULT_C) * 3  # 4 arms, 9 C, 3 reps
+
+
+def test_envelope_and_ratios():
+    m = analyze.medians(_cells())
+    env = analyze.envelope(m, DEFAULT_C)
+    for C in DEFAULT_C:
+        assert env[C] == max(m[("A0", C)]["median"], m[("A1", C)]["median"])
+    r = analyze.ratios(m, DEFAULT_C)
+    # speculation wins at low load and loses at high load on this H200 (as in the reference curve)
+    assert r[1]["A1/A0"] > 1.2 and r[256]["A1/A0"] < 0.7
+
+
+def test_threshold_rule():
+    m = analyze.medians(_cells())
+    s = analyze.suggest_threshold(m, DEFAULT_C)
+    assert s["threshold"] in DEFAULT_C
+    assert all(m[("A1", C)]["median"] >= m[("A0", C)]["median"] for C in DEFAULT_C if C <= s["threshold"])
+    nxt = [C for C in DEFAULT_C if C > s["threshold"]]
+    assert not nxt or m[("A1", nxt[0])]["median"] < m[("A0", nxt[0])]["median"]
+
+
+def test_synthetic_rule_cases():
+    def mk(pairs):
+        return {(a, C): {"median": v} for C, (x, y) in pairs.items() for a, v in (("A0", x), ("A1", y))}
+
+    assert analyze.suggest_threshold(mk({1: (1, 2), 2: (1, 2), 4: (2, 1)}), [1, 2, 4])["threshold"] == 2
+    assert analyze.suggest_threshold(mk({1: (2, 1), 2: (2, 1)}), [1, 2])["threshold"] == 0
+    assert analyze.suggest_threshold(mk({1: (1, 2), 2: (1, 2)}), [1, 2])["threshold"] == 2
+
+
+def test_summary_files(tmp_path):
+    trans = json.loads((RESULTS / "transition.json").read_text())
+    rep = summarize(tmp_path, _cells(), DEFAULT_C, 12, 3.0, trans, {})
+    assert (tmp_path / "bench-table.md").read_text().startswith("| C |")
+    assert (tmp_path / "bench-plot.png").read_bytes()[:4] == b"\x89PNG"
+    assert len(rep["transition"]["A2"]) == 5
