@@ -1,0 +1,141 @@
+"""The verify harness without a GPU: scenario plan, comparisons, counter checks, golden files,
+model building on CPU, and the GPU test itself (skipped, with the reason, without a GPU)."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spectool.verify import compare, scenarios
+from spectool.verify.golden_model import ModelSpec, copy_prompt
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_scenario_plan_is_consistent():
+    assert scenarios.check_plan() == []
+    names = {s.name for s in scenarios.scenarios()}
+    T = scenarios.THRESHOLD
+    for needed in (f"eagle3 bs=T-1={T-1}", f"eagle3 bs=T={T}", f"eagle3 bs=T+1={T+1}", "eagle3 always-fallback (T=0)",
+                   "eagle3 no CUDA graph", "eagle3 chunked prefill long prompt", "standalone spec-fallback-spec"):
+        assert needed in names
+    assert any(s.expect.min_acceptance and s.expect.min_acceptance >= 2 for s in scenarios.scenarios())
+
+
+def test_prompts_are_copy_tasks():
+    rng = random.Random(0)
+    p = copy_prompt(rng, ModelSpec(), segment=10, repeats=2.5)
+    assert p[:10] == p[10:20] and p[20:25] == p[:5] and len(p) == 25 and len(set(p[:10])) == 10
+
+
+def test_compare_tokens_reports_first_difference_and_margin():
+    base = [{"index": 0, "output_ids": [1, 2, 3, 4], "top2_margins": [5.0, 4.0, 0.01, 3.0]},
+            {"index": 1, "output_ids": [7, 8], "top2_margins": [2.0, 2.0]}]
+    cand = [{"index": 0, "output_ids": [1, 2, 9, 4]}, {"index": 1, "output_ids": [7, 8]}]
+    c = compare.compare_tokens(base, cand)
+    assert not c.ok and c.equal == 1 and c.tokens == 6
+    assert c.mismatches[0]["first_diff"] == 2 and c.mismatches[0]["baseline_top2_margin"] == 0.01
+    assert compare.compare_tokens(base, [dict(b) for b in base]).ok
+
+
+def _phase(i, mode, steps, reqs=0, drafts=0):
+    return {"id": i, "mode": mode, "steps": steps, "reqs": reqs, "correct_drafts": drafts}
+
+
+def test_stats_window_and_expectations():
+    before = {"fallback_steps": 5, "spec_steps": 10, "phases": [_phase(1, "spec", 10, 10, 20), _phase(2, "fallback", 5)]}
+    after = {"fallback_steps": 12, "spec_steps": 30,
+             "phases": [_phase(1, "spec", 10, 10, 20), _phase(2, "fallback", 12), _phase(3, "spec", 20, 40, 100)]}
+    w = compare.stats_window(before, after)
+    assert w["fallback_steps"] == 7 and w["spec_steps"] == 20
+    assert [(p["id"], p["steps"]) for p in w["phases"]] == [(2, 7), (3, 20)]
+    assert compare.acceptance(w["phases"]) == 1 + 100 / 40
+    assert compare.check_expectations({"fallback_steps": "positive", "spec_after_fallback": True}, w) == []
+    fails = compare.check_expectations({"fallback_steps": "zero", "fallback_after_spec": True}, w)
+    assert len(fails) == 2
+
+
+def test_resume_acceptance_check_catches_stale_draft():
+    w = {"fallback_steps": 4, "spec_steps": 20, "phases": [
+        _phase(1, "spec", 10, 20, 50), _phase(2, "fallback", 4), _phase(3, "spec", 10, 20, 10)]}
+    fails = compare.check_expectations({"resume_acceptance_not_lower": True}, w)
+    assert fails and "stale draft KV" in fails[0]
+    w["phases"][2]["correct_drafts"] = 55
+    assert compare.check_expectations({"resume_acceptance_not_lower": True}, w) == []
+
+
+def test_golden_file_roundtrip_and_upgrade_detection():
+    prompts = [[1, 2, 3], [4, 5]]
+    reqs = [{"output_ids": [9, 9], "top2_margins": [3.0, 4.0]}, {"output_ids": [8], "top2_margins": [2.5]}]
+    g = compare.make_golden("0.5.12", "sm90", {"key": "k"}, {"s": 1}, {"bs2": {"prompts": prompts, "requests": reqs}})
+    assert compare.validate_golden(g) == []
+    assert g["workloads"]["bs2"]["min_top2_margin"] == 2.5
+    assert compare.compare_to_golden(g, "bs2", prompts, reqs) == []
+    changed = [{"output_ids": [9, 7]}, {"output_ids": [8]}]
+    assert "differs from golden" in compare.compare_to_golden(g, "bs2", prompts, changed)[0]
+    assert "prompts differ" in compare.compare_to_golden(g, "bs2", [[1]], reqs)[0]
+
+
+def test_committed_golden_files_are_valid():
+    files = list((REPO / "golden").rglob("golden.json"))
+    for f in files:
+        data = json.loads(f.read_text())
+        assert compare.validate_golden(data) == [], f
+        assert data["sglang_version"] == f.parent.parent.name and data["gpu_arch"] == f.parent.name
+        margins = [w["min_top2_margin"] for w in data["workloads"].values()]
+        assert min(margins) > 1.0, "golden baselines must be far from ties"
+        wl = scenarios.workloads()
+        for name, w in data["workloads"].items():
+            assert w["prompts_sha"] == compare.prompts_hash([r.prompt for r in wl[name].requests]), name
+
+
+def test_golden_model_builds_on_cpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    from safetensors.torch import load_file
+
+    from spectool.verify.golden_model import save, train, write_eagle3_draft
+
+    spec = ModelSpec(vocab=32, hidden=32, layers=8, heads=2, intermediate=64, seq_len=32, min_segment=4, max_segment=8, steps=30, batch=8)
+    model, loss, _ = train(spec, "cpu", log=None)
+    assert loss == loss and loss < 4.0  # finite, near ln(32) = 3.47 after 30 steps (plumbing, not learning)
+    save(model, spec, tmp_path / "t")
+    sd = load_file(str(tmp_path / "t" / "model.safetensors"))
+    assert sd["model.layers.7.mlp.down_proj.weight"].shape == (32, 64) and sd["lm_head.weight"].dtype == torch.bfloat16
+    cfg = json.loads((tmp_path / "t" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["num_hidden_layers"] == 8
+    d = json.loads((write_eagle3_draft(spec, tmp_path / "d") / "config.json").read_text())
+    assert d["architectures"] == ["LlamaForCausalLMEagle3"] and d["num_hidden_layers"] == 1
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="no CUDA GPU here: the golden GPU tests run on the H200 via tools/device/verify-0.5.12.sh")
+def test_golden_gpu(tmp_path):
+    """The real thing: `spectool verify` on this machine's SGLang (patched in a copy)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None:
+        pytest.skip("sglang is not installed")
+    site = tmp_path / "site"
+    shutil.copytree(Path(spec.origin).parent, site / "sglang")
+    r = subprocess.run([sys.executable, "-m", "spectool.cli", "apply", "--sglang-dir", str(site)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-m", "spectool.cli", "verify", "--sglang-dir", str(site), "--out", str(tmp_path / "v"),
+                        "--golden-dir", str(REPO / "golden")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
