@@ -1,4 +1,4 @@
-"""EAGLEWorkerV2 fallback for SGLang 0.5.12: plain decode above a batch-size threshold.
+"""EAGLEWorkerV2 fallback for SGLang 0.5.12 (the decode step; decision and counters: ../common.py).
 
 Inserted into sglang/srt/speculative/eagle_worker_v2.py. Design (see docs/fallback.md):
 
@@ -20,10 +20,7 @@ Inserted into sglang/srt/speculative/eagle_worker_v2.py. Design (see docs/fallba
   stated rule), as do idle batches.
 """
 
-import collections
-import json
 import logging
-import os
 import time
 
 import torch
@@ -42,64 +39,7 @@ from sglang.srt.utils.common import fast_topk
 logger = logging.getLogger(__name__)
 
 
-def init_hook(self, server_args):
-    self._spec_fallback_init(server_args)
-
-
-def verify_complete_hook(self, num_correct_drafts_per_req):
-    self._spec_fallback_on_verify(num_correct_drafts_per_req)
-
-
-def decode_hook(self, model_worker_batch):
-    if self._spec_fallback_should_run(model_worker_batch):
-        return self._spec_fallback_decode(model_worker_batch)
-
-
 class EAGLEWorkerV2:
-    def _spec_fallback_init(self, server_args):
-        """spectool spec-fallback: read the threshold, prepare counters and the decode graph."""
-        self._fallback_threshold = getattr(
-            server_args, "speculative_disable_batch_size_threshold", None
-        )
-        self._fallback_hysteresis = (
-            getattr(server_args, "speculative_disable_batch_size_hysteresis", 0) or 0
-        )
-        self._fallback_active = False
-        self._fallback_stats = {
-            "fallback_steps": 0,
-            "spec_steps": 0,
-            "switches_to_fallback": 0,
-            "switches_to_spec": 0,
-            "fallback_requests": 0,
-            "last_batch_size": 0,
-            # One entry per run of steps in one mode; acceptance is measured per phase, so a
-            # stale draft cache after a switch shows up as a drop in the next spec phase.
-            "phases": [],
-            "phase_count": 0,
-        }
-        self._fallback_modes = collections.deque()
-        self._fallback_stats_path = (
-            os.environ.get("SPECTOOL_FALLBACK_STATS")
-            if getattr(self, "tp_rank", 0) == 0
-            else None
-        )
-        self._fallback_publish_interval = float(
-            os.environ.get("SPECTOOL_FALLBACK_STATS_INTERVAL", "0.5")
-        )
-        self._fallback_last_publish = 0.0
-        self._fallback_attn_backend = None
-        self._fallback_graph_runner = None
-        if self._fallback_threshold is None:
-            return
-        self._spec_fallback_build_decode_graph(server_args)
-        logger.info(
-            "spec-fallback: drafting is switched off above %d requests per decode batch "
-            "(back on at <= %d); decode CUDA graph: %s",
-            self._fallback_threshold,
-            self._fallback_threshold - self._fallback_hysteresis,
-            "yes" if self._fallback_graph_runner is not None else "no (eager)",
-        )
-
     def _spec_fallback_build_decode_graph(self, server_args):
         """A second target attention backend plus a DECODE graph runner (1 token/request)."""
         mr = self._target_worker.model_runner
@@ -138,70 +78,6 @@ class EAGLEWorkerV2:
             "spec-fallback: decode CUDA graph captured in %.1f s",
             time.perf_counter() - tic,
         )
-
-    def _spec_fallback_should_run(self, batch):
-        """Decide per decode step; identical on every TP rank (depends on the batch only)."""
-        threshold = self._fallback_threshold
-        if (
-            threshold is None
-            or batch.forward_mode.is_idle()
-            or batch.spec_info is None
-        ):
-            return False
-        bs = len(batch.seq_lens)
-        if self._fallback_active:
-            active = bs > threshold - self._fallback_hysteresis
-        else:
-            active = bs > threshold
-        eligible = not (
-            batch.has_grammar
-            or batch.return_logprob
-            or getattr(batch, "return_hidden_states", False)
-        )
-        take = active and eligible
-        stats = self._fallback_stats
-        mode = "fallback" if take else "spec"
-        phases = stats["phases"]
-        if not phases or phases[-1]["mode"] != mode:
-            stats["phase_count"] += 1
-            phases.append({"id": stats["phase_count"], "mode": mode,
-                           "steps": 0, "reqs": 0, "correct_drafts": 0})
-            del phases[:-200]
-        phases[-1]["steps"] += 1
-        self._fallback_modes.append(phases[-1]["id"])
-        stats["last_batch_size"] = bs
-        if active != self._fallback_active:
-            self._fallback_active = active
-            key = "switches_to_fallback" if active else "switches_to_spec"
-            stats[key] += 1
-            logger.info(
-                "spec-fallback: decode batch of %d requests, drafting %s "
-                "(fallback steps %d, speculative steps %d so far)",
-                bs,
-                "OFF" if active else "ON",
-                stats["fallback_steps"],
-                stats["spec_steps"],
-            )
-        if take:
-            stats["fallback_steps"] += 1
-            stats["fallback_requests"] += bs
-        else:
-            stats["spec_steps"] += 1
-        if self._fallback_stats_path:
-            self._spec_fallback_publish_stats()
-        return take
-
-    def _spec_fallback_on_verify(self, num_correct_drafts_per_req):
-        """Result-side counters: the scheduler reports accept counts in step order, so the
-        oldest pending step's phase is the one this result belongs to."""
-        if not getattr(self, "_fallback_modes", None):
-            return
-        phase_id = self._fallback_modes.popleft()
-        for phase in reversed(self._fallback_stats["phases"]):
-            if phase["id"] == phase_id:
-                phase["reqs"] += len(num_correct_drafts_per_req)
-                phase["correct_drafts"] += sum(num_correct_drafts_per_req)
-                break
 
     def _spec_fallback_decode(self, batch):
         """One plain decode step in the speculative result format (0.5.12: stride 1)."""
@@ -301,16 +177,3 @@ class EAGLEWorkerV2:
             probs, self.topk, dim=-1
         )
         next_draft_input.hidden_states = draft_logits.hidden_states
-
-    def _spec_fallback_publish_stats(self):
-        """Counters for tests and dashboards: a JSON file named by SPECTOOL_FALLBACK_STATS,
-        rewritten at most every SPECTOOL_FALLBACK_STATS_INTERVAL seconds (default 0.5)."""
-        now = time.monotonic()
-        if now - self._fallback_last_publish < self._fallback_publish_interval:
-            return
-        self._fallback_last_publish = now
-        path = self._fallback_stats_path
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self._fallback_stats, f)
-        os.replace(tmp, path)

@@ -1,0 +1,154 @@
+"""The era-independent half of the fallback: decision, counters, observability.
+
+Inserted into EAGLEWorkerV2 of every supported SGLang release. Everything here depends only
+on the batch (size, grammar, logprob and hidden-state flags), which every tensor-parallel
+rank receives identically, so all ranks take the same branch; the hysteresis state is
+updated from the same inputs on every rank. The era-specific half (how one plain decode step
+is run and returned) is in v0_5_12/worker.py and seed/worker.py.
+"""
+
+import collections
+import json
+import logging
+import os
+import time
+
+logger = logging.getLogger(__name__)
+
+
+def init_hook(self, server_args):
+    self._spec_fallback_init(server_args)
+
+
+def verify_complete_hook(self, num_correct_drafts_per_req):
+    self._spec_fallback_on_verify(num_correct_drafts_per_req)
+
+
+def decode_hook(self, model_worker_batch):
+    if self._spec_fallback_should_run(model_worker_batch):
+        return self._spec_fallback_decode(model_worker_batch)
+
+
+class EAGLEWorkerV2:
+    def _spec_fallback_init(self, server_args):
+        """spectool spec-fallback: read the threshold, prepare counters and the decode graph."""
+        self._fallback_threshold = getattr(
+            server_args, "speculative_disable_batch_size_threshold", None
+        )
+        self._fallback_hysteresis = (
+            getattr(server_args, "speculative_disable_batch_size_hysteresis", 0) or 0
+        )
+        self._fallback_active = False
+        self._fallback_stats = {
+            "fallback_steps": 0,
+            "spec_steps": 0,
+            "switches_to_fallback": 0,
+            "switches_to_spec": 0,
+            "fallback_requests": 0,
+            "last_batch_size": 0,
+            # One entry per run of steps in one mode; acceptance is measured per phase, so a
+            # stale draft cache after a switch shows up as a drop in the next spec phase.
+            "phases": [],
+            "phase_count": 0,
+        }
+        # Phase ids of steps whose results the scheduler has not reported yet (bounded: a
+        # release without the on_verify_complete_cpu hook never pops).
+        self._fallback_modes = collections.deque(maxlen=4096)
+        self._fallback_stats_path = (
+            os.environ.get("SPECTOOL_FALLBACK_STATS")
+            if getattr(self, "tp_rank", 0) == 0
+            else None
+        )
+        self._fallback_publish_interval = float(
+            os.environ.get("SPECTOOL_FALLBACK_STATS_INTERVAL", "0.5")
+        )
+        self._fallback_last_publish = 0.0
+        self._fallback_attn_backend = None
+        self._fallback_graph_runner = None
+        if self._fallback_threshold is None:
+            return
+        self._spec_fallback_build_decode_graph(server_args)
+        logger.info(
+            "spec-fallback: drafting is switched off above %d requests per decode batch "
+            "(back on at <= %d); decode CUDA graph: %s",
+            self._fallback_threshold,
+            self._fallback_threshold - self._fallback_hysteresis,
+            "yes" if self._fallback_graph_runner is not None else "no (eager)",
+        )
+
+    def _spec_fallback_should_run(self, batch):
+        """Decide per decode step; identical on every TP rank (depends on the batch only)."""
+        threshold = self._fallback_threshold
+        if (
+            threshold is None
+            or batch.forward_mode.is_idle()
+            or batch.spec_info is None
+        ):
+            return False
+        bs = len(batch.seq_lens)
+        if self._fallback_active:
+            active = bs > threshold - self._fallback_hysteresis
+        else:
+            active = bs > threshold
+        eligible = not (
+            batch.has_grammar
+            or batch.return_logprob
+            or getattr(batch, "return_hidden_states", False)
+        )
+        take = active and eligible
+        stats = self._fallback_stats
+        mode = "fallback" if take else "spec"
+        phases = stats["phases"]
+        if not phases or phases[-1]["mode"] != mode:
+            stats["phase_count"] += 1
+            phases.append({"id": stats["phase_count"], "mode": mode,
+                           "steps": 0, "reqs": 0, "correct_drafts": 0})
+            del phases[:-200]
+        phases[-1]["steps"] += 1
+        self._fallback_modes.append(phases[-1]["id"])
+        stats["last_batch_size"] = bs
+        if active != self._fallback_active:
+            self._fallback_active = active
+            key = "switches_to_fallback" if active else "switches_to_spec"
+            stats[key] += 1
+            logger.info(
+                "spec-fallback: decode batch of %d requests, drafting %s "
+                "(fallback steps %d, speculative steps %d so far)",
+                bs,
+                "OFF" if active else "ON",
+                stats["fallback_steps"],
+                stats["spec_steps"],
+            )
+        if take:
+            stats["fallback_steps"] += 1
+            stats["fallback_requests"] += bs
+        else:
+            stats["spec_steps"] += 1
+        if self._fallback_stats_path:
+            self._spec_fallback_publish_stats()
+        return take
+
+    def _spec_fallback_on_verify(self, num_correct_drafts_per_req):
+        """Result-side counters: the scheduler reports accept counts in step order, so the
+        oldest pending step's phase is the one this result belongs to."""
+        if not getattr(self, "_fallback_modes", None):
+            return
+        phase_id = self._fallback_modes.popleft()
+        for phase in reversed(self._fallback_stats["phases"]):
+            if phase["id"] == phase_id:
+                phase["reqs"] += len(num_correct_drafts_per_req)
+                phase["correct_drafts"] += sum(num_correct_drafts_per_req)
+                break
+
+    def _spec_fallback_publish_stats(self):
+        """Counters for tests and dashboards: a JSON file named by SPECTOOL_FALLBACK_STATS,
+        rewritten at most every SPECTOOL_FALLBACK_STATS_INTERVAL seconds (default 0.5)."""
+        now = time.monotonic()
+        if now - self._fallback_last_publish < self._fallback_publish_interval:
+            return
+        self._fallback_last_publish = now
+        path = self._fallback_stats_path
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self._fallback_stats, f)
+        os.replace(tmp, path)
