@@ -1,4 +1,5 @@
-"""Threshold flag for SGLang 0.5.12 (classic ServerArgs: a dataclass field plus argparse).
+"""Threshold flag for the classic ServerArgs (0.5.6.post2 to 0.5.14): a dataclass field plus
+an argparse flag, validated at the end of _handle_speculative_decoding.
 
 Both a field and an ``add_argument`` are needed in this style: ``from_cli_args`` reads every
 dataclass field from the argparse namespace.
@@ -65,7 +66,7 @@ class ServerArgs:
                 "--speculative-disable-batch-size-threshold needs --speculative-algorithm "
                 f"EAGLE, EAGLE3 or STANDALONE (got {self.speculative_algorithm})."
             )
-        if self.enable_multi_layer_eagle:
+        if getattr(self, "enable_multi_layer_eagle", False):
             raise ValueError(
                 "--speculative-disable-batch-size-threshold does not support "
                 "--enable-multi-layer-eagle (a different worker class)."
@@ -86,7 +87,7 @@ class ServerArgs:
                 "--enable-dp-attention: each DP rank sees its own batch size, so ranks would "
                 "take different branches around collective operations."
             )
-        if self.speculative_adaptive:
+        if getattr(self, "speculative_adaptive", False):
             raise ValueError(
                 "--speculative-disable-batch-size-threshold cannot be combined with "
                 "--speculative-adaptive: both swap the worker's runtime state between steps."

@@ -1,0 +1,174 @@
+"""EAGLEWorkerV2 fallback for the seed era, SGLang 0.5.6.post2 to 0.5.10 (spec v2 behind
+SGLANG_ENABLE_SPEC_V2=1). The decision and counters are in ../common.py.
+
+What differs from 0.5.12, and how this code handles it:
+
+* The scheduler reads the result stride from the *worker*
+  (``draft_worker.speculative_num_draft_tokens``), so ``next_token_ids`` is padded to
+  ``bs * num_draft_tokens`` with the real token at ``i * num_draft_tokens``; ``accept_lens``
+  is all 1, so the consumer takes exactly that token and ``kv_committed_len += 1``.
+* The bonus token field is ``verified_id``.
+* ``CudaGraphRunner(model_runner)`` takes its attention backend from the model runner, so
+  the second backend is installed on the runner while the decode graph is captured.
+* Field names drift inside the era (``num_tokens_per_batch`` until 0.5.8,
+  ``num_tokens_per_req`` from 0.5.9; ``ModelRunner.forward`` returns a tuple in 0.5.6.post2):
+  they are read from the running SGLang, not hard-coded per release.
+"""
+
+import dataclasses
+import logging
+import time
+
+import torch
+
+from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.speculative.eagle_info import EagleDraftInput
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.layers.moe.utils import (
+    speculative_moe_a2a_backend_context,
+    speculative_moe_backend_context,
+)
+from sglang.srt.utils.common import fast_topk
+
+logger = logging.getLogger(__name__)
+
+
+class EAGLEWorkerV2:
+    def _spec_fallback_build_decode_graph(self, server_args):
+        """A second target attention backend plus a DECODE graph runner (1 token/request)."""
+        mr = self._target_worker.model_runner
+        backup_init = mr.init_new_workspace
+        try:
+            self._fallback_attn_backend = mr._get_attention_backend(
+                init_new_workspace=True
+            )
+        finally:
+            mr.init_new_workspace = backup_init
+        if server_args.disable_cuda_graph:
+            return
+        tic = time.perf_counter()
+        saved = (
+            mr.spec_algorithm,
+            mr.server_args.enable_return_hidden_states,
+            mr.attn_backend,
+        )
+        try:
+            # The runner captures with the model runner's backend and capture mode: present
+            # it as a plain decode model with our backend, returning the EAGLE-3 hidden
+            # states (STANDALONE requests none; the modes must match or it recaptures).
+            mr.spec_algorithm = SpeculativeAlgorithm.NONE
+            if not self.speculative_algorithm.is_standalone():
+                mr.server_args.enable_return_hidden_states = True
+            mr.attn_backend = self._fallback_attn_backend
+            self._fallback_graph_runner = CudaGraphRunner(mr)
+        except Exception as exc:  # keep serving: eager fallback is slower but correct
+            logger.warning(
+                "spec-fallback: could not capture a decode CUDA graph (%s); fallback "
+                "steps will run eagerly",
+                exc,
+            )
+            self._fallback_graph_runner = None
+        finally:
+            (
+                mr.spec_algorithm,
+                mr.server_args.enable_return_hidden_states,
+                mr.attn_backend,
+            ) = saved
+        logger.info(
+            "spec-fallback: decode CUDA graph captured in %.1f s",
+            time.perf_counter() - tic,
+        )
+
+    def _spec_fallback_decode(self, batch):
+        """One plain decode step in the padded speculative result format."""
+        device = self.device
+        bs = len(batch.seq_lens)
+        ndt = self.speculative_num_draft_tokens
+        batch.seq_lens.record_stream(torch.get_device_module(device).current_stream())
+        draft_input = batch.spec_info
+        seq_lens = batch.seq_lens
+        seq_lens_cpu = batch.seq_lens_cpu
+        seq_lens_sum = batch.seq_lens_sum
+        out_cache_loc = self.req_to_token_pool.req_to_token[
+            batch.req_pool_indices, seq_lens
+        ].to(torch.int64)
+
+        batch.input_ids = draft_input.verified_id.to(torch.int64)
+        batch.out_cache_loc = out_cache_loc
+        batch.seq_lens = seq_lens + 1
+        batch.seq_lens_cpu = seq_lens_cpu + 1
+        batch.seq_lens_sum = seq_lens_sum + bs
+        batch.forward_mode = ForwardMode.DECODE
+        batch.spec_info = None
+        batch.capture_hidden_mode = (
+            CaptureHiddenMode.NULL
+            if self.speculative_algorithm.is_standalone()
+            else CaptureHiddenMode.FULL
+        )
+
+        mr = self._target_worker.model_runner
+        saved = (mr.attn_backend, mr.graph_runner)
+        mr.attn_backend = self._fallback_attn_backend
+        mr.graph_runner = self._fallback_graph_runner
+        try:
+            target_out = self._target_worker.forward_batch_generation(batch)
+        finally:
+            mr.attn_backend, mr.graph_runner = saved
+        logits_output = target_out.logits_output
+        tokens = target_out.next_token_ids.to(torch.int32)
+
+        verify_done = torch.get_device_module(device).Event()
+        verify_done.record()
+        next_draft_input = EagleDraftInput(
+            verified_id=tokens, new_seq_lens=seq_lens + 1, verify_done=verify_done
+        )
+
+        batch.seq_lens = seq_lens
+        batch.seq_lens_cpu = seq_lens_cpu
+        batch.seq_lens_sum = seq_lens_sum
+        batch.out_cache_loc = out_cache_loc
+        with (
+            self.draft_worker.draft_tp_context(self.draft_worker.draft_runner.tp_group),
+            speculative_moe_backend_context(),
+            speculative_moe_a2a_backend_context(),
+        ):
+            self._spec_fallback_draft_extend(
+                batch, tokens, logits_output.hidden_states, next_draft_input
+            )
+        logits_output.hidden_states = None
+
+        # The consumer slices next_token_ids[i * ndt : i * ndt + accept_lens[i]].
+        padded = tokens.repeat_interleave(ndt)
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=padded,
+            can_run_cuda_graph=target_out.can_run_cuda_graph,
+            next_draft_input=next_draft_input,
+            accept_lens=torch.ones(bs, dtype=torch.int32, device=device),
+        )
+
+    def _spec_fallback_draft_extend(self, batch, tokens, hidden_states, next_draft_input):
+        """DRAFT_EXTEND_V2 with one token per request (eager)."""
+        dw = self.draft_worker
+        bs = len(batch.seq_lens)
+        names = {f.name for f in dataclasses.fields(EagleDraftInput)}
+        per = "num_tokens_per_req" if "num_tokens_per_req" in names else "num_tokens_per_batch"
+        draft_input = EagleDraftInput(
+            hidden_states=hidden_states,
+            **{per: 1, per.replace("num_tokens_", "num_tokens_for_logprob_"): 1},
+        )
+        forward_batch = draft_input.prepare_for_extend_to_fill_draft_kvcache(
+            batch, tokens, 1, dw.draft_runner, None
+        )
+        forward_batch.spec_info.accept_length = torch.ones(
+            bs, dtype=torch.int32, device=self.device
+        )
+        out = dw.draft_runner.forward(forward_batch, skip_attn_backend_init=True)
+        draft_logits = out.logits_output if hasattr(out, "logits_output") else out[0]
+        probs = torch.softmax(draft_logits.next_token_logits, dim=-1)
+        next_draft_input.topk_p, next_draft_input.topk_index = fast_topk(
+            probs, self.topk, dim=-1
+        )
+        next_draft_input.hidden_states = draft_logits.hidden_states
