@@ -229,8 +229,17 @@ def _check_upstreamed(tree, files, recipe, variant) -> tuple[str, str]:
         st = files.get(probe.module)
     except MissingModule:
         return DRIFT, f"declared upstreamed, but the probe module {probe.module} is missing"
-    if find_definition(st.module, probe.qualname) is None:
+    path = find_definition(st.module, probe.qualname)
+    if path is None:
         return DRIFT, f"declared upstreamed, but the probe {probe} is missing: the upstream feature moved"
+    if variant.upstreamed.anchor:
+        from .ops.statements import statement_matches
+        from .patterns import Pattern
+
+        pattern = Pattern.parse(variant.upstreamed.anchor, expression=False)
+        if not statement_matches(st, path[-1], pattern):
+            return DRIFT, (f"declared upstreamed, but {probe} no longer contains "
+                           f"{variant.upstreamed.anchor.strip().splitlines()[0]!r}: the upstream code changed")
     return UPSTREAMED, note
 
 

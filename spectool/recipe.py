@@ -20,7 +20,7 @@ from .ops import OPERATIONS, Operation, Target
 
 RECIPE_KEYS = {"id": str, "summary": str, "requires": list, "options": dict, "variants": list, "description": str}
 VARIANT_KEYS = {"name": str, "versions": str, "operations": list, "upstreamed": dict, "unsupported": str, "notes": str}
-UPSTREAMED_KEYS = {"note": str, "probe": str}
+UPSTREAMED_KEYS = {"note": str, "probe": str, "anchor": str}
 OPTION_KEYS = {"default": object, "help": str}
 
 
@@ -59,8 +59,12 @@ def _check_keys(data: Any, allowed: dict, required: set, where: str) -> None:
 
 @dataclass
 class Upstreamed:
+    """The feature exists upstream: `probe` (a definition) and optionally `anchor` (a statement
+    pattern inside it) must be found, or the upstream code moved and that is drift too."""
+
     note: str
     probe: Target | None
+    anchor: str | None = None
 
 
 @dataclass
@@ -148,7 +152,15 @@ def load_recipe(path: Path) -> Recipe:
         if "upstreamed" in vdata:
             _check_keys(vdata["upstreamed"], UPSTREAMED_KEYS, {"note"}, f"{vwhere}.upstreamed")
             probe = vdata["upstreamed"].get("probe")
-            up = Upstreamed(vdata["upstreamed"]["note"], Target.parse(probe, f"{vwhere}.upstreamed.probe") if probe else None)
+            up = Upstreamed(vdata["upstreamed"]["note"], Target.parse(probe, f"{vwhere}.upstreamed.probe") if probe else None,
+                            vdata["upstreamed"].get("anchor"))
+            if up.anchor is not None:
+                from .patterns import Pattern
+
+                try:
+                    Pattern.parse(up.anchor, expression=False)
+                except SyntaxError as exc:
+                    raise RecipeError(f"{vwhere}.upstreamed.anchor is not a statement pattern: {exc}.") from None
         if not ops and up is None and "unsupported" not in vdata:
             raise RecipeError(f"{vwhere}: a variant needs 'operations', 'upstreamed' or 'unsupported'.")
         variants.append(Variant(vdata["name"], spec, ops, up, vdata.get("unsupported"), vdata.get("notes", "")))

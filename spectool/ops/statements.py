@@ -15,6 +15,32 @@ _COMPOUND = {
 }
 
 
+def statement_matches(st, scope_node, pattern: Pattern) -> list[cstutil.Path]:
+    """Paths of the statements under scope_node that match pattern (compound statements are
+    compared by their header: the pattern's body is ``...``)."""
+    want = type(pattern.tree).__name__
+    kind = _COMPOUND.get(want)
+    found = []
+    for stmt, path in cstutil.iter_statements(scope_node, [scope_node]):
+        if kind is not None:
+            if not isinstance(stmt, kind):
+                continue
+            head = stmt.with_changes(body=cst.IndentedBlock(body=[cst.SimpleStatementLine([cst.Expr(cst.Ellipsis())])]))
+            if hasattr(head, "orelse"):
+                head = head.with_changes(orelse=None)
+            if isinstance(head, cst.Try):
+                head = head.with_changes(handlers=(), finalbody=cst.Finally(body=head.body))
+            code = st.module.code_for_node(head)
+        elif isinstance(stmt, cst.SimpleStatementLine):
+            code = st.code(stmt)
+        else:
+            continue
+        node = parse_candidate(code, expression=False)
+        if node is not None and pattern.match(node) is not None:
+            found.append(path)
+    return found
+
+
 class InsertStatements(Operation):
     """Insert the body of a code function next to each statement matching ``anchor``."""
 
@@ -34,28 +60,7 @@ class InsertStatements(Operation):
         return self.spec.get("anchor", "")
 
     def matches(self, st, scope_node) -> list[cstutil.Path]:
-        want = type(self.pattern.tree).__name__
-        kind = _COMPOUND.get(want)
-        found = []
-        for stmt, path in cstutil.iter_statements(scope_node, [scope_node]):
-            if kind is not None:
-                if not isinstance(stmt, kind):
-                    continue
-                # Compare the header only: render the statement with its body emptied.
-                head = stmt.with_changes(body=cst.IndentedBlock(body=[cst.SimpleStatementLine([cst.Expr(cst.Ellipsis())])]))
-                if hasattr(head, "orelse"):
-                    head = head.with_changes(orelse=None)
-                if isinstance(head, cst.Try):
-                    head = head.with_changes(handlers=(), finalbody=cst.Finally(body=head.body))
-                code = st.module.code_for_node(head)
-            elif isinstance(stmt, cst.SimpleStatementLine):
-                code = st.code(stmt)
-            else:
-                continue
-            node = parse_candidate(code, expression=False)
-            if node is not None and self.pattern.match(node) is not None:
-                found.append(path)
-        return found
+        return statement_matches(st, scope_node, self.pattern)
 
     def run(self, ctx: OpContext) -> str:
         st = self.state(ctx)
