@@ -172,11 +172,12 @@ def build_plan(tree: SglangTree, recipes: list[Recipe], options: dict | None = N
         if variant.unsupported:
             res.message = f"SGLang {tree.version} is not supported: {variant.unsupported}"
             continue
+        if variant.upstreamed is not None and not variant.operations:
+            # Upstream has the feature: it needs none of our other recipes.
+            res.status, res.message = _check_upstreamed(tree, files, recipe, variant)
+            continue
         if failed_req:
             res.status, res.message = BLOCKED, f"requires {', '.join(failed_req)}, which did not apply"
-            continue
-        if variant.upstreamed is not None and not variant.operations:
-            res.status, res.message = _check_upstreamed(tree, files, recipe, variant)
             continue
         snap = files.snapshot()
         statuses = []

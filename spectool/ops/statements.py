@@ -20,9 +20,15 @@ def statement_matches(st, scope_node, pattern: Pattern) -> list[cstutil.Path]:
     compared by their header: the pattern's body is ``...``)."""
     want = type(pattern.tree).__name__
     kind = _COMPOUND.get(want)
+    body = getattr(pattern.tree, "body", None)
+    header_only = isinstance(body, list) and len(body) == 1 and _is_ellipsis_stmt(body[0])
     found = []
     for stmt, path in cstutil.iter_statements(scope_node, [scope_node]):
-        if kind is not None:
+        if kind is not None and not header_only:
+            if not isinstance(stmt, kind):
+                continue
+            code = st.code(stmt)  # the pattern spells out (part of) the body: compare it all
+        elif kind is not None:
             if not isinstance(stmt, kind):
                 continue
             head = stmt.with_changes(body=cst.IndentedBlock(body=[cst.SimpleStatementLine([cst.Expr(cst.Ellipsis())])]))
@@ -39,6 +45,12 @@ def statement_matches(st, scope_node, pattern: Pattern) -> list[cstutil.Path]:
         if node is not None and pattern.match(node) is not None:
             found.append(path)
     return found
+
+
+def _is_ellipsis_stmt(node) -> bool:
+    import ast
+
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and node.value.value is Ellipsis
 
 
 class InsertStatements(Operation):

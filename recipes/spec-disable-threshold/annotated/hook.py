@@ -1,0 +1,95 @@
+"""The threshold flag on releases with upstream's batch-size switch (0.5.15+).
+
+There the worker already turns drafting off at large batches (steps-0 tier of
+``--speculative-adaptive``), so the fallback recipe is retired; this keeps the user's
+command line working across the upgrade: the same flag, with the same meaning, is mapped
+onto upstream's adaptive configuration (drafting with the configured steps up to T
+requests, steps 0 above). Upstream quantizes the batch size to a captured CUDA-graph size
+before looking up the tier, and its tiers have no batch-size hysteresis.
+"""
+
+import json
+import logging
+import tempfile
+from typing import Annotated as A, Optional
+
+logger = logging.getLogger(__name__)
+
+
+def NS(path):  # stand-in so this file lints; 0.5.17+ defines NS in arg_groups.arg_utils
+    return path
+
+
+class Fields015:
+    speculative_disable_batch_size_threshold: A[
+        Optional[int],
+        "Disable drafting when a decode batch holds more than this many requests (mapped "
+        "onto the steps-0 tier of --speculative-adaptive). 0 means never draft in decode.",
+    ] = None
+    speculative_disable_batch_size_hysteresis: A[
+        int,
+        "Accepted for compatibility; upstream's tiers have no batch-size hysteresis.",
+    ] = 0
+
+
+class Fields017:
+    speculative_disable_batch_size_threshold: A[
+        Optional[int],
+        "Disable drafting when a decode batch holds more than this many requests (mapped "
+        "onto the steps-0 tier of --speculative-adaptive). 0 means never draft in decode.",
+        NS("spec"),
+    ] = None
+    speculative_disable_batch_size_hysteresis: A[
+        int,
+        "Accepted for compatibility; upstream's tiers have no batch-size hysteresis.",
+        NS("spec"),
+    ] = 0
+
+
+class module_functions:  # noqa: N801 - a container: its body is inserted at module level
+    def _spectool_threshold_to_adaptive(server_args):
+        """spectool: --speculative-disable-batch-size-threshold on upstream's adaptive tiers."""
+        threshold = getattr(server_args, "speculative_disable_batch_size_threshold", None)
+        if threshold is None:
+            return
+        if threshold < 0:
+            raise ValueError(
+                f"--speculative-disable-batch-size-threshold must be >= 0 (got {threshold})."
+            )
+        if server_args.speculative_adaptive_config is not None:
+            raise ValueError(
+                "--speculative-disable-batch-size-threshold writes its own adaptive config; "
+                "do not combine it with --speculative-adaptive-config."
+            )
+        if getattr(server_args, "speculative_disable_batch_size_hysteresis", 0):
+            logger.warning(
+                "--speculative-disable-batch-size-hysteresis is ignored on this SGLang: "
+                "upstream's batch-size tiers switch without hysteresis."
+            )
+        steps = server_args.speculative_num_steps or 3
+        tier = {"up_hysteresis": 0.0, "down_hysteresis": 0.0, "ceiling_coeff": 0}
+        config = {"1": {"candidate_steps": [steps], **tier}}
+        config[str(threshold + 1)] = {"candidate_steps": [0], **tier}
+        if threshold == 0:
+            config = {"1": {"candidate_steps": [0], **tier}}
+        with tempfile.NamedTemporaryFile(
+            "w", prefix="spectool-adaptive-", suffix=".json", delete=False
+        ) as f:
+            json.dump(config, f)
+        server_args.speculative_adaptive = True
+        server_args.speculative_adaptive_config = f.name
+        logger.info(
+            "spec-disable-threshold: drafting (steps=%s) up to %d requests, off above "
+            "(upstream adaptive tiers, config %s)",
+            steps,
+            threshold,
+            f.name,
+        )
+
+
+def call_mapping(server_args):
+    _spectool_threshold_to_adaptive(server_args)
+
+
+def _spectool_threshold_to_adaptive(server_args):  # stand-in for linting call_mapping
+    return module_functions._spectool_threshold_to_adaptive(server_args)
