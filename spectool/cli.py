@@ -12,7 +12,7 @@ from rich.console import Console
 
 from . import __version__, api
 from .errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, SpectoolError
-from .report import print_outcome, to_json
+from .report import print_outcome, to_json  # noqa: F401
 
 
 def _console() -> Console:
@@ -169,6 +169,71 @@ def revert(sglang_dir, version, force, as_json):
     """Restore every patched file byte for byte."""
     out = api.revert(sglang_dir, version=version, force=force)
     _emit(out, as_json)
+
+
+def _upgrade(to, recipes_dir, as_json, from_version=None) -> int:
+    """Plan every recipe against release `to` (fetched, nothing written); 1 if anything needs
+    work. Recipes with no variant for `to` are also tried with the variant of `from_version`
+    (default: the pinned release), which shows the real drift: missing anchors, candidates."""
+    from .fetch import fetch as do_fetch
+    from .pin import load_pin
+
+    tree_dir = do_fetch(to, progress=not as_json)
+    out = api.check(tree_dir, recipes_dir=recipes_dir)
+    needs_work = [r for r in out.plan.results if r.status not in ("would-apply", "already-applied", "upstreamed")]
+    retire = [r.id for r in out.plan.results if r.status == "upstreamed"]
+    if from_version is None:
+        pin = load_pin(required=False)
+        from_version = pin.version if pin else None
+    uncovered = [r.id for r in needs_work if r.status in ("unsupported", "blocked")]
+    current = None
+    if uncovered and from_version and from_version != to:
+        current = api.check(tree_dir, recipes_dir=recipes_dir, select=uncovered, version=from_version)
+    if as_json:
+        payload = out.to_json()
+        payload.update(command="upgrade", to=to, needs_work=[r.id for r in needs_work], retire=retire)
+        if current is not None:
+            payload["current_variants_on_new_release"] = [r.to_json() for r in current.plan.results]
+        click.echo(to_json(payload))
+    else:
+        console = _console()
+        print_outcome(out, console)
+        if current is not None:
+            console.print(f"\nThe variants you run today (SGLang {from_version}) against SGLang {to}:")
+            print_outcome(current, console)
+        for rid in retire:
+            console.print(f"retire: {rid} is upstream in SGLang {to}; drop it from your pin's recipe set when you upgrade.")
+        console.print(f"upgrade to SGLang {to}: " + ("[green]ready[/]" if not needs_work else
+                      f"[red]{len(needs_work)} recipe(s) need work[/]: " + ", ".join(f"{r.id} ({r.status})" for r in needs_work)))
+    return EXIT_FAILED if needs_work else EXIT_OK
+
+
+@main.command()
+@click.option("--to", "to", required=True, help="The SGLang release to upgrade to.")
+@click.option("--from", "from_version", default=None, help="The release you run today (default: the pin).")
+@click.option("--recipes-dir", type=click.Path(file_okay=False), default=None)
+@_json_opt
+@guarded
+def upgrade(to, from_version, recipes_dir, as_json):
+    """The upgrade gate: would the recipes apply to release TO? Drift, candidates, what to retire."""
+    sys.exit(_upgrade(to, recipes_dir, as_json, from_version))
+
+
+@main.command()
+@click.argument("files", nargs=-1, type=click.Path())
+@click.option("--recipes-dir", type=click.Path(file_okay=False), default=None)
+@guarded
+def gate(files, recipes_dir):
+    """pre-commit entry: read the SGLang pin from the changed files (spectool.toml or a
+    requirements file with sglang==X) and run the upgrade gate against it."""
+    from .pin import pinned_version_in
+
+    versions = sorted({v for f in files for v in [pinned_version_in(Path(f))] if v})
+    if not versions:
+        click.echo("spectool gate: no SGLang pin in the changed files; nothing to check.")
+        sys.exit(EXIT_OK)
+    rc = max(_upgrade(v, recipes_dir, False) for v in versions)
+    sys.exit(rc)
 
 
 @main.command()

@@ -58,3 +58,22 @@ def load_pin(path: Path | None = None, required: bool = True) -> Pin | None:
     recipes = data.get("recipes", {}).get("select")
     return Pin(Path(path), sg["version"], sg.get("file"), sg.get("sha256"), recipes,
                data.get("options", {}), data.get("known", {}))
+
+
+def pinned_version_in(path: Path) -> str | None:
+    """The SGLang version a changed file pins: spectool.toml's [sglang] version, or a
+    requirements line ``sglang==X`` (extras allowed)."""
+    import re
+
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if path.name.endswith(".toml"):
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise BadInputError(f"{path}: not valid TOML: {exc}") from None
+        v = data.get("sglang", {}).get("version")
+        return v if isinstance(v, str) else None
+    m = re.search(r"^\s*sglang(?:\[[^\]]*\])?\s*==\s*([0-9][^\s;#]*)", text, re.M)
+    return m.group(1) if m else None

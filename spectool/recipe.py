@@ -170,8 +170,10 @@ def load_recipe(path: Path) -> Recipe:
 
 def default_recipes_dir() -> Path:
     """The recipes shipped with spectool (repo checkout or installed package data)."""
+    import sys
+
     here = Path(__file__).resolve().parent
-    for cand in (here.parent / "recipes", here / "recipes"):
+    for cand in (here.parent / "recipes", Path(sys.prefix) / "share" / "spectool" / "recipes"):
         if cand.is_dir():
             return cand
     raise RecipeError("no recipes directory found next to spectool; pass --recipes-dir.")

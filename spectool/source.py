@@ -51,8 +51,9 @@ class SglangTree:
             )
 
     def find_definition_elsewhere(self, name: str, skip: str) -> list[str]:
-        """'path:line' of `def name`/`class name` in other files: where a moved function went."""
-        pat = re.compile(rb"^\s*(?:async\s+def|def|class)\s+" + re.escape(name.encode()) + rb"\b", re.M)
+        """'path:line: def name' in other files: where a moved (or de-underscored) function went."""
+        core = name.lstrip("_")
+        pat = re.compile(rb"^[ \t]*(?:async\s+def|def|class)\s+_*" + re.escape(core.encode()) + rb"\b", re.M)
         hits = []
         for path in sorted((self.root / "sglang").rglob("*.py")):
             rel = self.relpath(path)
@@ -62,12 +63,12 @@ class SglangTree:
                 data = path.read_bytes()
             except OSError:
                 continue
-            if name.encode() not in data:
+            if core.encode() not in data:
                 continue
             m = pat.search(data)
             if m:
                 line = data.count(b"\n", 0, m.start()) + 1
-                hits.append(f"{rel}:{line}")
+                hits.append(f"{rel}:{line}: {m.group(0).decode(errors='replace').strip()}")
                 if len(hits) == 4:
                     break
         return hits

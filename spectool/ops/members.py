@@ -79,8 +79,9 @@ class AddMethod(_ClassOp):
                     import difflib
 
                     close = difflib.get_close_matches(after, names, n=4, cutoff=0.4)
+                    moved = [f"{hit} (moved?)" for hit in ctx.tree.find_definition_elsewhere(after, st.relpath)]
                     raise self.drift(ctx, st, f"no member {after!r} to place the method after",
-                                     [f"{st.relpath}: {self.target.qualname}.{n}" for n in close])
+                                     moved + [f"{st.relpath}: {self.target.qualname}.{n}" for n in close])
                 pos = idx[0] + 1
             new_def = new_def.with_changes(leading_lines=[cst.EmptyLine(indent=False)] + [
                 l for l in new_def.leading_lines if l.comment is not None])
