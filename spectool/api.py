@@ -75,14 +75,38 @@ def _select(recipes_dir, select) -> list[Recipe]:
     return load_recipes(Path(recipes_dir) if recipes_dir else None, select or None)
 
 
+def _changed_recipes(lock, recipes) -> list[str]:
+    """Recipes whose files changed since they were applied (content hash in the lock)."""
+    if lock is None:
+        return []
+    applied = {r["id"]: r.get("content_hash") for r in lock.recipes}
+    return [r.id for r in recipes if r.id in applied and applied[r.id] != r.content_hash]
+
+
+def _originals(tree: SglangTree, lock) -> dict[str, bytes]:
+    """The saved pristine bytes of every locked file: plans start from them when recipes
+    changed since the apply, so an updated recipe replaces its old output instead of
+    colliding with it."""
+    out = {}
+    for rel, h in lock.files.items():
+        p = tree.dir / lockfile.ORIG_DIR / rel
+        if not p.exists() or sha256(p.read_bytes()) != h["before"]:
+            raise SourceError(f"the saved original of {rel} is missing or damaged in {p.parent}; revert by hand (git checkout / reinstall).")
+        out[rel] = p.read_bytes()
+    return out
+
+
 def check(sglang_dir, *, recipes_dir=None, select=None, options=None, version=None) -> Outcome:
     """Would everything apply, or is it applied and intact? Writes nothing."""
     tree = locate(sglang_dir, version)
     recipes = _select(recipes_dir, select)
     lock = lockfile.read(tree.dir)
     files = _integrity(tree, lock)
-    plan = build_plan(tree, recipes, options)
+    changed = _changed_recipes(lock, recipes)
+    plan = build_plan(tree, recipes, options, overrides=_originals(tree, lock) if changed else None)
     out = Outcome("check", tree, plan, files=files)
+    if changed:
+        out.notes.append(f"recipe(s) changed since they were applied: {', '.join(changed)}; planned from the saved originals (apply updates the tree)")
     out.ok = plan.ok and not any(f["state"] in ("modified", "missing") for f in files)
     if lock and str(tree.version) != lock.sglang_version:
         out.ok = False
@@ -104,7 +128,16 @@ def apply(sglang_dir, *, recipes_dir=None, select=None, options=None, version=No
             lock = lockfile.read(tree.dir)
         files = _integrity(tree, lock)
         _refuse_modified(tree, lock, files, force, "apply")
-        plan = build_plan(tree, recipes, options)
+        changed = _changed_recipes(lock, recipes)
+        originals = _originals(tree, lock) if changed else None
+        plan = build_plan(tree, recipes, options, overrides=originals)
+        if changed:
+            out.notes.append(f"recipe(s) changed since they were applied: {', '.join(changed)}; re-applied from the saved originals")
+            # Compare with what is on disk, not with the originals the plan started from.
+            current = {c.relpath: (tree.root / c.relpath).read_bytes() for c in plan.changes}
+            plan.changes = [c for c in plan.changes if c.after != current[c.relpath]]
+            for c in plan.changes:
+                c.before = current[c.relpath]
         out.plan, out.files = plan, files
         out.ok = plan.ok
         if not plan.ok or dry_run or not plan.changed:

@@ -116,3 +116,26 @@ def test_concurrent_apply_is_locked_out(tmp_path):
     with transaction.locked(tree):
         with pytest.raises(SourceError, match="another spectool run holds the lock"):
             api.apply(tree, recipes_dir=R1)
+
+
+def test_changed_recipe_reapplies_from_originals(tmp_path):
+    """Editing a recipe after applying it: apply updates the tree instead of colliding with
+    the old output; revert still restores the pristine bytes."""
+    import shutil
+
+    rdir = tmp_path / "r"
+    shutil.copytree(R1, rdir)
+    src = (FIXTURES / "add_method" / "before.py").read_bytes()
+    tree = make_tree(tmp_path / "t", "0.5.12", {"sglang/srt/target.py": src})
+    assert api.apply(tree, recipes_dir=rdir).ok
+    code = rdir / "code.py"
+    code.write_text(code.read_text().replace("math.ceil(2 * x)", "math.ceil(3 * x)"))
+    chk = api.check(tree, recipes_dir=rdir)
+    assert chk.ok and "changed since they were applied" in " ".join(chk.notes)
+    out = api.apply(tree, recipes_dir=rdir)
+    assert out.ok and out.wrote, [r.to_json() for r in out.plan.results]
+    text = (tree / "sglang/srt/target.py").read_text()
+    assert "3 * x" in text and "2 * x" not in text
+    assert {r.status for r in api.apply(tree, recipes_dir=rdir).plan.results} == {"already-applied"}
+    api.revert(tree)
+    assert (tree / "sglang/srt/target.py").read_bytes() == src
