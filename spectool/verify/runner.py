@@ -38,6 +38,11 @@ def gpu_info() -> tuple[str, str]:
 def _launch(job: dict, workdir: Path, env: dict) -> tuple[subprocess.Popen, Path, Path]:
     name = job["config"]["name"]
     job_path, out_path, log_path = workdir / f"{name}.job.json", workdir / f"{name}.out.json", workdir / f"{name}.log"
+    # A result or counter file left by an earlier run in the same folder must never be read
+    # as this engine's (counters would go negative, a crash would look like a pass).
+    out_path.unlink(missing_ok=True)
+    if job.get("stats_path"):
+        Path(job["stats_path"]).unlink(missing_ok=True)
     job_path.write_text(json.dumps(job))
     log = open(log_path, "w")
     proc = subprocess.Popen([sys.executable, "-m", "spectool.verify.engine_worker", str(job_path), str(out_path)],
