@@ -84,7 +84,7 @@ def workloads(spec: ModelSpec = ModelSpec(), seed: int = 1234) -> dict[str, Work
         Workload(
             "arrive",
             [Request(copy_prompt(rng, spec, segment=16), 200) for _ in range(2)]
-            + [Request(copy_prompt(rng, spec), 32, delay=0.2) for _ in range(8)],
+            + [Request(copy_prompt(rng, spec), 32, delay=0.1) for _ in range(8)],
             "2 long requests decode alone, 8 arrive (the batch rises above T mid-request) and "
             "finish first (it falls back below T): spec -> fallback -> spec inside the long ones",
         ),
