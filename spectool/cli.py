@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 
 from . import __version__, api
-from .errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, SpectoolError
+from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, SpectoolError
 from .report import print_outcome, to_json  # noqa: F401
 
 

@@ -161,7 +161,6 @@ def _unpack(archive: Path, root: Path) -> None:
             z.extractall(tmp, members)
     else:
         with tarfile.open(archive) as t:
-            top = t.getnames()[0].split("/")[0]
             members = []
             for m in t.getmembers():
                 parts = m.name.split("/")
@@ -172,6 +171,5 @@ def _unpack(archive: Path, root: Path) -> None:
                     m.name = rest[len("python/"):] if rest.startswith("python/") else rest
                     members.append(m)
             t.extractall(tmp, members, filter="data")
-            del top
     shutil.rmtree(root, ignore_errors=True)
     os.replace(tmp, root)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import difflib
 import hashlib
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import libcst as cst
 

@@ -13,8 +13,6 @@ import os
 import pytest
 
 from spectool import api
-from spectool.errors import SpectoolError
-
 from .conftest import FIXTURES, make_tree
 
 CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "before.py").exists())

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import BadInputError

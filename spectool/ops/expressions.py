@@ -55,7 +55,6 @@ class ReplaceExpression(Operation):
         want = _KINDS.get(type(pattern.tree).__name__)
         hits = []
 
-        outer = self
 
         class Finder(cst.CSTVisitor):
             def on_visit(self, node):

@@ -1,0 +1,91 @@
+"""Seed-era variants (0.5.6.post2 to 0.5.10) on the real fetched releases. These SGLang
+versions pin torch 2.8/2.9 and cannot run on the project's H200 image, so they are checked
+by applying, compiling, the undefined-name check (the plan does both), and by calling the
+patched functions with their collaborators simulated."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from spectool import api
+from spectool.testing import load_function
+
+pytestmark = pytest.mark.network
+
+
+@pytest.fixture(scope="module")
+def trees(sglang_release):
+    out = {}
+    for v in ("0.5.6.post2", "0.5.8", "0.5.10"):
+        t = sglang_release(v)
+        res = api.apply(t)
+        assert res.ok, (v, [r.to_json() for r in res.plan.results])
+        out[v] = t
+    return out
+
+
+EXT = "sglang/srt/layers/attention/triton_ops/extend_attention.py"
+
+
+def _block_sizes(tree, cap, lq=128):
+    triton = SimpleNamespace(next_power_of_2=lambda n: 1 << (n - 1).bit_length())
+    fn = load_function(tree / EXT, "_get_block_sizes_for_extend_attention",
+                       {"CUDA_CAPABILITY": cap, "_is_cuda": True, "_is_hip": False, "triton": triton})
+    out = fn(lq, lq)
+    return out[3], out[4]  # BLOCK_M, BLOCK_N
+
+
+@pytest.mark.parametrize("lq,want", [(128, (64, 128)), (256, (64, 64)), (576, (32, 32))])
+def test_sm120_block_sizes_fit_shared_memory(trees, sglang_release, lq, want):
+    assert _block_sizes(trees["0.5.8"], (12, 0), lq) == want
+    assert _block_sizes(sglang_release("0.5.8"), (12, 0), 128) == (128, 64), "unpatched: Hopper sizes (the bug)"
+
+
+def test_other_archs_block_sizes_unchanged(trees, sglang_release):
+    for cap in ((9, 0), (8, 0), (8, 9), (10, 0)):
+        assert _block_sizes(trees["0.5.8"], cap) == _block_sizes(sglang_release("0.5.8"), cap)
+
+
+def test_sm120_fp8_dispatch_uses_triton(trees):
+    sentinel = {name: object() for name in ("deep", "fi", "cutlass", "aiter", "triton")}
+    ns = {
+        "deep_gemm_wrapper": SimpleNamespace(ENABLE_JIT_DEEPGEMM=False),
+        "is_blackwell_supported": lambda: True, "is_flashinfer_available": lambda: True,
+        "_check_cutlass_block_fp8_hardware_support": lambda: True, "_use_aiter": False,
+        "deepgemm_w8a8_block_fp8_linear_with_fallback": sentinel["deep"],
+        "flashinfer_gemm_w8a8_block_fp8_linear_with_fallback": sentinel["fi"],
+        "cutlass_w8a8_block_fp8_linear_with_fallback": sentinel["cutlass"],
+        "aiter_w8a8_block_fp8_linear": sentinel["aiter"], "triton_w8a8_block_fp8_linear": sentinel["triton"],
+    }
+    path = trees["0.5.8"] / "sglang/srt/layers/quantization/fp8_utils.py"
+    assert load_function(path, "_dispatch_auto_backend", {**ns, "is_sm120_supported": lambda: True})() is sentinel["triton"]
+    # SM100 (Blackwell data center) keeps the FlashInfer TRT-LLM kernel
+    assert load_function(path, "_dispatch_auto_backend", {**ns, "is_sm120_supported": lambda: False})() is sentinel["fi"]
+
+
+@pytest.mark.parametrize("version", ["0.5.6.post2", "0.5.8", "0.5.10"])
+def test_deepgemm_opt_out(trees, version):
+    import sys
+    import types
+
+    sys.modules.setdefault("deep_gemm", types.ModuleType("deep_gemm"))
+    env = SimpleNamespace(SGLANG_ENABLE_JIT_DEEPGEMM=SimpleNamespace(get=lambda: True))
+    path = trees[version] / "sglang/srt/layers/deep_gemm_wrapper/configurer.py"
+    for sm, want in ((120, False), (90, True), (100, True), (80, False)):
+        fn = load_function(path, "_compute_enable_deep_gemm", {"get_device_sm": lambda sm=sm: sm, "envs": env,
+                                                                "_is_cuda": True, "_is_musa": False})
+        assert fn() is want, (version, sm)
+
+
+def test_seed_validation_tells_how_to_enable_spec_v2(trees):
+    env = SimpleNamespace(SGLANG_ENABLE_SPEC_V2=SimpleNamespace(get=lambda: False))
+    fn = load_function(trees["0.5.8"] / "sglang/srt/server_args.py", "ServerArgs._validate_speculative_disable_threshold",
+                       {"envs": env, "logger": logging.getLogger("t")})
+    args = SimpleNamespace(speculative_disable_batch_size_threshold=8, speculative_disable_batch_size_hysteresis=0,
+                           speculative_algorithm="EAGLE3", disable_overlap_schedule=False, speculative_eagle_topk=1,
+                           enable_dp_attention=False, max_running_requests=None)
+    with pytest.raises(ValueError, match="SGLANG_ENABLE_SPEC_V2"):
+        fn(args)
