@@ -2,11 +2,7 @@
 # Throughput sweep on the lent H200: SGLang 0.5.12 runtime, recipes applied, `spectool bench`.
 # Resumes from results/bench/cells.jsonl when that file travels along.
 set -euo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p /tmp/site "$OUT"
-[ -d /tmp/site/sglang ] || tar xJf .device-cache/sglang-0.5.12-site.tar.xz -C /tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+source tools/device/setup-0.5.12.sh
 python3 -m spectool.cli apply --sglang-dir /tmp/site >/dev/null
 mkdir -p results/bench-0.5.12
 set +e

@@ -3,11 +3,7 @@
 # runtime, apply the recipes to it with spectool, run `spectool verify`, return results.
 # Usage there: bash tools/device/verify-0.5.12.sh [extra spectool verify args]
 set -euo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p /tmp/site "$OUT"
-[ -d /tmp/site/sglang ] || tar xJf .device-cache/sglang-0.5.12-site.tar.xz -C /tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+source tools/device/setup-0.5.12.sh
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
 python3 -m spectool.cli apply --sglang-dir /tmp/site
 mkdir -p /tmp/models
