@@ -6,14 +6,11 @@ set -euo pipefail
 source tools/device/setup-0.5.12.sh
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
 python3 -m spectool.cli apply --sglang-dir /tmp/site
-mkdir -p /tmp/models
-if [ -d .device-cache/models ]; then cp -r .device-cache/models/. /tmp/models/; fi
 set +e
-python3 -m spectool.cli verify --sglang-dir /tmp/site --out /tmp/verify --model-cache /tmp/models "$@" 2>&1 | tee "$OUT/verify.log"
+python3 -m spectool.cli verify --sglang-dir /tmp/site --out /tmp/verify "$@" 2>&1 | tee "$OUT/verify.log"
 rc=${PIPESTATUS[0]}
 set -e
 cp /tmp/verify/verify-results.json "$OUT/" 2>/dev/null || true
 cp golden/0.5.12/*/golden.json "$OUT/" 2>/dev/null || true
 tar czf "$OUT/verify-logs.tgz" -C /tmp/verify --exclude='*.job.json' . 2>/dev/null || true
-if [ ! -d .device-cache/models ]; then tar czf "$OUT/models.tgz" -C /tmp/models . ; fi
 exit $rc
