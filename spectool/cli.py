@@ -255,7 +255,7 @@ def fetch(version, dest, as_json):
 @main.command()
 @_dir_opt(required=False)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="results/verify", help="Where results, logs and the JSON report go.")
-@click.option("--golden-dir", type=click.Path(file_okay=False), default="golden", help="Recorded golden files, per SGLang version and GPU arch.")
+@click.option("--golden-dir", type=click.Path(file_okay=False), default=None, help="Recorded golden files, per SGLang version and GPU arch (default: ./golden, else the shipped ones).")
 @click.option("--record", is_flag=True, help="Record the baseline tokens as the golden file.")
 @click.option("--parallel", type=int, default=4, help="Engines run at once on the GPU.")
 @click.option("--only", default="", help="Comma-separated engine configs (baselines always run).")
@@ -266,6 +266,9 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, model_cache,
     """Golden GPU tests: the patched SGLang must give the no-speculation tokens exactly."""
     from .verify.runner import print_report, verify as run_verify
 
+    if golden_dir is None:
+        here = Path("golden")
+        golden_dir = here if here.is_dir() else Path(__file__).resolve().parent.parent / "golden"
     report = run_verify(sglang_dir, Path(out_dir), golden_root=Path(golden_dir), record=record, parallel=parallel,
                         only=[x for x in only.split(",") if x] or None,
                         model_cache=Path(model_cache) if model_cache else None, console=_console())
