@@ -33,7 +33,7 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
 
     from ..verify.runner import gpu_info
 
-    gpu_info()  # a clear error (exit 2) without a GPU, before any engine starts
+    gpu_info("bench")  # a clear error (exit 2) without a GPU, before any engine starts
     t_start = time.time()
     out.mkdir(parents=True, exist_ok=True)
     cells_path = out / "cells.jsonl"

@@ -23,14 +23,14 @@ class VerifyFailed(SpectoolError):
     kind = "verify"
 
 
-def gpu_info() -> tuple[str, str]:
+def gpu_info(command: str = "verify") -> tuple[str, str]:
     """('sm90', 'NVIDIA H200'), or raise a clear error without a GPU."""
     try:
         import torch
     except ImportError:
-        raise BadInputError("spectool verify needs torch with CUDA (pip install 'spectool[gpu]').") from None
+        raise BadInputError(f"spectool {command} needs torch with CUDA (pip install 'spectool[gpu]').") from None
     if not torch.cuda.is_available():
-        raise BadInputError("spectool verify needs a CUDA GPU; none is visible (torch.cuda.is_available() is False).")
+        raise BadInputError(f"spectool {command} needs a CUDA GPU; none is visible (torch.cuda.is_available() is False).")
     major, minor = torch.cuda.get_device_capability()
     return f"sm{major}{minor}", torch.cuda.get_device_name()
 
