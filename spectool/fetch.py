@@ -86,6 +86,13 @@ def fetch(version: str | None = None, *, dest=None, progress: bool = True) -> Pa
     pinned_file, pinned_sha = pin.known(version) if pin else (None, None)
     root = cache_dir() / f"sglang-{version}"
     done = root / ".spectool-fetched"
+    if done.exists() and pinned_sha:
+        cached = json.loads(done.read_text())
+        if cached.get("sha256") != pinned_sha:
+            raise FetchError(
+                f"the cached SGLang {version} in {root} came from {cached.get('file')} with sha256 "
+                f"{cached.get('sha256')}, but the pin file says {pinned_sha}. Delete {root} to fetch again."
+            )
     if not done.exists():
         files = list_files()
         f = _choose(files, version, pinned_file)
