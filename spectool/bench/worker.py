@@ -89,7 +89,9 @@ def main() -> int:
     import sglang
 
     t = time.perf_counter()
-    engine = sglang.Engine(**job["engine"])
+    from ..engine_compat import adapt, server_arg_fields
+
+    engine = sglang.Engine(**adapt(job["engine"], server_arg_fields()))
     ready = {"ready": True, "startup_s": time.perf_counter() - t}
     with open(job["ready_path"], "w") as f:
         json.dump(ready, f)

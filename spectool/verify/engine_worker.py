@@ -102,7 +102,9 @@ def main(job_path: str, out_path: str) -> int:
     t_start = time.perf_counter()
     import sglang
 
-    engine = sglang.Engine(**engine_kwargs(job))
+    from ..engine_compat import adapt, server_arg_fields
+
+    engine = sglang.Engine(**adapt(engine_kwargs(job), server_arg_fields()))
     result["startup_s"] = round(time.perf_counter() - t_start, 1)
     try:
         want_lp = job["config"]["algorithm"] is None
