@@ -16,6 +16,13 @@ _STYLE = {
 }
 
 
+def schema() -> dict:
+    """The JSON Schema of every --json report (spectool/schema/report-v1.json)."""
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / "schema" / "report-v1.json").read_text())
+
+
 def to_json(payload: dict) -> str:
     return json.dumps({"schema_version": JSON_SCHEMA_VERSION, **payload}, indent=2, sort_keys=True, default=str)
 

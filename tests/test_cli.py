@@ -26,7 +26,13 @@ def run(*args):
 
 
 def _json(result):
+    """Parse a --json report and validate it against the published schema."""
+    import jsonschema
+
+    from spectool.report import schema
+
     data = json.loads(result.output)
+    jsonschema.validate(data, schema())
     assert data["schema_version"] == 1
     return data
 
@@ -104,6 +110,14 @@ def test_broken_recipe_exit_2(tmp_path):
     r = run("check", "--sglang-dir", tree, "--recipes-dir", rdir.parent)
     assert r.exit_code == 2 and "syntax error" in r.output and "code.py" in r.output
     del cases
+
+
+def test_errors_follow_the_schema(tmp_path):
+    r = run("check", "--sglang-dir", tmp_path / "missing", "--recipes-dir", RECIPES, "--json")
+    assert r.exit_code == 2
+    assert _json(r)["error"]["kind"] == "source"
+    r = run("revert", "--sglang-dir", _tree(tmp_path), "--json")
+    assert r.exit_code == 0 and "nothing to revert" in _json(r)["notes"][0]
 
 
 def test_unknown_version(tmp_path):
