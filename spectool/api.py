@@ -24,6 +24,7 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
     files: list[dict] = field(default_factory=list)
     wrote: bool = False
+    applied: list[dict] = field(default_factory=list)  # status: the lockfile's recipe entries
 
     def to_json(self) -> dict:
         out = {
@@ -37,6 +38,8 @@ class Outcome:
         if self.plan is not None:
             out["recipes"] = [r.to_json() for r in self.plan.results]
             out["changed_files"] = [c.relpath for c in self.plan.changes]
+        elif self.applied:
+            out["recipes"] = self.applied
         return out
 
 
@@ -194,7 +197,7 @@ def status(sglang_dir, *, version=None) -> Outcome:
         return out
     out.files = _integrity(tree, lock)
     out.notes.append(f"applied to SGLang {lock.sglang_version} by spectool {lock.spectool_version}")
-    out.recipes = lock.recipes  # type: ignore[attr-defined]
+    out.applied = lock.recipes
     out.ok = all(f["state"] == "intact" for f in out.files) and str(tree.version) == lock.sglang_version
     return out
 

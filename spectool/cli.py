@@ -150,13 +150,7 @@ def check(sglang_dir, select, recipes_dir, version, against, as_json):
 @guarded
 def status(sglang_dir, version, as_json):
     """What is applied (from spectool.lock), with hash checks of every patched file."""
-    out = api.status(sglang_dir, version=version)
-    if as_json:
-        payload = out.to_json()
-        payload["recipes"] = getattr(out, "recipes", [])
-        click.echo(to_json(payload))
-        sys.exit(EXIT_OK if out.ok else EXIT_FAILED)
-    _emit(out, as_json)
+    _emit(api.status(sglang_dir, version=version), as_json)
 
 
 @main.command()

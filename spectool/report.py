@@ -52,7 +52,7 @@ def print_outcome(outcome, console: Console, *, show_diff: bool = False) -> None
         for f in outcome.files:
             table.add_row(f["file"], f"[{_STYLE.get(f['state'], '')}]{f['state']}[/]")
         console.print(table)
-    for r in getattr(outcome, "recipes", []) or []:
+    for r in outcome.applied:
         console.print(f"  {r['id']} ({r.get('variant')}) {r.get('status', '')} hash {r.get('content_hash', '')}")
     for note in outcome.notes:
         console.print(f"note: {note}")

@@ -71,14 +71,11 @@ class InsertStatements(Operation):
     def anchor_text(self) -> str:
         return self.spec.get("anchor", "")
 
-    def matches(self, st, scope_node) -> list[cstutil.Path]:
-        return statement_matches(st, scope_node, self.pattern)
-
     def run(self, ctx: OpContext) -> str:
         st = self.state(ctx)
         spath = self.scope(ctx, st)
         scope_node = spath[-1]
-        hits = self.matches(st, scope_node)
+        hits = statement_matches(st, scope_node, self.pattern)
         if len(hits) != self.count:
             what = (f"anchor {self.anchor_text()!r} matched {len(hits)} statements, expected {self.count}")
             raise self.drift(ctx, st, what, self.nearest_statements(st, scope_node, self.anchor_text()))
@@ -88,7 +85,7 @@ class InsertStatements(Operation):
         # Insert from the last hit to the first, re-locating after each edit (paths go stale).
         for k in range(len(hits) - 1, -1, -1):
             spath = cstutil.find_definition(st.module, self.target.qualname)
-            hit = self.matches(st, spath[-1])[k]
+            hit = statement_matches(st, spath[-1], self.pattern)[k]
             stmt, block = hit[-1], hit[-2]
             other = st.owner_in(stmt, ctx.recipe_id)
             if other:
