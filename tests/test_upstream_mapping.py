@@ -1,0 +1,65 @@
+"""0.5.15+: the threshold flag is mapped onto upstream's adaptive batch-size tiers. The
+patched function of the real 0.5.17 source is called with simulated server args, and the
+config it writes is read back with upstream's own loader logic (keys = batch lower bounds)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from types import SimpleNamespace
+
+import pytest
+
+from spectool import api
+from spectool.testing import load_function
+
+pytestmark = pytest.mark.network
+HOOK = "sglang/srt/arg_groups/speculative_hook.py"
+
+
+@pytest.fixture(scope="module")
+def mapping(sglang_release):
+    tree = sglang_release("0.5.17")
+    assert api.apply(tree).ok
+    return load_function(tree / HOOK, "_spectool_threshold_to_adaptive",
+                         {"json": json, "tempfile": tempfile, "logger": logging.getLogger("t")})
+
+
+def _args(**kw):
+    base = dict(speculative_disable_batch_size_threshold=16, speculative_disable_batch_size_hysteresis=0,
+                speculative_adaptive=False, speculative_adaptive_config=None, speculative_num_steps=3)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def _steps_for(cfg, bs):
+    """Upstream's lookup: the largest batch key <= bs (after graph padding, which we skip)."""
+    keys = sorted(int(k) for k in cfg if k.isdigit())
+    return cfg[str(max(k for k in keys if k <= bs))]["candidate_steps"]
+
+
+def test_threshold_becomes_steps_zero_tier(mapping):
+    a = _args()
+    mapping(a)
+    assert a.speculative_adaptive is True
+    cfg = json.loads(open(a.speculative_adaptive_config).read())
+    assert _steps_for(cfg, 1) == [3] and _steps_for(cfg, 16) == [3]
+    assert _steps_for(cfg, 17) == [0] and _steps_for(cfg, 256) == [0]
+
+
+def test_threshold_zero_never_drafts(mapping):
+    a = _args(speculative_disable_batch_size_threshold=0)
+    mapping(a)
+    cfg = json.loads(open(a.speculative_adaptive_config).read())
+    assert _steps_for(cfg, 1) == [0]
+
+
+def test_unset_flag_changes_nothing_and_conflicts_are_refused(mapping):
+    a = _args(speculative_disable_batch_size_threshold=None)
+    mapping(a)
+    assert a.speculative_adaptive is False and a.speculative_adaptive_config is None
+    with pytest.raises(ValueError, match="do not combine"):
+        mapping(_args(speculative_adaptive_config="/tmp/mine.json"))
+    with pytest.raises(ValueError, match=">= 0"):
+        mapping(_args(speculative_disable_batch_size_threshold=-2))
