@@ -136,11 +136,6 @@ def apply(sglang_dir, *, recipes_dir=None, select=None, options=None, version=No
         plan = build_plan(tree, recipes, options, overrides=originals)
         if changed:
             out.notes.append(f"recipe(s) changed since they were applied: {', '.join(changed)}; re-applied from the saved originals")
-            # Compare with what is on disk, not with the originals the plan started from.
-            current = {c.relpath: (tree.root / c.relpath).read_bytes() for c in plan.changes}
-            plan.changes = [c for c in plan.changes if c.after != current[c.relpath]]
-            for c in plan.changes:
-                c.before = current[c.relpath]
         out.plan, out.files = plan, files
         out.ok = plan.ok
         if not plan.ok or dry_run or not plan.changed:

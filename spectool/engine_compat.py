@@ -8,10 +8,6 @@ at its fields rather than at version numbers.
 
 from __future__ import annotations
 
-import logging
-
-logger = logging.getLogger(__name__)
-
 RENAMES = {"cuda_graph_max_bs": "cuda_graph_max_bs_decode"}
 REPLACEMENTS = {"disable_piecewise_cuda_graph": ("cuda_graph_backend_prefill", lambda v: "disabled" if v else None)}
 

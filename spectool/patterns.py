@@ -62,7 +62,8 @@ class Pattern:
         return caps if _match(self.tree, node, caps) else None
 
 
-def _is_ellipsis(node) -> bool:
+def is_ellipsis(node) -> bool:
+    """`...` as an expression or an expression statement: the pattern wildcard for 'any run'."""
     if isinstance(node, ast.Expr):
         node = node.value
     return isinstance(node, ast.Constant) and node.value is Ellipsis
@@ -92,7 +93,7 @@ def _match(pat, node, caps) -> bool:
             if fname in _IGNORED_FIELDS:
                 continue
             pv, nv = getattr(pat, fname, None), getattr(node, fname, None)
-            if isinstance(pat, ast.Call) and fname == "keywords" and any(_is_ellipsis(a) for a in pat.args):
+            if isinstance(pat, ast.Call) and fname == "keywords" and any(is_ellipsis(a) for a in pat.args):
                 # f(..., k=v) : the named keywords must be present, others may be too.
                 if not _keywords_subset(pv, nv, caps):
                     return False
@@ -121,7 +122,7 @@ def _match_list(pats: list, nodes: list, caps) -> bool:
     if not pats:
         return not nodes
     head, rest = pats[0], pats[1:]
-    if _is_ellipsis(head):
+    if is_ellipsis(head):
         for i in range(len(nodes), -1, -1):
             trial = dict(caps)
             if _match_list(rest, nodes[i:], trial):

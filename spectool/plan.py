@@ -110,9 +110,13 @@ class RecipeResult:
 
 @dataclass
 class FileChange:
+    """before: the bytes on disk now; after: what the plan writes; base: the bytes the plan
+    started from (the saved original when recipes are re-planned, else equal to before)."""
+
     relpath: str
     before: bytes
     after: bytes
+    base: bytes | None = None
 
     def diff(self) -> str:
         a = self.before.decode("utf-8", "replace").splitlines(keepends=True)
@@ -211,8 +215,10 @@ def build_plan(tree: SglangTree, recipes: list[Recipe], options: dict | None = N
     changes = []
     for rel, st in sorted(files.states.items()):
         after = st.module.bytes
-        if after != st.original:
-            changes.append(FileChange(rel, st.original, after))
+        # Planned from overrides (saved originals): what changes is relative to the disk.
+        on_disk = (tree.root / rel).read_bytes() if rel in files.overrides else st.original
+        if after != on_disk:
+            changes.append(FileChange(rel, on_disk, after, st.original))
     plan = Plan(tree, recipes, results, changes, options)
     _validate(plan)
     return plan
@@ -255,7 +261,7 @@ def _validate(plan: Plan) -> None:
         except SyntaxError as exc:
             problem = f"does not compile after patching (line {exc.lineno}: {exc.msg})"
         if problem is None:
-            names = new_undefined_names(change.before, change.after, change.relpath)
+            names = new_undefined_names(change.base or change.before, change.after, change.relpath)
             if names:
                 problem = "uses names it does not define after patching: " + ", ".join(names)
         if problem:

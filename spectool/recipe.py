@@ -94,11 +94,6 @@ class Recipe:
         hits = [v for v in self.variants if v.covers(version)]
         return hits[0] if hits else None
 
-    @property
-    def files(self) -> list[str]:
-        mods = {op.target.module for v in self.variants for op in v.operations}
-        return sorted(mods)
-
 
 def _hash_dir(path: Path) -> str:
     h = hashlib.sha256()

@@ -93,9 +93,6 @@ def test_bad_directory_exit_2(tmp_path, make, needle):
 
 def test_broken_recipe_exit_2(tmp_path):
     tree = _tree(tmp_path)
-    cases = {
-        "unknown key": ("variants:\n", "variants:\n  - name: x\n    versions: '>=0.1'\n    bogus: 1\n    operations: []\n"),
-    }
     rdir = tmp_path / "r" / "x"
     shutil.copytree(RECIPES, rdir)
     y = (rdir / "recipe.yaml").read_text()
@@ -109,7 +106,6 @@ def test_broken_recipe_exit_2(tmp_path):
     (rdir / "code.py").write_text("class Worker:\n    def twice(self, x:\n        pass\n")
     r = run("check", "--sglang-dir", tree, "--recipes-dir", rdir.parent)
     assert r.exit_code == 2 and "syntax error" in r.output and "code.py" in r.output
-    del cases
 
 
 def test_errors_follow_the_schema(tmp_path):

@@ -121,9 +121,6 @@ class Operation:
             ref.definition()
 
     # -- helpers -----------------------------------------------------------------------
-    def describe(self) -> str:
-        return f"{self.kind} {self.target}"
-
     def state(self, ctx: OpContext) -> FileState:
         return ctx.files.get(self.target.module, self, ctx)
 

@@ -6,7 +6,7 @@ import libcst as cst
 
 from .. import cstutil
 from ..errors import RecipeError
-from ..patterns import Pattern, parse_candidate
+from ..patterns import Pattern, is_ellipsis, parse_candidate
 from .base import ALREADY, APPLIED, OpContext, Operation
 
 _COMPOUND = {
@@ -21,7 +21,7 @@ def statement_matches(st, scope_node, pattern: Pattern) -> list[cstutil.Path]:
     want = type(pattern.tree).__name__
     kind = _COMPOUND.get(want)
     body = getattr(pattern.tree, "body", None)
-    header_only = isinstance(body, list) and len(body) == 1 and _is_ellipsis_stmt(body[0])
+    header_only = isinstance(body, list) and len(body) == 1 and is_ellipsis(body[0])
     found = []
     for stmt, path in cstutil.iter_statements(scope_node, [scope_node]):
         if kind is not None and not header_only:
@@ -45,12 +45,6 @@ def statement_matches(st, scope_node, pattern: Pattern) -> list[cstutil.Path]:
         if node is not None and pattern.match(node) is not None:
             found.append(path)
     return found
-
-
-def _is_ellipsis_stmt(node) -> bool:
-    import ast
-
-    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and node.value.value is Ellipsis
 
 
 class InsertStatements(Operation):

@@ -13,14 +13,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..errors import BadInputError, SpectoolError
+from ..errors import BadInputError
 from . import compare, scenarios
 from .golden_model import ModelSpec, ensure_models
-
-
-class VerifyFailed(SpectoolError):
-    exit_code = 1
-    kind = "verify"
 
 
 def gpu_info(command: str = "verify") -> tuple[str, str]:

@@ -8,7 +8,7 @@ also states which path it claims to test, checked from the fallback counters.
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from .golden_model import ModelSpec, copy_prompt
 
@@ -163,7 +163,3 @@ def check_plan() -> list[str]:
         except KeyError as exc:
             problems.append(f"{s.name}: {exc}")
     return problems
-
-
-def to_json(obj) -> dict:
-    return asdict(obj)
