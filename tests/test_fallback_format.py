@@ -91,3 +91,110 @@ def test_fallback_result_format(version, sglang_release, monkeypatch):
     ids, acc = res.next_token_ids.tolist(), res.accept_lens.tolist()
     assert len(ids) == bs * stride
     assert [ids[i * stride: i * stride + acc[i]] for i in range(bs)] == [[7], [8], [9]]
+
+
+@pytest.mark.parametrize("graph_fits", [True, False])
+def test_draft_kv_sync_replays_its_one_token_graph(graph_fits, sglang_release):
+    """0.5.12: the draft KV sync replays the one-token draft-extend graph when it fits the batch
+    (and copies its outputs out of the shared graph pool), else runs the draft eagerly; either
+    way every request counts one accepted token and zero correct drafts."""
+    torch = pytest.importorskip("torch")
+    tree = sglang_release("0.5.12")
+    assert api.apply(tree).ok
+    path = tree / "sglang/srt/speculative/eagle_worker_v2.py"
+    bs, H = 3, 6
+    seen = {}
+
+    class DraftInput(SimpleNamespace):
+        def prepare_for_extend_to_fill_draft_kvcache(self, batch, predict, n, runner_, graph_runner):
+            seen["prepare"] = (predict.tolist(), n, graph_runner)
+            return SimpleNamespace(spec_info=self, batch_size=bs)
+
+    graph_out = SimpleNamespace(topk_p=torch.rand(8, 1), topk_index=torch.arange(8).unsqueeze(1),
+                                hidden_states=torch.rand(8, H))
+
+    class Runner:
+        def can_run(self, fb):
+            return graph_fits
+
+        def replay(self, fb):
+            seen["replayed"] = (fb.spec_info.num_correct_drafts.tolist(), fb.spec_info.num_accept_tokens.tolist())
+            return graph_out
+
+    def eager_forward(fb, skip_attn_backend_init):
+        seen["eager"] = skip_attn_backend_init
+        logits = torch.zeros(bs, 10)
+        logits[:, 4] = 5.0
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
+
+    ns = {"torch": torch, "EagleDraftInput": DraftInput,
+          "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
+    extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
+    runner = Runner()
+    worker = SimpleNamespace(device="cpu", topk=1, _fallback_draft_extend_runner=runner,
+                             draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=eager_forward)))
+    nxt = SimpleNamespace()
+    extend(worker, SimpleNamespace(seq_lens=torch.tensor([3, 5, 10])), torch.tensor([7, 8, 9]), torch.zeros(bs, H), nxt)
+
+    assert seen["prepare"] == ([7, 8, 9], 1, runner), "one token per request, graph runner offered"
+    if graph_fits:
+        assert seen["replayed"] == ([0, 0, 0], [1, 1, 1]) and "eager" not in seen
+        assert torch.equal(nxt.hidden_states, graph_out.hidden_states[:bs])
+        assert nxt.hidden_states.data_ptr() != graph_out.hidden_states.data_ptr(), "copied out of the graph pool"
+        assert nxt.topk_index.squeeze(1).tolist() == [0, 1, 2]
+    else:
+        assert "replayed" not in seen and seen["eager"] is True
+        assert nxt.topk_index.squeeze(1).tolist() == [4, 4, 4] and nxt.hidden_states.shape == (bs, H)
+
+
+def test_draft_extend_graph_is_captured_at_one_token(sglang_release):
+    """The one-token graph is captured with the worker state overridden to steps 0 / 1 draft
+    token; a capture failure leaves the fallback on the eager path instead of failing start-up."""
+    import contextlib
+
+    tree = sglang_release("0.5.12")
+    assert api.apply(tree).ok
+    path = tree / "sglang/srt/speculative/eagle_worker_v2.py"
+    state = {"steps": 3}
+    seen = {}
+
+    class Factory:
+        def __init__(self, server_args, runner, topk, steps):
+            seen["factory_steps"] = steps
+
+        def create_draft_extend_backend(self):
+            return "one-token-backend"
+
+    def make_runner(fail):
+        def runner(dw, draft_extend_attn_backend, speculative_num_steps):
+            seen["capture"] = (draft_extend_attn_backend, speculative_num_steps, state["steps"])
+            if fail:
+                raise RuntimeError("capture failed")
+            return "one-token-graph"
+        return runner
+
+    @contextlib.contextmanager
+    def override(steps, draft_tokens):
+        saved, state["steps"] = state["steps"], steps
+        try:
+            yield
+        finally:
+            state["steps"] = saved
+
+    for fail in (False, True):
+        ns = {"DraftBackendFactory": Factory, "EAGLEDraftExtendCudaGraphRunner": make_runner(fail),
+              "logger": SimpleNamespace(warning=lambda *a: seen.setdefault("warned", a))}
+        build = load_function(path, "EAGLEWorkerV2._spec_fallback_build_draft_extend_graph", ns)
+        worker = SimpleNamespace(topk=1, _override_worker_state=override, _fallback_draft_extend_runner=None,
+                                 draft_worker=SimpleNamespace(cuda_graph_runner_for_draft_extend="spec-graph", draft_runner=None))
+        build(worker, SimpleNamespace())
+        assert seen["factory_steps"] == 0 and seen["capture"] == ("one-token-backend", 0, 0)
+        assert state["steps"] == 3, "worker state restored after capture"
+        assert worker._fallback_draft_extend_runner == (None if fail else "one-token-graph")
+    assert "warned" in seen
+    # No spec-path draft-extend graph (backend without support, or --disable-cuda-graph): none built.
+    seen.clear()
+    worker = SimpleNamespace(topk=1, _override_worker_state=override, _fallback_draft_extend_runner=None,
+                             draft_worker=SimpleNamespace(cuda_graph_runner_for_draft_extend=None, draft_runner=None))
+    build(worker, SimpleNamespace())
+    assert worker._fallback_draft_extend_runner is None and "capture" not in seen

@@ -65,6 +65,7 @@ class EAGLEWorkerV2:
         self._fallback_last_publish = 0.0
         self._fallback_attn_backend = None
         self._fallback_graph_runner = None
+        self._fallback_draft_extend_runner = None
         if self._fallback_threshold is None:
             return
         self._spec_fallback_build_decode_graph(server_args)

@@ -9,7 +9,9 @@ Inserted into sglang/srt/speculative/eagle_worker_v2.py. Design (see docs/fallba
 * Draft: a one-token DRAFT_EXTEND_V2 over the token the target produced, with the target's
   EAGLE-3 hidden states, writes the draft KV at the same slot the spec path would have used
   and yields the next topk_p / topk_index / hidden_states, so drafting can resume on the
-  next step without a cold or stale draft cache.
+  next step without a cold or stale draft cache. It replays its own CUDA graph (captured
+  once at one token per request, like upstream's steps-0 tier from 0.5.15) wherever the
+  spec path graphs its draft extend; eagerly it would be ~40 Python-launched kernels.
 * Result: next_token_ids (bs,), speculative_num_draft_tokens=1 (the 0.5.12 consumer reads
   its stride from the result), accept_lens all 1, an EagleDraftInput with bonus_tokens,
   new_seq_lens and verify_done: exactly what the scheduler and FutureMap read.
@@ -28,6 +30,10 @@ import torch
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.speculative.draft_utils import DraftBackendFactory
+from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
+    EAGLEDraftExtendCudaGraphRunner,
+)
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.layers.moe.utils import (
@@ -74,10 +80,38 @@ class EAGLEWorkerV2:
             self._fallback_graph_runner = None
         finally:
             mr.spec_algorithm, mr.server_args.enable_return_hidden_states = saved
+        self._spec_fallback_build_draft_extend_graph(server_args)
         logger.info(
-            "spec-fallback: decode CUDA graph captured in %.1f s",
+            "spec-fallback: decode and one-token draft-extend CUDA graphs captured in %.1f s",
             time.perf_counter() - tic,
         )
+
+    def _spec_fallback_build_draft_extend_graph(self, server_args):
+        """A DRAFT_EXTEND_V2 graph at one token per request, with its own attention backend.
+
+        The spec path's draft-extend graph is captured for steps + 1 tokens per request and
+        cannot replay a one-token batch; this one is built the way upstream's adaptive tiers
+        build theirs (worker state overridden to steps 0 / 1 draft token during capture).
+        Only where the spec path itself graphs its draft extend (same backend support).
+        """
+        dw = self.draft_worker
+        if getattr(dw, "cuda_graph_runner_for_draft_extend", None) is None:
+            return
+        try:
+            with self._override_worker_state(0, 1):
+                backend = DraftBackendFactory(
+                    server_args, dw.draft_runner, self.topk, 0
+                ).create_draft_extend_backend()
+                self._fallback_draft_extend_runner = EAGLEDraftExtendCudaGraphRunner(
+                    dw, draft_extend_attn_backend=backend, speculative_num_steps=0
+                )
+        except Exception as exc:  # keep serving: the eager draft extend is correct
+            logger.warning(
+                "spec-fallback: could not capture a one-token draft-extend CUDA graph "
+                "(%s); the draft KV sync will run eagerly",
+                exc,
+            )
+            self._fallback_draft_extend_runner = None
 
     def _spec_fallback_decode(self, batch):
         """One plain decode step in the speculative result format (0.5.12: stride 1)."""
@@ -152,16 +186,17 @@ class EAGLEWorkerV2:
         )
 
     def _spec_fallback_draft_extend(self, batch, tokens, hidden_states, next_draft_input):
-        """DRAFT_EXTEND_V2 with one token per request (eager; the draft is one layer)."""
+        """DRAFT_EXTEND_V2 with one token per request: graph replay, or eager."""
         dw = self.draft_worker
         bs = len(batch.seq_lens)
+        runner = self._fallback_draft_extend_runner
         draft_input = EagleDraftInput(
             hidden_states=hidden_states,
             num_tokens_per_req=1,
             num_tokens_for_logprob_per_req=1,
         )
         forward_batch = draft_input.prepare_for_extend_to_fill_draft_kvcache(
-            batch, tokens, 1, dw.draft_runner, None
+            batch, tokens, 1, dw.draft_runner, runner
         )
         forward_batch.spec_info.num_correct_drafts = torch.zeros(
             bs, dtype=torch.int32, device=self.device
@@ -169,6 +204,15 @@ class EAGLEWorkerV2:
         forward_batch.spec_info.num_accept_tokens = torch.ones(
             bs, dtype=torch.int32, device=self.device
         )
+        if runner is not None and runner.can_run(forward_batch):
+            # Outputs live in the shared graph memory pool: copy them out before the
+            # next replay, as the spec path's own draft extend does.
+            out = runner.replay(forward_batch)
+            next_draft_input.topk_p = out.topk_p[:bs].clone()
+            next_draft_input.topk_index = out.topk_index[:bs].clone()
+            next_draft_input.hidden_states = out.hidden_states[:bs].clone()
+            return
+        # No graph for this batch size: prepare_for_extend_... set up eager metadata.
         draft_logits = dw.draft_runner.forward(
             forward_batch, skip_attn_backend_init=True
         ).logits_output
