@@ -9,7 +9,7 @@ from pathlib import Path
 from spectool.bench import analyze
 from spectool.bench.sweep import DEFAULT_C, summarize
 
-RESULTS = Path(__file__).resolve().parent.parent / "results" / "bench-0.5.12"
+RESULTS = Path(__file__).resolve().parent.parent / "results" / "bench-0.5.12-T12-rev53755a8"
 
 
 def _cells():

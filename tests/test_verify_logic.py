@@ -124,7 +124,7 @@ def _has_gpu() -> bool:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _has_gpu(), reason="no CUDA GPU here: the golden GPU tests run on the H200 via tools/device/verify-0.5.12.sh")
+@pytest.mark.skipif(not _has_gpu(), reason="no CUDA GPU here: the golden GPU tests run on the H200 via tools/device/verify.sh")
 def test_golden_gpu(tmp_path):
     """The real thing: `spectool verify` on this machine's SGLang (patched in a copy)."""
     import importlib.util

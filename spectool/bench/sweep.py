@@ -33,7 +33,7 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
 
     from ..verify.runner import gpu_info
 
-    gpu_info("bench")  # a clear error (exit 2) without a GPU, before any engine starts
+    _, gpu = gpu_info("bench")  # a clear error (exit 2) without a GPU, before any engine starts
     t_start = time.time()
     out.mkdir(parents=True, exist_ok=True)
     cells_path = out / "cells.jsonl"
@@ -48,10 +48,13 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
     arm_list = make_arms(threshold)
     max_bs = max(concurrencies)
     env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN=str(acc_len), PYTHONUNBUFFERED="1")
+    version = None
     if sglang_dir:
         from ..source import locate
 
-        env["PYTHONPATH"] = os.pathsep.join([str(locate(sglang_dir).root), str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+        tree = locate(sglang_dir)
+        version = str(tree.version)
+        env["PYTHONPATH"] = os.pathsep.join([str(tree.root), str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
     procs, startup, trans = {}, {}, None
     for i, arm in enumerate(arm_list):
         job = {"engine": engine_kwargs(arm, models, max_bs=max_bs, max_total_tokens=max_bs * (prompt_len + out_len + 16) + 4096, port=32000 + 100 * i),
@@ -101,7 +104,7 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
                     os.killpg(p.pid, 9)
                 except ProcessLookupError:
                     pass
-    return summarize(out, cells, concurrencies, threshold, acc_len, trans, startup)
+    return summarize(out, cells, concurrencies, threshold, acc_len, trans, startup, version, gpu)
 
 
 def _rotated(arm_list, rep):
@@ -138,11 +141,11 @@ def _command(proc, out, cmd):
     return res
 
 
-def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startup) -> dict:
+def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startup, version=None, gpu=None) -> dict:
     m = analyze.medians([c for c in cells if c.get("acc_len", acc_len) == acc_len])
     labels = {a.name: a.label for a in make_arms(threshold)}
     report = {
-        "threshold": threshold, "acc_len": acc_len, "concurrencies": concurrencies,
+        "sglang_version": version, "gpu": gpu, "threshold": threshold, "acc_len": acc_len, "concurrencies": concurrencies,
         "cells": {f"{a}@{C}": v for (a, C), v in sorted(m.items(), key=lambda kv: (kv[0][0], kv[0][1]))},
         "ratios": {str(C): v for C, v in analyze.ratios(m, concurrencies).items()},
         "suggested_threshold": analyze.suggest_threshold(m, concurrencies),
@@ -152,7 +155,7 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
     (out / "bench-results.json").write_text(json.dumps(report, indent=1))
     (out / "bench-table.md").write_text(analyze.markdown(m, concurrencies, [a for a in labels if any(k[0] == a for k in m)]))
     try:
-        analyze.plot(m, concurrencies, labels, out / "bench-plot.png", f"Llama-3.1-8B shape, H200, SGLang 0.5.12, acceptance {acc_len}, T={threshold}")
+        analyze.plot(m, concurrencies, labels, out / "bench-plot.png", f"Llama-3.1-8B shape, {gpu or '?'}, SGLang {version or '?'}, acceptance {acc_len}, T={threshold}")
     except ImportError:
         pass
     return report

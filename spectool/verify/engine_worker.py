@@ -13,7 +13,17 @@ import sys
 import time
 
 
-def _stats(path: str | None) -> dict:
+def _stats(path: str | None, job: dict | None = None) -> dict:
+    """The fallback counters now: the recipe's stats file, or (where the switch is upstream's)
+    the same counters rebuilt from this engine's log."""
+    if job and job.get("observe") == "log":
+        from .upstream_log import stats_from_log
+
+        try:
+            with open(job["log_path"], errors="replace") as f:
+                return stats_from_log(f.read(), job.get("initial_steps", 3))
+        except OSError:
+            return {}
     if not path:
         return {}
     try:
@@ -57,6 +67,8 @@ def engine_kwargs(job: dict) -> dict:
         if cfg["threshold"] is not None:
             kw["speculative_disable_batch_size_threshold"] = cfg["threshold"]
             kw["speculative_disable_batch_size_hysteresis"] = cfg["hysteresis"]
+    if job.get("observe") == "log" and algo:
+        kw["decode_log_interval"] = 1  # one log line per decode step: the counters' source
     kw.update(job.get("engine_overrides", {}))
     return kw
 
@@ -95,7 +107,7 @@ async def _run_workload(engine, wl: dict, want_logprobs: bool) -> list[dict]:
 def main(job_path: str, out_path: str) -> int:
     job = json.loads(open(job_path).read())
     stats_path = job.get("stats_path")
-    if stats_path:
+    if stats_path and job.get("observe") != "log":
         os.environ["SPECTOOL_FALLBACK_STATS"] = stats_path
         os.environ["SPECTOOL_FALLBACK_STATS_INTERVAL"] = "0"  # exact counters per workload
     result = {"config": job["config"]["name"], "workloads": {}, "ok": False}
@@ -110,11 +122,11 @@ def main(job_path: str, out_path: str) -> int:
         want_lp = job["config"]["algorithm"] is None
         loop = asyncio.get_event_loop()
         for wl in job["workloads"]:
-            before = _stats(stats_path)
+            before = _stats(stats_path, job)
             t0 = time.perf_counter()
             outs = loop.run_until_complete(_run_workload(engine, wl, want_lp))
             time.sleep(0.2)  # the last step's counters are written after the result returns
-            after = _stats(stats_path)
+            after = _stats(stats_path, job)
             result["workloads"][wl["name"]] = {
                 "requests": outs, "seconds": round(time.perf_counter() - t0, 3),
                 "stats_before": before, "stats_after": after,

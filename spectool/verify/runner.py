@@ -105,6 +105,7 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
     out_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     sg_version = None
+    upstream_switch = False
     if sglang_dir:
         from ..source import locate
 
@@ -117,6 +118,8 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
         if not all(r.status in ("already-applied", "upstreamed") for r in chk.plan.results):
             bad = ", ".join(f"{r.id}={r.status}" for r in chk.plan.results)
             raise BadInputError(f"the SGLang tree {sglang_dir} is not patched ({bad}); run 'spectool apply --sglang-dir {sglang_dir}' first.")
+        # Where the fallback is upstream's, its counters come from the engine log instead.
+        upstream_switch = any(r.id == "spec-fallback" and r.status == "upstreamed" for r in chk.plan.results)
     else:
         env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
     if sg_version is None:
@@ -142,6 +145,8 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
             "stats_path": str(out_dir / f"{c.name}.stats.json") if c.algorithm else None,
             "port": 31000 + 50 * i,
         })
+        if upstream_switch and c.algorithm:
+            jobs[-1].update(observe="log", log_path=str(out_dir / f"{c.name}.log"), initial_steps=3)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=False) as bar:
         task = bar.add_task("engines", total=len(jobs))
@@ -153,6 +158,7 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
 
         results = run_engines(jobs, out_dir, env, parallel, timeout, tick)
     report = evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root, record)
+    report["counters_from"] = "engine log (upstream's batch-size switch)" if upstream_switch else "spectool stats file"
     report["wall_seconds"] = round(time.time() - t_all, 1)
     report["model_build_log"] = log_lines
     (out_dir / "verify-results.json").write_text(json.dumps(report, indent=2))
@@ -173,6 +179,14 @@ def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root
                                          "requests": results[c.name]["workloads"][w]["requests"]})
     gpath = compare.golden_path(golden_root, sg_version, arch)
     golden_problems = []
+    cross = {}
+    for other in sorted(Path(golden_root).glob(f"*/{arch}/golden.json")):
+        if other == gpath:
+            continue
+        # Same model, same prompts: plain decoding of another release must give the same tokens.
+        odata = json.loads(other.read_text())
+        cross[odata.get("sglang_version", other.parent.parent.name)] = [
+            p for w, b in baselines.items() for p in compare.compare_to_golden(odata, w, b["prompts"], b["requests"])]
     if record:
         data = compare.make_golden(sg_version, arch, models["meta"], {"threshold": scenarios.THRESHOLD, "engine": "triton attention, pytorch sampling, greedy"}, baselines)
         gpath.parent.mkdir(parents=True, exist_ok=True)
@@ -213,7 +227,7 @@ def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root
     ok = all(r["ok"] for r in rows) and not engine_errors and not golden_problems
     return {
         "ok": ok, "sglang_version": sg_version, "gpu_arch": arch, "gpu": gpu_name, "golden_file": str(gpath),
-        "recorded": record, "golden_problems": golden_problems, "engine_errors": engine_errors,
+        "recorded": record, "golden_problems": golden_problems, "other_releases_golden": cross, "engine_errors": engine_errors,
         "scenarios": rows, "model": models["meta"],
         "engines": {k: {"startup_s": v.get("startup_s"), "total_s": v.get("total_s"), "ok": v.get("ok")} for k, v in results.items()},
     }
@@ -245,4 +259,7 @@ def print_report(report: dict, console) -> None:
         console.print(f"[red]engine {name} failed[/]: {e['error']}\n{e['log_tail']}", markup=False)
     for p in report["golden_problems"]:
         console.print(f"golden: {p}")
+    for version, problems in (report.get("other_releases_golden") or {}).items():
+        console.print(f"plain decoding vs SGLang {version}'s golden file: "
+                      + ("identical tokens" if not problems else f"{len(problems)} difference(s): {problems[:3]}"))
     console.print(f"overall: {'PASS' if report['ok'] else 'FAIL'} in {report.get('wall_seconds')} s")

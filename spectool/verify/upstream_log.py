@@ -1,0 +1,62 @@
+"""Fallback counters for releases where the switch is upstream's (0.5.15+), read from the log.
+
+There the spec-fallback recipe is retired and nothing writes SPECTOOL_FALLBACK_STATS, but the
+scheduler says what it does: upstream's adaptive worker logs every tier change ("Switch
+adaptive runtime state: steps 3 -> 0") and, with ``decode_log_interval=1``, every decode step
+("Decode batch, #running-req: N, ..., accept len: X"). This rebuilds the same counters the
+recipe publishes (steps, switches, per-phase requests and correct drafts), so the scenarios'
+path checks run unchanged on both kinds of release.
+
+Under the overlap scheduler a step's decode line is printed while the next step is already
+launched, so a tier switch appears one line *before* the last decode line of the old tier:
+each decode line is attributed to the tier in force before the switches printed since the
+previous decode line. The two decode lines after a switch are kept out of the acceptance
+sums, so a wrong guess about that order cannot leak one tier's acceptance into the other's.
+"""
+
+from __future__ import annotations
+
+import re
+
+SWITCH = re.compile(r"Switch adaptive runtime state: steps (\d+) -> (\d+)")
+DECODE = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+),.*?accept len: ([0-9.]+)")
+
+
+def stats_from_log(text: str, initial_steps: int) -> dict:
+    """Counters in the schema of the recipe's stats file, from the start of `text`."""
+    stats = {"fallback_steps": 0, "spec_steps": 0, "switches_to_fallback": 0, "switches_to_spec": 0,
+             "fallback_requests": 0, "phases": [], "phase_count": 0}
+    steps = initial_steps  # tier in force for the next decode line
+    pending = None  # tier switched to since the previous decode line (takes effect one line later)
+    since_switch = 2  # decode lines since the last switch line
+    for line in text.splitlines():
+        m = SWITCH.search(line)
+        if m:
+            old, new = int(m.group(1)), int(m.group(2))
+            if (old == 0) != (new == 0):
+                stats["switches_to_fallback" if new == 0 else "switches_to_spec"] += 1
+            pending = new
+            since_switch = 0
+            continue
+        m = DECODE.search(line)
+        if not m:
+            continue
+        bs, acc = int(m.group(1)), float(m.group(2))
+        mode = "fallback" if steps == 0 else "spec"
+        phases = stats["phases"]
+        if not phases or phases[-1]["mode"] != mode:
+            stats["phase_count"] += 1
+            phases.append({"id": stats["phase_count"], "mode": mode, "steps": 0, "reqs": 0, "correct_drafts": 0})
+        phases[-1]["steps"] += 1
+        if mode == "fallback":
+            stats["fallback_steps"] += 1
+            stats["fallback_requests"] += bs
+        else:
+            stats["spec_steps"] += 1
+            if since_switch >= 2:
+                phases[-1]["reqs"] += bs
+                phases[-1]["correct_drafts"] += round((acc - 1.0) * bs)
+        since_switch += 1
+        if pending is not None:
+            steps, pending = pending, None
+    return stats

@@ -1,0 +1,51 @@
+"""Counters rebuilt from upstream's own log lines (0.5.15+, where the switch is upstream's):
+the scenario path checks must see the same phases the recipe's stats file would report."""
+
+from spectool.verify import compare
+from spectool.verify.upstream_log import stats_from_log
+
+# Lines as SGLang 0.5.17 prints them (eagle_worker_v2.apply_runtime_state, metrics_reporter).
+SPEC = "[2026-11-29 10:00:00] Decode batch, #running-req: {n}, #token: 900, token usage: 0.03, accept len: {a:.2f}, accept rate: 0.50, cuda graph: True, gen throughput (token/s): 100.00, #queue-req: 0,"
+SWITCH = "[2026-11-29 10:00:00] Switch adaptive runtime state: steps {a} -> {b}, draft_tokens {c} -> {d}"
+
+
+def _log(*events):
+    out = []
+    for e in events:
+        if e[0] == "switch":
+            out.append(SWITCH.format(a=e[1], b=e[2], c=e[1] + 1, d=e[2] + 1))
+        else:
+            out.append(SPEC.format(n=e[1], a=e[2]))
+    return "\n".join(out)
+
+
+def test_spec_fallback_spec_is_seen_with_per_phase_acceptance():
+    log = _log(*[("d", 2, 4.0)] * 5, ("switch", 3, 0), ("d", 2, 4.0), *[("d", 10, 1.0)] * 6,
+               ("switch", 0, 3), ("d", 10, 1.0), ("d", 2, 1.0), *[("d", 2, 3.5)] * 5)
+    st = stats_from_log(log, initial_steps=3)
+    assert st["switches_to_fallback"] == 1 and st["switches_to_spec"] == 1
+    assert [p["mode"] for p in st["phases"]] == ["spec", "fallback", "spec"]
+    assert st["fallback_steps"] == 7 and st["spec_steps"] == 12
+    tr = compare.transitions(st["phases"])
+    assert tr["fallback_after_spec"] and tr["spec_after_fallback"]
+    # Boundary lines are left out of acceptance: 4.0 before, 3.5 after (not diluted by 1.0 lines).
+    assert tr["acceptance_before"] == 4.0 and tr["acceptance_after"] == 3.5
+    exp = {"fallback_steps": "positive", "fallback_after_spec": True, "spec_after_fallback": True,
+           "resume_acceptance_not_lower": True}
+    assert compare.check_expectations(exp, st) == ["acceptance after speculation resumed (3.50) is below before the fallback (4.00): stale draft KV?"]
+
+
+def test_windows_between_snapshots_and_threshold_zero():
+    first = _log(("switch", 3, 0), *[("d", 8, 1.0)] * 4)
+    second = first + "\n" + _log(*[("d", 12, 1.0)] * 3)
+    before, after = stats_from_log(first, 3), stats_from_log(second, 3)
+    window = compare.stats_window(before, after)
+    assert window["fallback_steps"] == 3 and window["spec_steps"] == 0
+    assert compare.check_expectations({"fallback_steps": "all"}, window) == []
+    assert compare.check_expectations({"fallback_steps": "zero"}, window) == ["expected no fallback steps, got 3"]
+
+
+def test_no_switch_lines_means_no_fallback():
+    st = stats_from_log(_log(*[("d", 3, 2.0)] * 4) + "\nunrelated line\n", 3)
+    assert st["fallback_steps"] == 0 and st["spec_steps"] == 4
+    assert compare.acceptance(st["phases"]) == 2.0

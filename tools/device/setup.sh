@@ -1,0 +1,10 @@
+# Sourced by the H200 scripts with SGLANG_VERSION set: unpack the carried runtime archive
+# .device-cache/sglang-$SGLANG_VERSION-site.tar.xz into /tmp/site-$SGLANG_VERSION (kept while
+# the machine stays warm), add the carried wheels spectool needs (libcst, pyflakes), and put
+# both on PYTHONPATH. Carry the archive and .whl (one archive per call: 64 MiB limit).
+OUT=${OUT:-/tmp/out}
+SITE=/tmp/site-$SGLANG_VERSION
+mkdir -p "$SITE" "$OUT"
+[ -d "$SITE/sglang" ] || tar xJf ".device-cache/sglang-$SGLANG_VERSION-site.tar.xz" -C "$SITE"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1
