@@ -284,10 +284,11 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, model_cache,
 @click.option("--out-len", type=int, default=128)
 @click.option("--budget", type=float, default=540, help="Stop measuring after this many seconds (resume later).")
 @click.option("--no-transition", is_flag=True)
+@click.option("--arms", "arm_names", default="A0,A1,A2,A4", help="Comma-separated arms to run (A0 no spec, A1 EAGLE-3, A2 threshold T, A4 T=0).")
 @click.option("--suggest-threshold", "suggest", is_flag=True, help="Only print T from the recorded results in --out.")
 @_json_opt
 @guarded
-def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, suggest, as_json):
+def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, arm_names, suggest, as_json):
     """Throughput sweep (GPU): no-spec, EAGLE-3, and the patched fallback, per concurrency."""
     import json as _json
 
@@ -301,7 +302,8 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
         click.echo(to_json(res) if as_json else f"suggested threshold: {res['threshold']} ({res['why']})")
         return
     report = run(Path(out_dir), threshold=threshold, concurrencies=cs, reps=reps, prompt_len=prompt_len, out_len=out_len,
-                 acc_len=acc_len, transition=not no_transition, budget_s=budget, sglang_dir=sglang_dir, console=_console())
+                 acc_len=acc_len, transition=not no_transition, budget_s=budget, sglang_dir=sglang_dir,
+                 arm_names=[a for a in arm_names.split(",") if a], console=_console())
     if as_json:
         click.echo(to_json(report))
     else:

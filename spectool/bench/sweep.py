@@ -28,7 +28,7 @@ def _requests_for(C: int) -> int:
 
 def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, prompt_len: int = 128,
         out_len: int = 128, acc_len: float = 3.0, transition: bool = True, budget_s: float = 540,
-        sglang_dir: str | None = None, console=None) -> dict:
+        sglang_dir: str | None = None, arm_names: list[str] | None = None, console=None) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..verify.runner import gpu_info
@@ -45,7 +45,11 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
             cells.append(c)
             done.add((c["arm"], c["C"], c["rep"], c.get("acc_len", acc_len)))
     models = write_models(out / "models")
-    arm_list = make_arms(threshold)
+    arm_list = [a for a in make_arms(threshold) if not arm_names or a.name in arm_names]
+    if not arm_list:
+        raise BadInputError(f"--arms {','.join(arm_names)}: no such arm (A0, A1, A2, A4)")
+    if transition and "A2" not in {a.name for a in arm_list}:
+        transition = False  # the transition workload runs on A2
     max_bs = max(concurrencies)
     env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN=str(acc_len), PYTHONUNBUFFERED="1")
     version = None
