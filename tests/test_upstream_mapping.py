@@ -28,7 +28,8 @@ def mapping(sglang_release):
 
 def _args(**kw):
     base = dict(speculative_disable_batch_size_threshold=16, speculative_disable_batch_size_hysteresis=0,
-                speculative_adaptive=False, speculative_adaptive_config=None, speculative_num_steps=3)
+                speculative_adaptive=False, speculative_adaptive_config=None, speculative_num_steps=3,
+                speculative_algorithm="EAGLE3", speculative_eagle_topk=1)
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -63,3 +64,12 @@ def test_unset_flag_changes_nothing_and_conflicts_are_refused(mapping):
         mapping(_args(speculative_adaptive_config="/tmp/mine.json"))
     with pytest.raises(ValueError, match=">= 0"):
         mapping(_args(speculative_disable_batch_size_threshold=-2))
+
+
+@pytest.mark.parametrize("algo,topk", [("STANDALONE", 1), ("EAGLE3", 4)])
+def test_setups_upstream_cannot_switch_are_refused_loudly(mapping, algo, topk):
+    """Upstream turns its tiers off for these (with a warning): the flag would do nothing."""
+    a = _args(speculative_algorithm=algo, speculative_eagle_topk=topk)
+    with pytest.raises(ValueError, match="support only EAGLE/EAGLE3"):
+        mapping(a)
+    assert a.speculative_adaptive is False and a.speculative_adaptive_config is None

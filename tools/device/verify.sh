@@ -8,7 +8,7 @@ source tools/device/setup.sh
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
 python3 -m spectool.cli apply --sglang-dir "$SITE"
 set +e
-python3 -m spectool.cli verify --sglang-dir "$SITE" --out "/tmp/verify-$SGLANG_VERSION" "$@" 2>&1 | tee "$OUT/verify-$SGLANG_VERSION.log"
+timeout "${VERIFY_TIMEOUT:-580}" python3 -m spectool.cli verify --sglang-dir "$SITE" --out "/tmp/verify-$SGLANG_VERSION" "$@" 2>&1 | tee "$OUT/verify-$SGLANG_VERSION.log"
 rc=${PIPESTATUS[0]}
 set -e
 mkdir -p "$OUT/verify-$SGLANG_VERSION"

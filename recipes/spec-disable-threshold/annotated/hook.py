@@ -56,6 +56,17 @@ class module_functions:  # noqa: N801 - a container: its body is inserted at mod
             raise ValueError(
                 f"--speculative-disable-batch-size-threshold must be >= 0 (got {threshold})."
             )
+        algorithm = server_args.speculative_algorithm
+        topk = getattr(server_args, "speculative_eagle_topk", None)
+        if algorithm not in ("EAGLE", "EAGLE3") or topk not in (None, 1):
+            # Upstream would switch its adaptive tiers off with a warning: the flag would
+            # silently do nothing. Say so at start-up instead.
+            raise ValueError(
+                "--speculative-disable-batch-size-threshold maps onto upstream's adaptive "
+                "batch-size tiers on this SGLang, which support only EAGLE/EAGLE3 with "
+                f"--speculative-eagle-topk 1 (got {algorithm}, topk {topk}). Drop the flag, "
+                "or stay on SGLang 0.5.12 where the spectool fallback covers this setup."
+            )
         if server_args.speculative_adaptive_config is not None:
             raise ValueError(
                 "--speculative-disable-batch-size-threshold writes its own adaptive config; "
