@@ -53,7 +53,10 @@ def test_threshold_zero_never_drafts(mapping):
     a = _args(speculative_disable_batch_size_threshold=0)
     mapping(a)
     cfg = json.loads(open(a.speculative_adaptive_config).read())
-    assert _steps_for(cfg, 1) == [0]
+    assert _steps_for(cfg, 1) == [0] and _steps_for(cfg, 1 << 20) == [0]
+    # Upstream's start-up check (0.5.17 speculative_hook): the configured steps must be a
+    # candidate somewhere, or the server refuses to start (seen on the H200 run).
+    assert 3 in {s for e in cfg.values() for s in e["candidate_steps"]}
 
 
 def test_unset_flag_changes_nothing_and_conflicts_are_refused(mapping):
@@ -73,3 +76,23 @@ def test_setups_upstream_cannot_switch_are_refused_loudly(mapping, algo, topk):
     with pytest.raises(ValueError, match="support only EAGLE/EAGLE3"):
         mapping(a)
     assert a.speculative_adaptive is False and a.speculative_adaptive_config is None
+
+
+@pytest.mark.parametrize("threshold", [0, 1, 32])
+def test_written_config_passes_upstreams_own_startup_check(threshold, sglang_release, monkeypatch, mapping):
+    """Upstream's own loader and start-up check (0.5.17 source, not a re-implementation)
+    accept the config: the H200 run found that T=0 once failed this check."""
+    import sys
+
+    tree = sglang_release("0.5.17")
+    params = tree / "sglang/srt/speculative/adaptive_spec_params.py"
+    ns = {"json": json, "DEFAULT_ADAPTIVE_CONFIG": {}}
+    ns["_load_adaptive_config"] = load_function(params, "_load_adaptive_config", ns)
+    resolve = load_function(params, "resolve_candidate_steps_from_config", ns)
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.adaptive_spec_params",
+                        SimpleNamespace(resolve_candidate_steps_from_config=resolve))
+    init = load_function(tree / HOOK, "_init_adaptive_speculative_params", {})
+    a = _args(speculative_disable_batch_size_threshold=threshold)
+    mapping(a)
+    init(a)  # raises ValueError if --speculative-num-steps is not a candidate
+    assert a.speculative_num_steps == 3 and a.speculative_num_draft_tokens == 4

@@ -113,3 +113,75 @@ def plot(m: dict, concurrencies: list[int], arms: dict, path, title: str) -> Non
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def medians_from_table(text: str) -> dict:
+    """(arm, C) -> {median, min, max}: read back from a bench-table.md (for a run whose raw
+    cells did not survive; per-cell fields such as TPOT are then unknown)."""
+    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+    head = [h.strip() for h in lines[0].strip("|").split("|")]
+    arms = [h.split()[0] for h in head if h.endswith("tok/s") and h.startswith("A")]
+    out = {}
+    for ln in lines[2:]:
+        cols = [c.strip() for c in ln.strip("|").split("|")]
+        C = int(cols[0])
+        for a, col in zip(arms, cols[1:1 + len(arms)]):
+            if col == "-":
+                continue
+            med, rng = col.split(" ", 1)
+            lo, hi = rng.strip("()").split("-")
+            out[(a, C)] = {"median": float(med), "min": float(lo), "max": float(hi), "reps": None,
+                           "tpot_ms": None, "ttft_ms": None, "acceptance": None, "spec_fraction": None}
+    return out
+
+
+def load_medians(folder) -> dict:
+    """Medians of a results folder: from its cells.jsonl, else from its bench-table.md."""
+    import json
+    from pathlib import Path
+
+    folder = Path(folder)
+    cells = folder / "cells.jsonl"
+    if cells.exists():
+        return medians([json.loads(ln) for ln in cells.read_text().splitlines() if ln.strip()])
+    return medians_from_table((folder / "bench-table.md").read_text())
+
+
+def compare_markdown(runs: dict, concurrencies: list[int]) -> str:
+    """A2/E (and A4/A0 where measured) per C for several runs, e.g. ours vs upstream's switch."""
+    names = list(runs)
+    rat = {n: ratios(m, concurrencies) for n, m in runs.items()}
+    lines = ["| C | " + " | ".join(f"A2/E {n}" for n in names) + " | " + " | ".join(f"A2 vs A0 {n}" for n in names) + " |",
+             "|" + "---|" * (1 + 2 * len(names))]
+    for C in concurrencies:
+        a2e = [rat[n].get(C, {}).get("A2/E") for n in names]
+        a2a0 = [runs[n][("A2", C)]["median"] / runs[n][("A0", C)]["median"]
+                if ("A2", C) in runs[n] and ("A0", C) in runs[n] else None for n in names]
+        fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+        lines.append(f"| {C} | " + " | ".join(map(fmt, a2e)) + " | " + " | ".join(map(fmt, a2a0)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_ratio(runs: dict, concurrencies: list[int], path, title: str) -> None:
+    """A2/E against C, one line per run, with the 0.98 goal."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, m in runs.items():
+        r = ratios(m, concurrencies)
+        xs = [C for C in concurrencies if "A2/E" in r.get(C, {})]
+        ax.plot(xs, [r[C]["A2/E"] for C in xs], marker="o", label=name)
+    ax.axhline(0.98, color="red", ls="--", lw=1, label="goal 0.98")
+    ax.axhline(1.0, color="black", lw=0.5)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent requests C (closed loop)")
+    ax.set_ylabel("A2 / max(A0, A1)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

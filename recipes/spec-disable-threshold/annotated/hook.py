@@ -82,7 +82,12 @@ class module_functions:  # noqa: N801 - a container: its body is inserted at mod
         config = {"1": {"candidate_steps": [steps], **tier}}
         config[str(threshold + 1)] = {"candidate_steps": [0], **tier}
         if threshold == 0:
-            config = {"1": {"candidate_steps": [0], **tier}}
+            # Upstream requires --speculative-num-steps among the candidate steps (measured
+            # on 0.5.17: start-up fails otherwise), so it sits on a tier no batch can reach.
+            config = {
+                "1": {"candidate_steps": [0], **tier},
+                str(2**31 - 1): {"candidate_steps": [steps], **tier},
+            }
         with tempfile.NamedTemporaryFile(
             "w", prefix="spectool-adaptive-", suffix=".json", delete=False
         ) as f:

@@ -1,0 +1,31 @@
+"""Our fallback (SGLang 0.5.12 + recipes) against upstream's batch-size switch (0.5.17's
+steps-0 adaptive tier, driven by the same flag through the threshold recipe), both measured
+on the same H200 with the same bench: A2/E per C, table and plot.
+
+    python tools/compare_upstream.py   # writes results/upstream-comparison.{md,png}
+"""
+
+from pathlib import Path
+
+from spectool.bench import analyze
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = {
+    "0.5.12 + spectool fallback (T=32)": ROOT / "results/bench-0.5.12",
+    "0.5.17 upstream steps-0 tier (T=32)": ROOT / "results/bench-0.5.17",
+}
+CS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+if __name__ == "__main__":
+    runs = {name: analyze.load_medians(folder) for name, folder in RUNS.items()}
+    for name, folder in RUNS.items():
+        if not (folder / "bench-plot.png").exists():  # a run whose raw files did not come back
+            labels = {"A0": "no speculation", "A1": "EAGLE-3 (chain, topk 1)", "A2": "patched, threshold 32",
+                      "A4": "patched, threshold 0 (fallback always)"}
+            analyze.plot(runs[name], CS, labels, folder / "bench-plot.png",
+                         f"{name}: H200, Llama-3.1-8B shape, acceptance 3.0 (from bench-table.md)")
+    md = analyze.compare_markdown(runs, CS)
+    (ROOT / "results/upstream-comparison.md").write_text(md)
+    analyze.plot_ratio(runs, CS, ROOT / "results/upstream-comparison.png",
+                       "H200, Llama-3.1-8B shape, acceptance 3.0: A2 / envelope")
+    print(md)
