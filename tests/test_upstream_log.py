@@ -49,3 +49,39 @@ def test_no_switch_lines_means_no_fallback():
     st = stats_from_log(_log(*[("d", 3, 2.0)] * 4) + "\nunrelated line\n", 3)
     assert st["fallback_steps"] == 0 and st["spec_steps"] == 4
     assert compare.acceptance(st["phases"]) == 2.0
+
+
+def test_real_0517_log_gives_the_recipes_counters():
+    """The log of the H200 run (0.5.17, upstream's switch, T=4), cut at the workload bounds the
+    run recorded: the rebuilt counters equal, workload by workload, what spectool's own stats
+    file counted for the same scenarios on 0.5.12. Both orders of switch and decode line occur
+    in it (after a prefill and mid-decode)."""
+    import json
+    from pathlib import Path
+
+    from spectool.verify.upstream_log import DECODE
+
+    fx = Path(__file__).parent / "fixtures" / "upstream-0.5.17"
+    lines = (fx / "eagle3-t4.log").read_text().splitlines()
+    meta = json.loads((fx / "eagle3-t4.json").read_text())
+    decode_at = [i for i, ln in enumerate(lines) if DECODE.search(ln)]
+
+    def upto(n):
+        return "\n".join(lines[: decode_at[n - 1] + 1]) if n else ""
+
+    got = {}
+    for name, (b, a) in meta["decode_lines_at_workload_bounds"].items():
+        w = compare.stats_window(stats_from_log(upto(b), 3, threshold=4), stats_from_log(upto(a), 3, threshold=4))
+        got[name] = [w["fallback_steps"], w["spec_steps"]]
+    assert got == meta["recipe_counters_0.5.12"]
+
+
+def test_switch_right_after_a_prefill_counts_the_next_line_as_the_new_tier():
+    """T=0: the first decode step after the prefill already runs at steps 0 (no decode was in
+    flight when it switched), so a workload is all fallback, as `Expect("all")` requires."""
+    log = "\n".join([SWITCH.format(a=3, b=0, c=4, d=1),
+                     "[x] Prefill batch, #new-seq: 8, #new-token: 300, #running-req: 0"] +
+                    [SPEC.format(n=8, a=1.0)] * 5)
+    st = stats_from_log(log, 3, threshold=0)
+    assert st["fallback_steps"] == 5 and st["spec_steps"] == 0
+    assert compare.check_expectations({"fallback_steps": "all"}, st) == []

@@ -21,7 +21,7 @@ def _stats(path: str | None, job: dict | None = None) -> dict:
 
         try:
             with open(job["log_path"], errors="replace") as f:
-                return stats_from_log(f.read(), job.get("initial_steps", 3))
+                return stats_from_log(f.read(), job.get("initial_steps", 3), job["config"].get("threshold"))
         except OSError:
             return {}
     if not path:

@@ -7,11 +7,14 @@ adaptive runtime state: steps 3 -> 0") and, with ``decode_log_interval=1``, ever
 recipe publishes (steps, switches, per-phase requests and correct drafts), so the scenarios'
 path checks run unchanged on both kinds of release.
 
-Under the overlap scheduler a step's decode line is printed while the next step is already
-launched, so a tier switch appears one line *before* the last decode line of the old tier:
-each decode line is attributed to the tier in force before the switches printed since the
-previous decode line. The two decode lines after a switch are kept out of the acceptance
-sums, so a wrong guess about that order cannot leak one tier's acceptance into the other's.
+Which tier a decode line belongs to: a step's decode line is printed when its result is
+processed, which under the overlap scheduler happens after the next step was launched. A
+switch printed at that launch therefore comes one decode line *before* the last line of the
+old tier, except after a prefill (no decode in flight), where the next line is already the
+new tier's (both orders are in the 0.5.17 log of the H200 run, tests/fixtures/upstream-0.5.17).
+With the threshold known, the line after a switch goes to the tier its batch size belongs
+to (tiers are disjoint in batch size); without it, to the old tier. The two decode lines
+after a switch stay out of the acceptance sums either way.
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ SWITCH = re.compile(r"Switch adaptive runtime state: steps (\d+) -> (\d+)")
 DECODE = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+),.*?accept len: ([0-9.]+)")
 
 
-def stats_from_log(text: str, initial_steps: int) -> dict:
-    """Counters in the schema of the recipe's stats file, from the start of `text`."""
+def stats_from_log(text: str, initial_steps: int, threshold: int | None = None) -> dict:
+    """Counters in the schema of the recipe's stats file, from the start of `text`.
+
+    `threshold`: the T the engine ran with (drafting off above T requests), used to place
+    the decode line that follows a switch."""
     stats = {"fallback_steps": 0, "spec_steps": 0, "switches_to_fallback": 0, "switches_to_spec": 0,
              "fallback_requests": 0, "phases": [], "phase_count": 0}
     steps = initial_steps  # tier in force for the next decode line
@@ -42,6 +48,8 @@ def stats_from_log(text: str, initial_steps: int) -> dict:
         if not m:
             continue
         bs, acc = int(m.group(1)), float(m.group(2))
+        if pending is not None and threshold is not None and (bs > threshold) == (pending == 0):
+            steps, pending = pending, None  # this line already ran on the new tier
         mode = "fallback" if steps == 0 else "spec"
         phases = stats["phases"]
         if not phases or phases[-1]["mode"] != mode:
