@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 
 from . import __version__, api
-from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, SpectoolError
+from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, BadInputError, SpectoolError
 from .report import print_outcome, to_json  # noqa: F401
 
 
@@ -279,12 +279,14 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, model_cache,
 @click.option("--threshold", type=int, default=12, help="T for arm A2 (see --suggest-threshold).")
 @click.option("--concurrency", default="1,2,4,8,16,32,64,128,256", help="Comma-separated C values.")
 @click.option("--reps", type=int, default=3)
-@click.option("--acc-len", type=float, default=3.0, help="SGLANG_SIMULATE_ACC_LEN for the spec arms.")
+@click.option("--acc-len", default="3.0",
+              help="SGLANG_SIMULATE_ACC_LEN for the spec arms; several (e.g. 2.0,3.0) sweep each into OUT/acc-X.")
 @click.option("--prompt-len", type=int, default=128)
 @click.option("--out-len", type=int, default=128)
 @click.option("--budget", type=float, default=540, help="Stop measuring after this many seconds (resume later).")
 @click.option("--no-transition", is_flag=True)
-@click.option("--arms", "arm_names", default="A0,A1,A2,A4", help="Comma-separated arms to run (A0 no spec, A1 EAGLE-3, A2 threshold T, A4 T=0).")
+@click.option("--arms", "arm_names", default="A0,A1,A2,A3,A4",
+              help="Comma-separated arms (A0 no spec, A1 EAGLE-3, A2 threshold T, A3 threshold above any batch, A4 T=0).")
 @click.option("--suggest-threshold", "suggest", is_flag=True, help="Only print T from the recorded results in --out.")
 @_json_opt
 @guarded
@@ -296,19 +298,29 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
     from .bench.sweep import run
 
     cs = [int(x) for x in concurrency.split(",") if x]
+    try:
+        accs = [float(x) for x in acc_len.split(",") if x]
+    except ValueError:
+        raise BadInputError(f"--acc-len {acc_len!r}: expected numbers such as 3.0 or 2.0,3.0") from None
+    folders = {a: Path(out_dir) if len(accs) == 1 else Path(out_dir) / f"acc-{a:g}" for a in accs}
     if suggest:
-        cells = [_json.loads(l) for l in (Path(out_dir) / "cells.jsonl").read_text().splitlines()]
-        res = analyze.suggest_threshold(analyze.medians([c for c in cells if c.get("acc_len", acc_len) == acc_len]), cs)
-        click.echo(to_json(res) if as_json else f"suggested threshold: {res['threshold']} ({res['why']})")
+        for a, folder in folders.items():
+            cells = [_json.loads(l) for l in (folder / "cells.jsonl").read_text().splitlines()]
+            res = analyze.suggest_threshold(analyze.medians([c for c in cells if c.get("acc_len", a) == a]), cs)
+            click.echo(to_json(res) if as_json else f"acceptance {a:g}: suggested threshold {res['threshold']} ({res['why']})")
         return
-    report = run(Path(out_dir), threshold=threshold, concurrencies=cs, reps=reps, prompt_len=prompt_len, out_len=out_len,
-                 acc_len=acc_len, transition=not no_transition, budget_s=budget, sglang_dir=sglang_dir,
-                 arm_names=[a for a in arm_names.split(",") if a], console=_console())
+    reports = {}
+    for a, folder in folders.items():
+        reports[a] = run(folder, threshold=threshold, concurrencies=cs, reps=reps, prompt_len=prompt_len, out_len=out_len,
+                         acc_len=a, transition=not no_transition, budget_s=budget, sglang_dir=sglang_dir,
+                         arm_names=[x for x in arm_names.split(",") if x], console=_console())
     if as_json:
-        click.echo(to_json(report))
+        click.echo(to_json(reports[accs[0]] if len(accs) == 1 else {f"{a:g}": r for a, r in reports.items()}))
     else:
-        click.echo((Path(out_dir) / "bench-table.md").read_text())
-        click.echo(f"suggested threshold: {report['suggested_threshold']}")
+        for a, folder in folders.items():
+            click.echo(f"acceptance {a:g} ({folder}):")
+            click.echo((folder / "bench-table.md").read_text())
+            click.echo(f"suggested threshold: {reports[a]['suggested_threshold']}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -128,3 +128,27 @@ def test_unknown_version(tmp_path):
 def test_select_unknown_recipe(tmp_path):
     r = run("check", "--sglang-dir", _tree(tmp_path), "--recipes-dir", str(FIXTURES / "add_method"), "--recipes", "nope")
     assert r.exit_code == 2 and "unknown recipe id" in r.output
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--arms", "A0,A9"], "unknown arm(s) ['A9']"),
+    (["--acc-len", "high"], "expected numbers such as 3.0"),
+])
+def test_bench_bad_input_is_one_paragraph_exit_2(tmp_path, args, needle):
+    """Checked before any GPU probe, so the message is the same on a laptop and on the H200."""
+    r = run("bench", "--out", tmp_path / "b", *args)
+    assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output
+
+
+def test_bench_suggest_threshold_per_acceptance(tmp_path):
+    """--suggest-threshold reads recorded cells (no GPU); with several acceptances, one folder each."""
+    for acc, loses_from in ((2.0, 16), (3.0, 64)):
+        folder = tmp_path / f"acc-{acc:g}"
+        folder.mkdir()
+        cells = [{"arm": arm, "C": C, "rep": 0, "acc_len": acc,
+                  "output_tok_s": (100 * C if arm == "A0" else (150 * C if C < loses_from else 50 * C))}
+                 for arm in ("A0", "A1") for C in (1, 4, 16, 64, 256)]
+        (folder / "cells.jsonl").write_text("\n".join(json.dumps(c) for c in cells))
+    r = run("bench", "--out", tmp_path, "--acc-len", "2.0,3.0", "--suggest-threshold", "--concurrency", "1,4,16,64,256")
+    assert r.exit_code == 0, r.output
+    assert "acceptance 2: suggested threshold 4" in r.output and "acceptance 3: suggested threshold 16" in r.output

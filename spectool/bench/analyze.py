@@ -67,8 +67,8 @@ def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:
 
 def markdown(m: dict, concurrencies: list[int], arms: list[str]) -> str:
     r = ratios(m, concurrencies)
-    head = "| C | " + " | ".join(f"{a} tok/s" for a in arms) + " | E=max(A0,A1) | A2/E | A4/A0 | A2 spec frac | A1 accept |"
-    lines = [head, "|" + "---|" * (len(arms) + 6)]
+    head = "| C | " + " | ".join(f"{a} tok/s" for a in arms) + " | E=max(A0,A1) | A2/E | A4/A0 | A3/A1 | A2 spec frac | A1 accept |"
+    lines = [head, "|" + "---|" * (len(arms) + 7)]
     for C in concurrencies:
         cells = []
         for a in arms:
@@ -82,7 +82,7 @@ def markdown(m: dict, concurrencies: list[int], arms: list[str]) -> str:
         sf = m.get(("A2", C), {}).get("spec_fraction")
         acc = m.get(("A1", C), {}).get("acceptance")
         lines.append(f"| {C} | " + " | ".join(cells) + f" | {f(row.get('E'), '{:.0f}')} | {f(row.get('A2/E'))} | "
-                     f"{f(row.get('A4/A0'))} | {f(sf, '{:.2f}')} | {f(acc, '{:.2f}')} |")
+                     f"{f(row.get('A4/A0'))} | {f(row.get('A3/A1'))} | {f(sf, '{:.2f}')} | {f(acc, '{:.2f}')} |")
     return "\n".join(lines) + "\n"
 
 

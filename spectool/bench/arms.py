@@ -14,13 +14,19 @@ class Arm:
     extra: dict = field(default_factory=dict)
 
 
-def arms(threshold: int) -> list[Arm]:
+def arms(threshold: int, max_bs: int = 256) -> list[Arm]:
+    """A3's threshold is the largest batch the sweep can form, so it never falls back: it
+    measures what the patch costs while speculating (against A1)."""
     return [
         Arm("A0", "no speculation", False),
         Arm("A1", "EAGLE-3 (chain, topk 1)", True),
         Arm("A2", f"patched, threshold {threshold}", True, threshold),
+        Arm("A3", f"patched, threshold {max_bs} (never falls back)", True, max_bs),
         Arm("A4", "patched, threshold 0 (fallback always)", True, 0),
     ]
+
+
+DEFAULT_ARMS = ("A0", "A1", "A2", "A3", "A4")
 
 
 def engine_kwargs(arm: Arm, models: dict, *, max_bs: int, max_total_tokens: int, port: int) -> dict:

@@ -33,6 +33,14 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
 
     from ..verify.runner import gpu_info
 
+    max_bs = max(concurrencies)
+    arm_list = [a for a in make_arms(threshold, max_bs) if not arm_names or a.name in arm_names]
+    unknown = set(arm_names or ()) - {a.name for a in make_arms(threshold, max_bs)}
+    if unknown or not arm_list:
+        raise BadInputError(f"--arms {','.join(arm_names)}: unknown arm(s) {sorted(unknown)}; the arms are A0 (no speculation), "
+                            "A1 (EAGLE-3), A2 (threshold T), A3 (threshold above any batch), A4 (threshold 0).")
+    if transition and "A2" not in {a.name for a in arm_list}:
+        transition = False  # the transition workload runs on A2
     _, gpu = gpu_info("bench")  # a clear error (exit 2) without a GPU, before any engine starts
     t_start = time.time()
     out.mkdir(parents=True, exist_ok=True)
@@ -45,12 +53,6 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
             cells.append(c)
             done.add((c["arm"], c["C"], c["rep"], c.get("acc_len", acc_len)))
     models = write_models(out / "models")
-    arm_list = [a for a in make_arms(threshold) if not arm_names or a.name in arm_names]
-    if not arm_list:
-        raise BadInputError(f"--arms {','.join(arm_names)}: no such arm (A0, A1, A2, A4)")
-    if transition and "A2" not in {a.name for a in arm_list}:
-        transition = False  # the transition workload runs on A2
-    max_bs = max(concurrencies)
     env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN=str(acc_len), PYTHONUNBUFFERED="1")
     version = None
     if sglang_dir:
@@ -147,7 +149,7 @@ def _command(proc, out, cmd):
 
 def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startup, version=None, gpu=None) -> dict:
     m = analyze.medians([c for c in cells if c.get("acc_len", acc_len) == acc_len])
-    labels = {a.name: a.label for a in make_arms(threshold)}
+    labels = {a.name: a.label for a in make_arms(threshold, max(concurrencies))}
     report = {
         "sglang_version": version, "gpu": gpu, "threshold": threshold, "acc_len": acc_len, "concurrencies": concurrencies,
         "cells": {f"{a}@{C}": v for (a, C), v in sorted(m.items(), key=lambda kv: (kv[0][0], kv[0][1]))},
