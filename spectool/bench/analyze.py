@@ -103,10 +103,17 @@ def plot(m: dict, concurrencies: list[int], arms: dict, path, title: str) -> Non
         ax.errorbar([p[0] for p in pts], [p[1]["median"] for p in pts],
                     yerr=[[p[1]["median"] - p[1]["min"] for p in pts], [p[1]["max"] - p[1]["median"] for p in pts]],
                     marker="o", capsize=3, label=f"{a}: {label}")
-    ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    _finish(fig, ax, "output tokens/s (median of reps)", title, path)
+
+
+def _finish(fig, ax, ylabel: str, title: str, path) -> None:
+    """Shared axes of the bench plots: concurrency on a log2 axis, grid, legend, save."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrent requests C (closed loop)")
-    ax.set_ylabel("output tokens/s (median of reps)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -176,12 +183,4 @@ def plot_ratio(runs: dict, concurrencies: list[int], path, title: str) -> None:
         ax.plot(xs, [r[C]["A2/E"] for C in xs], marker="o", label=name)
     ax.axhline(0.98, color="red", ls="--", lw=1, label="goal 0.98")
     ax.axhline(1.0, color="black", lw=0.5)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrent requests C (closed loop)")
-    ax.set_ylabel("A2 / max(A0, A1)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _finish(fig, ax, "A2 / max(A0, A1)", title, path)
