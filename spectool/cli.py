@@ -288,9 +288,13 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, model_cache,
 @click.option("--arms", "arm_names", default="A0,A1,A2,A3,A4",
               help="Comma-separated arms (A0 no spec, A1 EAGLE-3, A2 threshold T, A3 threshold above any batch, A4 T=0).")
 @click.option("--suggest-threshold", "suggest", is_flag=True, help="Only print T from the recorded results in --out.")
+@click.option("--profile", "profile_steps", type=int, default=0,
+              help="Instead of the sweep: profile this many steady-state decode steps per arm and C (SGLang's profiler), "
+                   "and report ms/step against GPU-busy ms/step (profile.md).")
 @_json_opt
 @guarded
-def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, arm_names, suggest, as_json):
+def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, arm_names, suggest,
+          profile_steps, as_json):
     """Throughput sweep (GPU): no-spec, EAGLE-3, and the patched fallback, per concurrency."""
     import json as _json
 
@@ -308,6 +312,13 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
             cells = [_json.loads(l) for l in (folder / "cells.jsonl").read_text().splitlines()]
             res = analyze.suggest_threshold(analyze.medians([c for c in cells if c.get("acc_len", a) == a]), cs)
             click.echo(to_json(res) if as_json else f"acceptance {a:g}: suggested threshold {res['threshold']} ({res['why']})")
+        return
+    if profile_steps:
+        from .bench.sweep import profile
+
+        rows = profile(Path(out_dir), threshold=threshold, concurrencies=cs, arm_names=[x for x in arm_names.split(",") if x],
+                       steps=profile_steps, prompt_len=prompt_len, acc_len=accs[0], sglang_dir=sglang_dir, console=_console())
+        click.echo(to_json(rows) if as_json else (Path(out_dir) / "profile.md").read_text())
         return
     reports = {}
     for a, folder in folders.items():

@@ -5,6 +5,7 @@ by a time limit resumes where it stopped."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -52,27 +53,9 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
             c = json.loads(line)
             cells.append(c)
             done.add((c["arm"], c["C"], c["rep"], c.get("acc_len", acc_len)))
-    models = write_models(out / "models")
-    env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN=str(acc_len), PYTHONUNBUFFERED="1")
-    version = None
-    if sglang_dir:
-        from ..source import locate
-
-        tree = locate(sglang_dir)
-        version = str(tree.version)
-        env["PYTHONPATH"] = os.pathsep.join([str(tree.root), str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
-    procs, startup, trans = {}, {}, None
-    for i, arm in enumerate(arm_list):
-        job = {"engine": engine_kwargs(arm, models, max_bs=max_bs, max_total_tokens=max_bs * (prompt_len + out_len + 16) + 4096, port=32000 + 100 * i),
-               "ready_path": str(out / f"{arm.name}.ready.json"),
-               "stats_path": str(out / f"{arm.name}.stats.json") if arm.threshold is not None else None}
-        Path(job["ready_path"]).unlink(missing_ok=True)
-        log = open(out / f"{arm.name}.log", "w")
-        procs[arm.name] = subprocess.Popen([sys.executable, "-m", "spectool.bench.worker", json.dumps(job)], stdin=subprocess.PIPE,
-                                           stdout=log, stderr=subprocess.STDOUT, env=env, text=True, start_new_session=True)
-    try:
-        _wait_ready(procs, out, timeout=420)
-        startup = {a: json.loads((out / f"{a}.ready.json").read_text())["startup_s"] for a in procs}
+    version, env = _environment(sglang_dir, acc_len)
+    trans = None
+    with _engines(arm_list, out, env, max_bs, max_bs * (prompt_len + out_len + 16) + 4096) as (procs, startup):
         todo = [(rep, C, arm.name) for rep in range(reps) for C in concurrencies for arm in _rotated(arm_list, rep)]
         todo = [t for t in todo if (t[2], t[1], t[0], acc_len) not in done]
         tpath = out / "transition.json"
@@ -95,6 +78,38 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
                 with open(cells_path, "a") as f:
                     f.write(json.dumps(cell) + "\n")
                 bar.advance(task)
+    return summarize(out, cells, concurrencies, threshold, acc_len, trans, startup, version, gpu)
+
+
+def _environment(sglang_dir, acc_len):
+    """(SGLang version, environment) for the engine processes: the tree first on PYTHONPATH."""
+    env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN=str(acc_len), PYTHONUNBUFFERED="1")
+    version = None
+    if sglang_dir:
+        from ..source import locate
+
+        tree = locate(sglang_dir)
+        version = str(tree.version)
+        env["PYTHONPATH"] = os.pathsep.join([str(tree.root), str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+    return version, env
+
+
+@contextlib.contextmanager
+def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int):
+    """Start one engine process per arm (in parallel), yield (procs, startup seconds), stop them."""
+    models = write_models(out / "models")
+    procs = {}
+    for i, arm in enumerate(arm_list):
+        job = {"engine": engine_kwargs(arm, models, max_bs=max_bs, max_total_tokens=max_total_tokens, port=32000 + 100 * i),
+               "ready_path": str(out / f"{arm.name}.ready.json"),
+               "stats_path": str(out / f"{arm.name}.stats.json") if arm.threshold is not None else None}
+        Path(job["ready_path"]).unlink(missing_ok=True)
+        log = open(out / f"{arm.name}.log", "w")
+        procs[arm.name] = subprocess.Popen([sys.executable, "-m", "spectool.bench.worker", json.dumps(job)], stdin=subprocess.PIPE,
+                                           stdout=log, stderr=subprocess.STDOUT, env=env, text=True, start_new_session=True)
+    try:
+        _wait_ready(procs, out, timeout=420)
+        yield procs, {a: json.loads((out / f"{a}.ready.json").read_text())["startup_s"] for a in procs}
     finally:
         for p in procs.values():
             try:
@@ -110,7 +125,41 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
                     os.killpg(p.pid, 9)
                 except ProcessLookupError:
                     pass
-    return summarize(out, cells, concurrencies, threshold, acc_len, trans, startup, version, gpu)
+
+
+def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"), steps: int = 30, prompt_len: int = 128,
+            out_len: int = 1024, acc_len: float = 3.0, sglang_dir: str | None = None, console=None) -> dict:
+    """Profile `steps` steady-state decode steps per arm and C with SGLang's own profiler and
+    reduce each trace (bench/profile.py): profile.json and profile.md in `out`."""
+    from ..verify.runner import gpu_info
+    from . import profile as prof
+
+    max_bs = max(concurrencies)
+    arm_list = [a for a in make_arms(threshold, max_bs) if a.name in arm_names]
+    if not arm_list:
+        raise BadInputError(f"--arms {','.join(arm_names)}: no such arm to profile")
+    gpu_info("bench")
+    out.mkdir(parents=True, exist_ok=True)
+    version, env = _environment(sglang_dir, acc_len)
+    rows, raw = {}, {}
+    with _engines(arm_list, out, env, max_bs, max_bs * (prompt_len + out_len + 16) + 4096) as (procs, _):
+        for C in concurrencies:
+            for arm in arm_list:
+                tdir = out / "traces" / f"{arm.name}-C{C}"
+                res = _command(procs[arm.name], out, {"kind": "profile", "C": C, "n": C, "prompt_len": prompt_len,
+                                                       "out_len": out_len, "seed": C, "steps": steps, "dir": str(tdir)})
+                traces = sorted(tdir.glob("*TP-0*.trace.json*")) or sorted(tdir.glob("*.trace.json*"))
+                summary = prof.summarize(prof.load_events(traces[0]), steps) if traces else {"error": "no trace written"}
+                summary["output_tok_s"] = res.get("output_tok_s")
+                rows[(arm.name, C)] = summary
+                raw[f"{arm.name}@{C}"] = summary
+                if console:
+                    console.print(f"profiled {arm.name} at C={C}: {summary.get('step_ms', 0):.2f} ms/step, "
+                                  f"GPU busy {summary.get('gpu_busy_ms', 0):.2f} ms")
+    (out / "profile.json").write_text(json.dumps({"sglang_version": version, "threshold": threshold, "steps": steps,
+                                                  "rows": raw}, indent=1))
+    (out / "profile.md").write_text(prof.markdown(rows))
+    return raw
 
 
 def _rotated(arm_list, rep):

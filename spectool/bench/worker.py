@@ -82,6 +82,17 @@ async def phases(engine, schedule: list[dict], prompt_len: int, out_len: int, se
     return out
 
 
+async def profiled(engine, C: int, prompt_len: int, out_len: int, seed: int, vocab: int, steps: int, out_dir: str,
+                   warmup_s: float = 2.0) -> dict:
+    """One wave of C long requests; once their prefills are done (after `warmup_s`), SGLang's
+    own profiler records `steps` decode steps (CPU and GPU activity) into `out_dir`."""
+    run = asyncio.ensure_future(closed_loop(engine, C, C, prompt_len, out_len, seed, vocab))
+    await asyncio.sleep(warmup_s)
+    await engine.tokenizer_manager.start_profile(output_dir=out_dir, num_steps=steps, activities=["CPU", "GPU"],
+                                                 with_stack=False, record_shapes=False)
+    return await run
+
+
 def main() -> int:
     job = json.loads(sys.argv[1])
     if job.get("stats_path"):
@@ -102,7 +113,10 @@ def main() -> int:
         if cmd.get("quit"):
             break
         before = _stats(job.get("stats_path"))
-        if cmd["kind"] == "point":
+        if cmd["kind"] == "profile":
+            res = loop.run_until_complete(profiled(engine, cmd["C"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab,
+                                                   cmd["steps"], cmd["dir"]))
+        elif cmd["kind"] == "point":
             res = loop.run_until_complete(closed_loop(engine, cmd["C"], cmd["n"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab))
         else:
             res = {"phases": loop.run_until_complete(phases(engine, cmd["schedule"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab))}
