@@ -15,5 +15,5 @@ set +e
 timeout "${BENCH_TIMEOUT:-580}" python3 -m spectool.cli bench --sglang-dir "$SITE" --out "$DEST" "$@" 2>&1 | tee "$OUT/bench-$(basename "$RESULTS").log"
 rc=${PIPESTATUS[0]}
 # The device tool returns only a few files per call: pack the folder into one.
-tar czf "$DEST.tgz" -C "$DEST" --exclude=models . && rm -rf "$DEST"
+tar czf "$DEST.tgz" -C "$DEST" --exclude=models --exclude=traces . && rm -rf "$DEST"
 exit $rc
