@@ -198,3 +198,60 @@ def test_draft_extend_graph_is_captured_at_one_token(sglang_release):
                              draft_worker=SimpleNamespace(cuda_graph_runner_for_draft_extend=None, draft_runner=None))
     build(worker, SimpleNamespace())
     assert worker._fallback_draft_extend_runner is None and "capture" not in seen
+
+
+@pytest.mark.parametrize("early_plan", [False, True])
+def test_verify_done_fires_only_after_the_new_lengths_exist(early_plan, sglang_release, monkeypatch):
+    """0.5.12's scheduler plans the next step once verify_done fires, reading new_seq_lens: the
+    event must be recorded after the lengths are computed. With SPECTOOL_FALLBACK_EARLY_PLAN=1
+    it is recorded before the target forward (the lengths do not depend on it), so the next
+    step is planned while this one runs; by default after the target forward, as in spec."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
+    tree = sglang_release("0.5.12")
+    assert api.apply(tree).ok
+    path = tree / "sglang/srt/speculative/eagle_worker_v2.py"
+    order = []
+
+    class SeqLens(torch.Tensor):
+        """Pre-step lengths that log every `+ k` result they produce (by identity)."""
+        def __add__(self, k):
+            out = torch.Tensor.__add__(self.as_subclass(torch.Tensor), k)
+            order.append(("lengths", id(out)))
+            return out
+
+    events = SimpleNamespace(Event=lambda: SimpleNamespace(record=lambda: order.append("verify_done")),
+                             current_stream=lambda: None)
+    fake_torch = SimpleNamespace(**{k: getattr(torch, k) for k in ("int32", "int64", "ones")},
+                                 get_device_module=lambda device: events)
+    ns = {"torch": fake_torch, "GenerationBatchResult": lambda **kw: SimpleNamespace(**kw),
+          "EagleDraftInput": lambda **kw: SimpleNamespace(**kw), "ForwardMode": SimpleNamespace(DECODE="DECODE"),
+          "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
+          "speculative_moe_backend_context": _null, "speculative_moe_a2a_backend_context": _null}
+    decode = load_function(path, "EAGLEWorkerV2._spec_fallback_decode", ns)
+
+    def target_forward(batch):
+        order.append("target")
+        return SimpleNamespace(logits_output=SimpleNamespace(hidden_states=torch.zeros(2, 4)),
+                               next_token_ids=torch.tensor([5, 6]), can_run_cuda_graph=True)
+
+    mr = SimpleNamespace(attn_backend="a", graph_runner="g")
+    worker = SimpleNamespace(
+        device="cpu", _fallback_early_plan=early_plan, req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(40).reshape(2, 20)),
+        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
+        _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
+        _fallback_attn_backend="d", _fallback_graph_runner="dg",
+        draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
+        _spec_fallback_draft_extend=lambda *a: order.append("draft"),
+    )
+    lens = torch.tensor([3, 7])
+    batch = SimpleNamespace(seq_lens=lens.clone().as_subclass(SeqLens), seq_lens_cpu=lens.clone(), seq_lens_sum=10,
+                            req_pool_indices=torch.tensor([0, 1]), spec_info=SimpleNamespace(bonus_tokens=torch.tensor([1, 2])))
+    res = decode(worker, batch)
+    assert res.next_draft_input.new_seq_lens.tolist() == [4, 8]
+    made = order.index(("lengths", id(res.next_draft_input.new_seq_lens)))
+    assert made < order.index("verify_done"), f"verify_done recorded before the new lengths exist: {order}"
+    if early_plan:
+        assert order.index("verify_done") < order.index("target"), order
+    else:
+        assert order.index("verify_done") > order.index("target"), order

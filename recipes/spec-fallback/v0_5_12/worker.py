@@ -48,6 +48,9 @@ logger = logging.getLogger(__name__)
 class EAGLEWorkerV2:
     def _spec_fallback_build_decode_graph(self, server_args):
         """A second target attention backend plus a DECODE graph runner (1 token/request)."""
+        # Experimental, off until measured on a GPU (docs/performance.md): see
+        # _spec_fallback_decode.
+        self._fallback_early_plan = os.environ.get("SPECTOOL_FALLBACK_EARLY_PLAN") == "1"
         mr = self._target_worker.model_runner
         backup_init = mr.init_new_workspace
         try:
@@ -142,6 +145,17 @@ class EAGLEWorkerV2:
             else CaptureHiddenMode.FULL
         )
 
+        # The scheduler plans the next step once verify_done fires (spec v2's
+        # prepare_for_decode waits on it for the new lengths). The spec path can only record
+        # it after verify; here every request gains exactly one token, so the lengths exist
+        # before the target runs. With SPECTOOL_FALLBACK_EARLY_PLAN=1 the event is recorded
+        # right after them and the scheduler prepares the next step while this one runs,
+        # as plain decoding's overlap does, instead of waiting for the target forward.
+        early = None
+        if getattr(self, "_fallback_early_plan", False):
+            early = (seq_lens + 1, torch.get_device_module(device).Event())
+            early[1].record()
+
         mr = self._target_worker.model_runner
         saved = (mr.attn_backend, mr.graph_runner)
         mr.attn_backend = self._fallback_attn_backend
@@ -153,11 +167,17 @@ class EAGLEWorkerV2:
         logits_output = target_out.logits_output
         next_token_ids = target_out.next_token_ids.to(torch.int32)
 
-        verify_done = torch.get_device_module(device).Event()
-        verify_done.record()
+        if early is None:
+            # The lengths first, then the event that tells the scheduler they exist (as
+            # upstream's verify does; the first revision recorded the event before them).
+            new_seq_lens = seq_lens + 1
+            verify_done = torch.get_device_module(device).Event()
+            verify_done.record()
+        else:
+            new_seq_lens, verify_done = early
         next_draft_input = EagleDraftInput(
             bonus_tokens=next_token_ids,
-            new_seq_lens=seq_lens + 1,
+            new_seq_lens=new_seq_lens,
             verify_done=verify_done,
         )
 
