@@ -200,17 +200,18 @@ def test_draft_extend_graph_is_captured_at_one_token(sglang_release):
     assert worker._fallback_draft_extend_runner is None and "capture" not in seen
 
 
-@pytest.mark.parametrize("early_plan", [False, True])
-def test_verify_done_fires_only_after_the_new_lengths_exist(early_plan, sglang_release, monkeypatch):
+@pytest.mark.parametrize("version,early_plan", [("0.5.12", False), ("0.5.12", True), ("0.5.8", False)])
+def test_verify_done_fires_only_after_the_new_lengths_exist(version, early_plan, sglang_release, monkeypatch):
     """0.5.12's scheduler plans the next step once verify_done fires, reading new_seq_lens: the
     event must be recorded after the lengths are computed. With SPECTOOL_FALLBACK_EARLY_PLAN=1
     it is recorded before the target forward (the lengths do not depend on it), so the next
     step is planned while this one runs; by default after the target forward, as in spec."""
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
-    tree = sglang_release("0.5.12")
+    tree = sglang_release(version)
     assert api.apply(tree).ok
     path = tree / "sglang/srt/speculative/eagle_worker_v2.py"
+    bonus = "verified_id" if version == "0.5.8" else "bonus_tokens"
     order = []
 
     class SeqLens(torch.Tensor):
@@ -237,7 +238,7 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(early_plan, sglang_r
 
     mr = SimpleNamespace(attn_backend="a", graph_runner="g")
     worker = SimpleNamespace(
-        device="cpu", _fallback_early_plan=early_plan, req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(40).reshape(2, 20)),
+        device="cpu", _fallback_early_plan=early_plan, speculative_num_draft_tokens=4, req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(40).reshape(2, 20)),
         speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
         _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
         _fallback_attn_backend="d", _fallback_graph_runner="dg",
@@ -246,7 +247,7 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(early_plan, sglang_r
     )
     lens = torch.tensor([3, 7])
     batch = SimpleNamespace(seq_lens=lens.clone().as_subclass(SeqLens), seq_lens_cpu=lens.clone(), seq_lens_sum=10,
-                            req_pool_indices=torch.tensor([0, 1]), spec_info=SimpleNamespace(bonus_tokens=torch.tensor([1, 2])))
+                            req_pool_indices=torch.tensor([0, 1]), spec_info=SimpleNamespace(**{bonus: torch.tensor([1, 2])}))
     res = decode(worker, batch)
     assert res.next_draft_input.new_seq_lens.tolist() == [4, 8]
     made = order.index(("lengths", id(res.next_draft_input.new_seq_lens)))

@@ -119,10 +119,12 @@ class EAGLEWorkerV2:
         logits_output = target_out.logits_output
         tokens = target_out.next_token_ids.to(torch.int32)
 
+        # The lengths first, then the event announcing them (as upstream's verify does).
+        new_seq_lens = seq_lens + 1
         verify_done = torch.get_device_module(device).Event()
         verify_done.record()
         next_draft_input = EagleDraftInput(
-            verified_id=tokens, new_seq_lens=seq_lens + 1, verify_done=verify_done
+            verified_id=tokens, new_seq_lens=new_seq_lens, verify_done=verify_done
         )
 
         batch.seq_lens = seq_lens
