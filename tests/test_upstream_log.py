@@ -113,3 +113,33 @@ def test_recorded_0517_run_reevaluates_to_the_recipes_counters(tmp_path):
         else:
             assert r["ok"] and r["equal"] == r["requests"], name
             assert (r["fallback_steps"], r["spec_steps"]) == (recipe[name]["fallback_steps"], recipe[name]["spec_steps"]), name
+
+
+def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(sglang_release, tmp_path):
+    """On the real releases: 0.5.12 (spectool's fallback) reads its stats files and runs every
+    configuration; 0.5.17 (upstream's switch) reads the engine logs, passes the threshold to the
+    parser, and skips STANDALONE with the reason. An unpatched tree is refused before any GPU probe."""
+    import pytest as _pytest
+
+    from spectool import api
+    from spectool.errors import BadInputError
+    from spectool.verify import runner, scenarios
+
+    models = {"target": "t", "eagle3_draft": "d"}
+    wls = scenarios.workloads()
+    for version, upstream in (("0.5.12", False), ("0.5.17", True)):
+        tree = sglang_release(version)
+        with _pytest.raises(BadInputError, match="is not patched"):
+            runner.inspect_tree(str(tree), {})
+        assert api.apply(tree).ok
+        env = {}
+        got_version, switch = runner.inspect_tree(str(tree), env)
+        assert (got_version, switch) == (version, upstream) and env["PYTHONPATH"].startswith(str(tree))
+        jobs, cfgs, skipped = runner.plan_jobs(scenarios.configs(), wls, models, tmp_path, version, switch)
+        spec_jobs = [j for j in jobs if j["config"]["algorithm"]]
+        if upstream:
+            assert set(skipped) == {"standalone-t4"} and "EAGLE/EAGLE3 only" in skipped["standalone-t4"]
+            assert all(j["observe"] == "log" and j["log_path"].endswith(f"{j['config']['name']}.log") for j in spec_jobs)
+        else:
+            assert skipped == {} and len(cfgs) == len(scenarios.configs())
+            assert all("observe" not in j and j["stats_path"] for j in spec_jobs)

@@ -101,31 +101,10 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
            timeout: float = 420, only: list[str] | None = None, model_cache: Path | None = None, console=None) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    env = dict(os.environ)
+    sg_version, upstream_switch = inspect_tree(sglang_dir, env)  # bad input first, then the GPU
     arch, gpu_name = gpu_info()
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    sg_version = None
-    upstream_switch = False
-    if sglang_dir:
-        from ..source import locate
-
-        tree = locate(sglang_dir)
-        sg_version = str(tree.version)
-        env["PYTHONPATH"] = os.pathsep.join([str(tree.root), str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
-        from .. import api
-
-        chk = api.check(sglang_dir)
-        if not all(r.status in ("already-applied", "upstreamed") for r in chk.plan.results):
-            bad = ", ".join(f"{r.id}={r.status}" for r in chk.plan.results)
-            raise BadInputError(f"the SGLang tree {sglang_dir} is not patched ({bad}); run 'spectool apply --sglang-dir {sglang_dir}' first.")
-        # Where the fallback is upstream's, its counters come from the engine log instead.
-        upstream_switch = any(r.id == "spec-fallback" and r.status == "upstreamed" for r in chk.plan.results)
-    else:
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
-    if sg_version is None:
-        import importlib.metadata
-
-        sg_version = importlib.metadata.version("sglang")
     t_all = time.time()
     spec = ModelSpec()
     log_lines = []
@@ -137,6 +116,49 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
     models = ensure_models(model_cache, spec, log=log_lines.append)
     wls = scenarios.workloads(spec)
     cfgs = [c for c in scenarios.configs() if not only or c.name in only or c.algorithm is None]
+    jobs, cfgs, skipped = plan_jobs(cfgs, wls, models, out_dir, sg_version, upstream_switch)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=False) as bar:
+        task = bar.add_task("engines", total=len(jobs))
+
+        def tick(name, res):
+            status = "ok" if res.get("ok") else "FAILED"
+            bar.console.print(f"  engine {name}: {status} (startup {res.get('startup_s', '?')} s, total {res.get('total_s', '?')} s)")
+            bar.advance(task)
+
+        results = run_engines(jobs, out_dir, env, parallel, timeout, tick)
+    report = evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root, record, skipped)
+    report["counters_from"] = "engine log (upstream's batch-size switch)" if upstream_switch else "spectool stats file"
+    report["wall_seconds"] = round(time.time() - t_all, 1)
+    report["model_build_log"] = log_lines
+    (out_dir / "verify-results.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def inspect_tree(sglang_dir: str | None, env: dict) -> tuple[str, bool]:
+    """(SGLang version, whether its batch-size switch is upstream's) of the tree under test,
+    which must be fully patched; puts it first on the engines' PYTHONPATH."""
+    here = str(Path(__file__).resolve().parents[2])
+    if not sglang_dir:
+        import importlib.metadata
+
+        env["PYTHONPATH"] = os.pathsep.join([here, env.get("PYTHONPATH", "")])
+        return importlib.metadata.version("sglang"), False
+    from .. import api
+    from ..source import locate
+
+    tree = locate(sglang_dir)
+    env["PYTHONPATH"] = os.pathsep.join([str(tree.root), here, env.get("PYTHONPATH", "")])
+    chk = api.check(sglang_dir)
+    if not all(r.status in ("already-applied", "upstreamed") for r in chk.plan.results):
+        bad = ", ".join(f"{r.id}={r.status}" for r in chk.plan.results)
+        raise BadInputError(f"the SGLang tree {sglang_dir} is not patched ({bad}); run 'spectool apply --sglang-dir {sglang_dir}' first.")
+    # Where the fallback is upstream's, its counters come from the engine log instead.
+    return str(tree.version), any(r.id == "spec-fallback" and r.status == "upstreamed" for r in chk.plan.results)
+
+
+def plan_jobs(cfgs, wls, models, out_dir: Path, sg_version: str, upstream_switch: bool):
+    """One job per engine configuration; (jobs, configs run, configs skipped with the reason)."""
     skipped = {}
     if upstream_switch:
         # Upstream's tiers (0.5.15+) cover EAGLE/EAGLE3 only; the threshold recipe refuses the
@@ -154,22 +176,7 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
         })
         if upstream_switch and c.algorithm:
             jobs[-1].update(observe="log", log_path=str(out_dir / f"{c.name}.log"), initial_steps=3)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=False) as bar:
-        task = bar.add_task("engines", total=len(jobs))
-
-        def tick(name, res):
-            status = "ok" if res.get("ok") else "FAILED"
-            bar.console.print(f"  engine {name}: {status} (startup {res.get('startup_s', '?')} s, total {res.get('total_s', '?')} s)")
-            bar.advance(task)
-
-        results = run_engines(jobs, out_dir, env, parallel, timeout, tick)
-    report = evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root, record, skipped)
-    report["counters_from"] = "engine log (upstream's batch-size switch)" if upstream_switch else "spectool stats file"
-    report["wall_seconds"] = round(time.time() - t_all, 1)
-    report["model_build_log"] = log_lines
-    (out_dir / "verify-results.json").write_text(json.dumps(report, indent=2))
-    return report
+    return jobs, cfgs, skipped
 
 
 def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root, record, skipped=None) -> dict:
