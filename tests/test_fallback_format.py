@@ -23,6 +23,14 @@ class _null:
         return False
 
 
+def _bind_shared_steps(path, ns, worker):
+    """The era-independent target step and draft sync of the same patched file, bound to the
+    simulated worker (the decode step calls them as methods)."""
+    for name in ("_spec_fallback_target_decode", "_spec_fallback_sync_draft"):
+        fn = load_function(path, f"EAGLEWorkerV2.{name}", ns)
+        setattr(worker, name, lambda *a, _fn=fn: _fn(worker, *a))
+
+
 @pytest.mark.parametrize("version", ["0.5.8", "0.5.12"])
 def test_fallback_result_format(version, sglang_release, monkeypatch):
     torch = pytest.importorskip("torch")
@@ -66,7 +74,9 @@ def test_fallback_result_format(version, sglang_release, monkeypatch):
         _fallback_attn_backend="decode-backend", _fallback_graph_runner="decode-graph",
         draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
         _spec_fallback_draft_extend=lambda *a: seen.setdefault("draft_extend", a),
+        _fallback_early_plan=False,
     )
+    _bind_shared_steps(path, ns, worker)
     batch = SimpleNamespace(seq_lens=torch.tensor([3, 5, 10]), seq_lens_cpu=torch.tensor([3, 5, 10]), seq_lens_sum=18,
                             req_pool_indices=torch.tensor([0, 2, 4]),
                             spec_info=DraftInput(**{bonus: torch.tensor([1, 2, 3], dtype=torch.int32)}))
@@ -245,6 +255,7 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, early_plan,
         draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
         _spec_fallback_draft_extend=lambda *a: order.append("draft"),
     )
+    _bind_shared_steps(path, ns, worker)
     lens = torch.tensor([3, 7])
     batch = SimpleNamespace(seq_lens=lens.clone().as_subclass(SeqLens), seq_lens_cpu=lens.clone(), seq_lens_sum=10,
                             req_pool_indices=torch.tensor([0, 1]), spec_info=SimpleNamespace(**{bonus: torch.tensor([1, 2])}))

@@ -4,7 +4,8 @@ Inserted into EAGLEWorkerV2 of every supported SGLang release. Everything here d
 on the batch (size, grammar, logprob and hidden-state flags), which every tensor-parallel
 rank receives identically, so all ranks take the same branch; the hysteresis state is
 updated from the same inputs on every rank. The era-specific half (how one plain decode step
-is run and returned) is in v0_5_12/worker.py and seed/worker.py.
+is returned, graph capture) is in v0_5_12/worker.py and seed/worker.py; the target step and
+the draft KV sync below are the same in both eras.
 """
 
 import collections
@@ -12,6 +13,14 @@ import json
 import logging
 import os
 import time
+
+import torch
+
+from sglang.srt.layers.moe.utils import (
+    speculative_moe_a2a_backend_context,
+    speculative_moe_backend_context,
+)
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 
 logger = logging.getLogger(__name__)
 
@@ -153,3 +162,60 @@ class EAGLEWorkerV2:
         with open(tmp, "w") as f:
             json.dump(self._fallback_stats, f)
         os.replace(tmp, path)
+
+    def _spec_fallback_target_decode(self, batch, input_ids):
+        """One plain DECODE step of the target over `input_ids` (one token per request), on
+        the fallback's own attention backend and decode graph; the spec path's TARGET_VERIFY
+        graph is swapped out for the call, never replayed with wrong shapes.
+
+        The token's KV goes to req_to_token[req, seq_len], inside the v2 per-request
+        over-allocation, exactly where verify would put its first token. Afterwards the batch
+        holds its pre-step lengths again and out_cache_loc = those slots, which is what the
+        draft extend over the same tokens needs."""
+        batch.seq_lens.record_stream(
+            torch.get_device_module(self.device).current_stream()
+        )
+        bs = len(batch.seq_lens)
+        seq_lens, seq_lens_cpu = batch.seq_lens, batch.seq_lens_cpu
+        seq_lens_sum = batch.seq_lens_sum
+        out_cache_loc = self.req_to_token_pool.req_to_token[
+            batch.req_pool_indices, seq_lens
+        ].to(torch.int64)
+
+        batch.input_ids = input_ids.to(torch.int64)
+        batch.out_cache_loc = out_cache_loc
+        batch.seq_lens = seq_lens + 1
+        batch.seq_lens_cpu = seq_lens_cpu + 1
+        batch.seq_lens_sum = seq_lens_sum + bs
+        batch.forward_mode = ForwardMode.DECODE
+        batch.spec_info = None
+        batch.capture_hidden_mode = (
+            CaptureHiddenMode.NULL
+            if self.speculative_algorithm.is_standalone()
+            else CaptureHiddenMode.FULL
+        )
+        mr = self._target_worker.model_runner
+        saved = (mr.attn_backend, mr.graph_runner)
+        mr.attn_backend = self._fallback_attn_backend
+        mr.graph_runner = self._fallback_graph_runner
+        try:
+            target_out = self._target_worker.forward_batch_generation(batch)
+        finally:
+            mr.attn_backend, mr.graph_runner = saved
+        batch.seq_lens, batch.seq_lens_cpu = seq_lens, seq_lens_cpu
+        batch.seq_lens_sum = seq_lens_sum
+        batch.out_cache_loc = out_cache_loc
+        return target_out
+
+    def _spec_fallback_sync_draft(self, batch, tokens, logits_output, next_draft_input):
+        """Draft KV sync: a one-token draft extend over the tokens the target produced, with
+        its hidden states, filling next_draft_input's topk_p / topk_index / hidden_states."""
+        with (
+            self.draft_worker.draft_tp_context(self.draft_worker.draft_runner.tp_group),
+            speculative_moe_backend_context(),
+            speculative_moe_a2a_backend_context(),
+        ):
+            self._spec_fallback_draft_extend(
+                batch, tokens, logits_output.hidden_states, next_draft_input
+            )
+        logits_output.hidden_states = None  # saves a (bs, 3H) device-to-host copy

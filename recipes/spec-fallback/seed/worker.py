@@ -23,13 +23,8 @@ import torch
 
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.layers.moe.utils import (
-    speculative_moe_a2a_backend_context,
-    speculative_moe_backend_context,
-)
 from sglang.srt.utils.common import fast_topk
 
 logger = logging.getLogger(__name__)
@@ -86,66 +81,21 @@ class EAGLEWorkerV2:
         device = self.device
         bs = len(batch.seq_lens)
         ndt = self.speculative_num_draft_tokens
-        batch.seq_lens.record_stream(torch.get_device_module(device).current_stream())
-        draft_input = batch.spec_info
-        seq_lens = batch.seq_lens
-        seq_lens_cpu = batch.seq_lens_cpu
-        seq_lens_sum = batch.seq_lens_sum
-        out_cache_loc = self.req_to_token_pool.req_to_token[
-            batch.req_pool_indices, seq_lens
-        ].to(torch.int64)
-
-        batch.input_ids = draft_input.verified_id.to(torch.int64)
-        batch.out_cache_loc = out_cache_loc
-        batch.seq_lens = seq_lens + 1
-        batch.seq_lens_cpu = seq_lens_cpu + 1
-        batch.seq_lens_sum = seq_lens_sum + bs
-        batch.forward_mode = ForwardMode.DECODE
-        batch.spec_info = None
-        batch.capture_hidden_mode = (
-            CaptureHiddenMode.NULL
-            if self.speculative_algorithm.is_standalone()
-            else CaptureHiddenMode.FULL
-        )
-
-        mr = self._target_worker.model_runner
-        saved = (mr.attn_backend, mr.graph_runner)
-        mr.attn_backend = self._fallback_attn_backend
-        mr.graph_runner = self._fallback_graph_runner
-        try:
-            target_out = self._target_worker.forward_batch_generation(batch)
-        finally:
-            mr.attn_backend, mr.graph_runner = saved
-        logits_output = target_out.logits_output
-        tokens = target_out.next_token_ids.to(torch.int32)
-
+        new_seq_lens = batch.seq_lens + 1
+        target_out = self._spec_fallback_target_decode(batch, batch.spec_info.verified_id)
         # The lengths first, then the event announcing them (as upstream's verify does).
-        new_seq_lens = seq_lens + 1
         verify_done = torch.get_device_module(device).Event()
         verify_done.record()
+        logits_output = target_out.logits_output
+        tokens = target_out.next_token_ids.to(torch.int32)
         next_draft_input = EagleDraftInput(
             verified_id=tokens, new_seq_lens=new_seq_lens, verify_done=verify_done
         )
-
-        batch.seq_lens = seq_lens
-        batch.seq_lens_cpu = seq_lens_cpu
-        batch.seq_lens_sum = seq_lens_sum
-        batch.out_cache_loc = out_cache_loc
-        with (
-            self.draft_worker.draft_tp_context(self.draft_worker.draft_runner.tp_group),
-            speculative_moe_backend_context(),
-            speculative_moe_a2a_backend_context(),
-        ):
-            self._spec_fallback_draft_extend(
-                batch, tokens, logits_output.hidden_states, next_draft_input
-            )
-        logits_output.hidden_states = None
-
+        self._spec_fallback_sync_draft(batch, tokens, logits_output, next_draft_input)
         # The consumer slices next_token_ids[i * ndt : i * ndt + accept_lens[i]].
-        padded = tokens.repeat_interleave(ndt)
         return GenerationBatchResult(
             logits_output=logits_output,
-            next_token_ids=padded,
+            next_token_ids=tokens.repeat_interleave(ndt),
             can_run_cuda_graph=target_out.can_run_cuda_graph,
             next_draft_input=next_draft_input,
             accept_lens=torch.ones(bs, dtype=torch.int32, device=device),

@@ -23,23 +23,19 @@ Inserted into sglang/srt/speculative/eagle_worker_v2.py. Design (see docs/fallba
 """
 
 import logging
+import os
 import time
 
 import torch
 
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.speculative.draft_utils import DraftBackendFactory
 from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
     EAGLEDraftExtendCudaGraphRunner,
 )
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.layers.moe.utils import (
-    speculative_moe_a2a_backend_context,
-    speculative_moe_backend_context,
-)
 from sglang.srt.utils.common import fast_topk
 
 logger = logging.getLogger(__name__)
@@ -120,82 +116,28 @@ class EAGLEWorkerV2:
         """One plain decode step in the speculative result format (0.5.12: stride 1)."""
         device = self.device
         bs = len(batch.seq_lens)
-        batch.seq_lens.record_stream(torch.get_device_module(device).current_stream())
-        draft_input = batch.spec_info
-        seq_lens = batch.seq_lens
-        seq_lens_cpu = batch.seq_lens_cpu
-        seq_lens_sum = batch.seq_lens_sum
-
-        # KV slot of the bonus token: req_to_token[req, seq_len], inside the v2 per-request
-        # over-allocation, exactly where verify would put its first token.
-        out_cache_loc = self.req_to_token_pool.req_to_token[
-            batch.req_pool_indices, seq_lens
-        ].to(torch.int64)
-
-        batch.input_ids = draft_input.bonus_tokens.to(torch.int64)
-        batch.out_cache_loc = out_cache_loc
-        batch.seq_lens = seq_lens + 1
-        batch.seq_lens_cpu = seq_lens_cpu + 1
-        batch.seq_lens_sum = seq_lens_sum + bs
-        batch.forward_mode = ForwardMode.DECODE
-        batch.spec_info = None
-        batch.capture_hidden_mode = (
-            CaptureHiddenMode.NULL
-            if self.speculative_algorithm.is_standalone()
-            else CaptureHiddenMode.FULL
-        )
-
         # The scheduler plans the next step once verify_done fires (spec v2's
-        # prepare_for_decode waits on it for the new lengths). The spec path can only record
-        # it after verify; here every request gains exactly one token, so the lengths exist
-        # before the target runs. With SPECTOOL_FALLBACK_EARLY_PLAN=1 the event is recorded
-        # right after them and the scheduler prepares the next step while this one runs,
-        # as plain decoding's overlap does, instead of waiting for the target forward.
-        early = None
-        if getattr(self, "_fallback_early_plan", False):
-            early = (seq_lens + 1, torch.get_device_module(device).Event())
-            early[1].record()
-
-        mr = self._target_worker.model_runner
-        saved = (mr.attn_backend, mr.graph_runner)
-        mr.attn_backend = self._fallback_attn_backend
-        mr.graph_runner = self._fallback_graph_runner
-        try:
-            target_out = self._target_worker.forward_batch_generation(batch)
-        finally:
-            mr.attn_backend, mr.graph_runner = saved
+        # prepare_for_decode waits on it for the new lengths), so it is recorded only after
+        # they exist. The spec path can only have them after verify; here every request gains
+        # exactly one token, so they exist before the target runs. With
+        # SPECTOOL_FALLBACK_EARLY_PLAN=1 the event fires right away and the scheduler prepares
+        # the next step while this one runs, as plain decoding's overlap does; by default it
+        # fires after the target forward, as in the spec path.
+        new_seq_lens = batch.seq_lens + 1
+        verify_done = torch.get_device_module(device).Event()
+        if self._fallback_early_plan:
+            verify_done.record()
+        target_out = self._spec_fallback_target_decode(batch, batch.spec_info.bonus_tokens)
+        if not self._fallback_early_plan:
+            verify_done.record()
         logits_output = target_out.logits_output
         next_token_ids = target_out.next_token_ids.to(torch.int32)
-
-        if early is None:
-            # The lengths first, then the event that tells the scheduler they exist (as
-            # upstream's verify does; the first revision recorded the event before them).
-            new_seq_lens = seq_lens + 1
-            verify_done = torch.get_device_module(device).Event()
-            verify_done.record()
-        else:
-            new_seq_lens, verify_done = early
         next_draft_input = EagleDraftInput(
             bonus_tokens=next_token_ids,
             new_seq_lens=new_seq_lens,
             verify_done=verify_done,
         )
-
-        # Draft KV sync over the same slot, with the target's hidden states.
-        batch.seq_lens = seq_lens
-        batch.seq_lens_cpu = seq_lens_cpu
-        batch.seq_lens_sum = seq_lens_sum
-        batch.out_cache_loc = out_cache_loc
-        with (
-            self.draft_worker.draft_tp_context(self.draft_worker.draft_runner.tp_group),
-            speculative_moe_backend_context(),
-            speculative_moe_a2a_backend_context(),
-        ):
-            self._spec_fallback_draft_extend(
-                batch, next_token_ids, logits_output.hidden_states, next_draft_input
-            )
-        logits_output.hidden_states = None  # saves a (bs, 3H) device-to-host copy
-
+        self._spec_fallback_sync_draft(batch, next_token_ids, logits_output, next_draft_input)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=next_token_ids,
