@@ -35,11 +35,7 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
     from ..verify.runner import gpu_info
 
     max_bs = max(concurrencies)
-    arm_list = [a for a in make_arms(threshold, max_bs) if not arm_names or a.name in arm_names]
-    unknown = set(arm_names or ()) - {a.name for a in make_arms(threshold, max_bs)}
-    if unknown or not arm_list:
-        raise BadInputError(f"--arms {','.join(arm_names)}: unknown arm(s) {sorted(unknown)}; the arms are A0 (no speculation), "
-                            "A1 (EAGLE-3), A2 (threshold T), A3 (threshold above any batch), A4 (threshold 0).")
+    arm_list = select_arms(threshold, max_bs, arm_names)
     if transition and "A2" not in {a.name for a in arm_list}:
         transition = False  # the transition workload runs on A2
     _, gpu = gpu_info("bench")  # a clear error (exit 2) without a GPU, before any engine starts
@@ -79,6 +75,16 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
                     f.write(json.dumps(cell) + "\n")
                 bar.advance(task)
     return summarize(out, cells, concurrencies, threshold, acc_len, trans, startup, version, gpu)
+
+
+def select_arms(threshold: int, max_bs: int, arm_names) -> list:
+    """The arms named (all when none are), or a one-paragraph error naming the unknown ones."""
+    every = make_arms(threshold, max_bs)
+    unknown = sorted(set(arm_names or ()) - {a.name for a in every})
+    if unknown:
+        raise BadInputError(f"--arms {','.join(arm_names)}: unknown arm(s) {unknown}; the arms are A0 (no speculation), "
+                            "A1 (EAGLE-3), A2 (threshold T), A3 (threshold above any batch), A4 (threshold 0).")
+    return [a for a in every if not arm_names or a.name in arm_names]
 
 
 def _environment(sglang_dir, acc_len):
@@ -135,9 +141,7 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
     from . import profile as prof
 
     max_bs = max(concurrencies)
-    arm_list = [a for a in make_arms(threshold, max_bs) if a.name in arm_names]
-    if not arm_list:
-        raise BadInputError(f"--arms {','.join(arm_names)}: no such arm to profile")
+    arm_list = select_arms(threshold, max_bs, arm_names)
     gpu_info("bench")
     out.mkdir(parents=True, exist_ok=True)
     version, env = _environment(sglang_dir, acc_len)
