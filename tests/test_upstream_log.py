@@ -59,19 +59,15 @@ def test_real_0517_log_gives_the_recipes_counters():
     import json
     from pathlib import Path
 
-    from spectool.verify.upstream_log import DECODE
+    from spectool.verify.upstream_log import stats_at_decode_line
 
     fx = Path(__file__).parent / "fixtures" / "upstream-0.5.17"
     lines = (fx / "eagle3-t4.log").read_text().splitlines()
     meta = json.loads((fx / "eagle3-t4.json").read_text())
-    decode_at = [i for i, ln in enumerate(lines) if DECODE.search(ln)]
-
-    def upto(n):
-        return "\n".join(lines[: decode_at[n - 1] + 1]) if n else ""
 
     got = {}
     for name, (b, a) in meta["decode_lines_at_workload_bounds"].items():
-        w = compare.stats_window(stats_from_log(upto(b), 3, threshold=4), stats_from_log(upto(a), 3, threshold=4))
+        w = compare.stats_window(stats_at_decode_line(lines, b, 3, threshold=4), stats_at_decode_line(lines, a, 3, threshold=4))
         got[name] = [w["fallback_steps"], w["spec_steps"]]
     assert got == meta["recipe_counters_0.5.12"]
 

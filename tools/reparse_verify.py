@@ -7,7 +7,6 @@ workload bounds the run recorded, and re-runs the comparison and the path checks
     python tools/reparse_verify.py results/verify-0.5.17   # writes verify-results-reparsed.json
 """
 
-import io
 import json
 import sys
 import tarfile
@@ -16,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 
 from spectool.verify import runner, scenarios
-from spectool.verify.upstream_log import DECODE, stats_from_log
+from spectool.verify.upstream_log import stats_at_decode_line
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,15 +35,10 @@ def main(folder: Path) -> int:
         res = json.loads(out)
         log = files.get(f"{c.name}.log", "").replace("\r", "\n").splitlines()
         if c.algorithm and report.get("counters_from", "").startswith("engine log"):
-            decode_at = [i for i, ln in enumerate(log) if DECODE.search(ln)]
-
-            def upto(n):
-                return "\n".join(log[: decode_at[n - 1] + 1]) if n else ""
-
             for w in res["workloads"].values():
-                b = sum(w["stats_before"].get(k, 0) for k in ("fallback_steps", "spec_steps"))
-                a = sum(w["stats_after"].get(k, 0) for k in ("fallback_steps", "spec_steps"))
-                w["stats_before"], w["stats_after"] = (stats_from_log(upto(b), 3, c.threshold), stats_from_log(upto(a), 3, c.threshold))
+                b, a = (sum(snap.get(k, 0) for k in ("fallback_steps", "spec_steps")) for snap in (w["stats_before"], w["stats_after"]))
+                w["stats_before"] = stats_at_decode_line(log, b, 3, c.threshold)
+                w["stats_after"] = stats_at_decode_line(log, a, 3, c.threshold)
         results[c.name] = res
     wls = scenarios.workloads()
     models = {"meta": report["model"]}

@@ -68,3 +68,16 @@ def stats_from_log(text: str, initial_steps: int, threshold: int | None = None) 
         if pending is not None:
             steps, pending = pending, None
     return stats
+
+
+def stats_at_decode_line(lines: list[str], n: int, initial_steps: int, threshold: int | None = None) -> dict:
+    """The counters as they stood right after the n-th decode line of a log: the snapshot a
+    recorded run took at a workload bound (its counters then held n decode steps)."""
+    end, seen = (0 if n == 0 else len(lines)), 0
+    for i, line in enumerate(lines):
+        if n and DECODE.search(line):
+            seen += 1
+            if seen == n:
+                end = i + 1
+                break
+    return stats_from_log("\n".join(lines[:end]), initial_steps, threshold)
