@@ -8,6 +8,7 @@ on the same H200 with the same bench: A2/E per C, table and plot.
 from pathlib import Path
 
 from spectool.bench import analyze
+from spectool.bench.arms import arms
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = {
@@ -20,8 +21,7 @@ if __name__ == "__main__":
     runs = {name: analyze.load_medians(folder) for name, folder in RUNS.items()}
     for name, folder in RUNS.items():
         if not (folder / "bench-plot.png").exists():  # a run whose raw files did not come back
-            labels = {"A0": "no speculation", "A1": "EAGLE-3 (chain, topk 1)", "A2": "patched, threshold 32",
-                      "A4": "patched, threshold 0 (fallback always)"}
+            labels = {a.name: a.label for a in arms(32) if a.name != "A3"}  # these runs predate A3
             analyze.plot(runs[name], CS, labels, folder / "bench-plot.png",
                          f"{name}: H200, Llama-3.1-8B shape, acceptance 3.0 (from bench-table.md)")
     md = analyze.compare_markdown(runs, CS)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import defaultdict
+from pathlib import Path
 
 
 def medians(cells: list[dict]) -> dict:
@@ -144,9 +146,6 @@ def medians_from_table(text: str) -> dict:
 
 def load_medians(folder) -> dict:
     """Medians of a results folder: from its cells.jsonl, else from its bench-table.md."""
-    import json
-    from pathlib import Path
-
     folder = Path(folder)
     cells = folder / "cells.jsonl"
     if cells.exists():
