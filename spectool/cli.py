@@ -286,7 +286,7 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, model_cache,
 @click.option("--budget", type=float, default=540, help="Stop measuring after this many seconds (resume later).")
 @click.option("--no-transition", is_flag=True)
 @click.option("--arms", "arm_names", default="A0,A1,A2,A3,A4",
-              help="Comma-separated arms (A0 no spec, A1 EAGLE-3, A2 threshold T, A3 threshold above any batch, A4 T=0).")
+              help="Comma-separated arms (A0 no spec, A1 EAGLE-3, A2 threshold T, A3 threshold above any batch, A4 T=0, A4L T=0 with late plan).")
 @click.option("--suggest-threshold", "suggest", is_flag=True, help="Only print T from the recorded results in --out.")
 @click.option("--profile", "profile_steps", type=int, default=0,
               help="Instead of the sweep: profile this many steady-state decode steps per arm and C (SGLang's profiler), "

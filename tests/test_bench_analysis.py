@@ -77,4 +77,17 @@ def test_table_round_trip_and_the_upstream_comparison():
     for C in (64, 256):
         assert r_ours[C]["A2/E"] > r_up[C]["A2/E"] + 0.3
     table = compare_markdown({"ours": ours, "upstream": upstream}, DEFAULT_C)
-    assert "| 64 | 0.790 | 0.424 |" in table
+    assert "| 64 | 0.790 | 0.429 |" in table
+
+
+def test_transition_phases_are_compared_with_their_own_reference(tmp_path):
+    """A phase is judged against the same (C, n) run on its own, not against the sweep's
+    median at another request count; older results without a reference fall back to it."""
+    trans = {"A2": {"phases": [{"C": 4, "output_tok_s": 950.0}, {"C": 192, "output_tok_s": 9000.0}],
+                    "reference": {"4": 1000.0, "192": 10000.0}}}
+    rep = summarize(tmp_path, _cells(), DEFAULT_C, 12, 3.0, trans, {})
+    assert [round(r["ratio"], 3) for r in rep["transition"]["A2"]] == [0.95, 0.9]
+    del trans["A2"]["reference"]
+    rep = summarize(tmp_path, _cells(), DEFAULT_C, 12, 3.0, trans, {})
+    m = analyze.medians(_cells())
+    assert rep["transition"]["A2"][0]["steady"] == m[("A2", 4)]["median"]

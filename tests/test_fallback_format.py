@@ -213,9 +213,10 @@ def test_draft_extend_graph_is_captured_at_one_token(sglang_release):
 @pytest.mark.parametrize("version,early_plan", [("0.5.12", False), ("0.5.12", True), ("0.5.8", False)])
 def test_verify_done_fires_only_after_the_new_lengths_exist(version, early_plan, sglang_release, monkeypatch):
     """0.5.12's scheduler plans the next step once verify_done fires, reading new_seq_lens: the
-    event must be recorded after the lengths are computed. With SPECTOOL_FALLBACK_EARLY_PLAN=1
-    it is recorded before the target forward (the lengths do not depend on it), so the next
-    step is planned while this one runs; by default after the target forward, as in spec."""
+    event must be recorded after the lengths are computed. By default (0.5.12) it is recorded
+    before the target forward (the lengths do not depend on it), so the next step is planned
+    while this one runs; with SPECTOOL_FALLBACK_EARLY_PLAN=0, and in the seed era, after the
+    target forward, as in spec."""
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
     tree = sglang_release(version)
@@ -267,3 +268,24 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, early_plan,
         assert order.index("verify_done") < order.index("target"), order
     else:
         assert order.index("verify_done") > order.index("target"), order
+
+
+@pytest.mark.parametrize("env,early", [(None, True), ("1", True), ("0", False)])
+def test_early_plan_is_the_default_and_can_be_turned_off(env, early, sglang_release, monkeypatch):
+    """The scheduler plans the next step during a fallback step unless
+    SPECTOOL_FALLBACK_EARLY_PLAN=0 (the bench's A4L control arm)."""
+    import os
+
+    if env is None:
+        monkeypatch.delenv("SPECTOOL_FALLBACK_EARLY_PLAN", raising=False)
+    else:
+        monkeypatch.setenv("SPECTOOL_FALLBACK_EARLY_PLAN", env)
+    tree = sglang_release("0.5.12")
+    assert api.apply(tree).ok
+    build = load_function(tree / "sglang/srt/speculative/eagle_worker_v2.py",
+                          "EAGLEWorkerV2._spec_fallback_build_decode_graph", {"os": os})
+    mr = SimpleNamespace(init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "decode-backend")
+    worker = SimpleNamespace(_target_worker=SimpleNamespace(model_runner=mr))
+    build(worker, SimpleNamespace(disable_cuda_graph=True))
+    assert worker._fallback_early_plan is early
+    assert worker._fallback_attn_backend == "decode-backend"

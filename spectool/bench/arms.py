@@ -12,17 +12,22 @@ class Arm:
     spec: bool
     threshold: int | None = None
     extra: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)  # for the engine process (recipe switches)
 
 
 def arms(threshold: int, max_bs: int = 256) -> list[Arm]:
     """A3's threshold is the largest batch the sweep can form, so it never falls back: it
-    measures what the patch costs while speculating (against A1)."""
+    measures what the patch costs while speculating (against A1). A4L, not run by default, is
+    A4 with the scheduler's next-step planning held until the target forward ends (the spec
+    path's order): against A4 it measures what planning during the step gains."""
     return [
         Arm("A0", "no speculation", False),
         Arm("A1", "EAGLE-3 (chain, topk 1)", True),
         Arm("A2", f"patched, threshold {threshold}", True, threshold),
         Arm("A3", f"patched, threshold {max_bs} (never falls back)", True, max_bs),
         Arm("A4", "patched, threshold 0 (fallback always)", True, 0),
+        Arm("A4L", "patched, threshold 0, late plan (SPECTOOL_FALLBACK_EARLY_PLAN=0)", True, 0,
+            env={"SPECTOOL_FALLBACK_EARLY_PLAN": "0"}),
     ]
 
 

@@ -19,8 +19,10 @@ from .arms import arms as make_arms, engine_kwargs
 from .models import write_models
 
 DEFAULT_C = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-# Alternating low and high load (closed loop): switches must cost nothing visible.
-TRANSITION = [{"C": 4, "n": 12}, {"C": 192, "n": 288}, {"C": 4, "n": 12}, {"C": 192, "n": 288}, {"C": 4, "n": 12}]
+# Alternating low and high load (closed loop): switches must cost nothing visible. Phases are
+# long enough (8 and 2 waves) for a steady window; each is compared with the same (C, n) run on
+# its own right before (the reference), so ramp and drain count alike on both sides.
+TRANSITION = [{"C": 4, "n": 32}, {"C": 192, "n": 384}, {"C": 4, "n": 32}, {"C": 192, "n": 384}, {"C": 4, "n": 32}]
 
 
 def _requests_for(C: int) -> int:
@@ -62,10 +64,9 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
                 if time.time() - t_start > budget_s:
                     bar.console.print("time budget reached: stopping; rerun to resume")
                     break
-                if transition and trans is None and rep >= 2:
-                    # After two full repetitions: the steady-state reference exists.
-                    trans = {"A2": _command(procs["A2"], out, {"kind": "phases", "schedule": TRANSITION, "prompt_len": prompt_len,
-                                                               "out_len": out_len, "seed": 77})}
+                if transition and trans is None and rep >= min(1, reps - 1):
+                    # After the first repetition, so a time budget rarely cuts it off.
+                    trans = {"A2": _transition(procs["A2"], out, prompt_len, out_len)}
                     tpath.write_text(json.dumps(trans, indent=1))
                 res = _command(procs[arm], out, {"kind": "point", "C": C, "n": _requests_for(C), "prompt_len": prompt_len,
                                                   "out_len": out_len, "seed": 1000 * rep + C})
@@ -77,13 +78,26 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
     return summarize(out, cells, concurrencies, threshold, acc_len, trans, startup, version, gpu)
 
 
+def _transition(proc, out: Path, prompt_len: int, out_len: int) -> dict:
+    """The alternating schedule on one engine, after one standalone run of each distinct
+    phase (same C, n and prompts: the steady-state reference)."""
+    reference = {}
+    for i, ph in enumerate(TRANSITION):
+        if str(ph["C"]) not in reference:
+            reference[str(ph["C"])] = _command(proc, out, {"kind": "point", "C": ph["C"], "n": ph["n"], "prompt_len": prompt_len,
+                                                           "out_len": out_len, "seed": 77 + i})["output_tok_s"]
+    res = _command(proc, out, {"kind": "phases", "schedule": TRANSITION, "prompt_len": prompt_len, "out_len": out_len, "seed": 77})
+    return {**res, "reference": reference}
+
+
 def select_arms(threshold: int, max_bs: int, arm_names) -> list:
     """The arms named (all when none are), or a one-paragraph error naming the unknown ones."""
     every = make_arms(threshold, max_bs)
     unknown = sorted(set(arm_names or ()) - {a.name for a in every})
     if unknown:
         raise BadInputError(f"--arms {','.join(arm_names)}: unknown arm(s) {unknown}; the arms are A0 (no speculation), "
-                            "A1 (EAGLE-3), A2 (threshold T), A3 (threshold above any batch), A4 (threshold 0).")
+                            "A1 (EAGLE-3), A2 (threshold T), A3 (threshold above any batch), A4 (threshold 0), "
+                            "A4L (threshold 0, late plan).")
     return [a for a in every if not arm_names or a.name in arm_names]
 
 
@@ -112,7 +126,8 @@ def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int)
         Path(job["ready_path"]).unlink(missing_ok=True)
         log = open(out / f"{arm.name}.log", "w")
         procs[arm.name] = subprocess.Popen([sys.executable, "-m", "spectool.bench.worker", json.dumps(job)], stdin=subprocess.PIPE,
-                                           stdout=log, stderr=subprocess.STDOUT, env=env, text=True, start_new_session=True)
+                                           stdout=log, stderr=subprocess.STDOUT, env={**env, **arm.env}, text=True,
+                                           start_new_session=True)
     try:
         _wait_ready(procs, out, timeout=420)
         yield procs, {a: json.loads((out / f"{a}.ready.json").read_text())["startup_s"] for a in procs}
@@ -224,8 +239,9 @@ def _transition_summary(trans, m):
     out = {}
     for arm, res in trans.items():
         rows = []
+        ref = res.get("reference", {})
         for ph in res["phases"]:
-            steady = m.get((arm, ph["C"]), {}).get("median") or _interp(m, arm, ph["C"])
+            steady = ref.get(str(ph["C"])) or m.get((arm, ph["C"]), {}).get("median") or _interp(m, arm, ph["C"])
             rows.append({"C": ph["C"], "tok_s": ph["output_tok_s"], "steady": steady,
                          "ratio": ph["output_tok_s"] / steady if steady else None})
         out[arm] = rows

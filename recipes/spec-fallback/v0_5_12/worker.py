@@ -44,9 +44,10 @@ logger = logging.getLogger(__name__)
 class EAGLEWorkerV2:
     def _spec_fallback_build_decode_graph(self, server_args):
         """A second target attention backend plus a DECODE graph runner (1 token/request)."""
-        # Experimental, off until measured on a GPU (docs/performance.md): see
+        # On by default; SPECTOOL_FALLBACK_EARLY_PLAN=0 restores the spec path's order (the
+        # bench's A4L arm measures the difference, docs/performance.md): see
         # _spec_fallback_decode.
-        self._fallback_early_plan = os.environ.get("SPECTOOL_FALLBACK_EARLY_PLAN") == "1"
+        self._fallback_early_plan = os.environ.get("SPECTOOL_FALLBACK_EARLY_PLAN", "1") != "0"
         mr = self._target_worker.model_runner
         backup_init = mr.init_new_workspace
         try:
@@ -119,10 +120,10 @@ class EAGLEWorkerV2:
         # The scheduler plans the next step once verify_done fires (spec v2's
         # prepare_for_decode waits on it for the new lengths), so it is recorded only after
         # they exist. The spec path can only have them after verify; here every request gains
-        # exactly one token, so they exist before the target runs. With
-        # SPECTOOL_FALLBACK_EARLY_PLAN=1 the event fires right away and the scheduler prepares
-        # the next step while this one runs, as plain decoding's overlap does; by default it
-        # fires after the target forward, as in the spec path.
+        # exactly one token, so they exist before the target runs: the event fires right away
+        # and the scheduler prepares the next step while this one runs, as plain decoding's
+        # overlap does. SPECTOOL_FALLBACK_EARLY_PLAN=0 fires it after the target forward, as
+        # in the spec path (a diagnostic control).
         new_seq_lens = batch.seq_lens + 1
         verify_done = torch.get_device_module(device).Event()
         if self._fallback_early_plan:
