@@ -287,14 +287,16 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, model_cache,
 @click.option("--no-transition", is_flag=True)
 @click.option("--arms", "arm_names", default="A0,A1,A2,A3,A4",
               help="Comma-separated arms (A0 no spec, A1 EAGLE-3, A2 threshold T, A3 threshold above any batch, A4 T=0, A4L T=0 with late plan).")
+@click.option("--max-engines", type=int, default=4, show_default=True,
+              help="Engines on the GPU at once; more arms run in waves (an 8B-shaped engine takes ~28 GiB).")
 @click.option("--suggest-threshold", "suggest", is_flag=True, help="Only print T from the recorded results in --out.")
 @click.option("--profile", "profile_steps", type=int, default=0,
               help="Instead of the sweep: profile this many steady-state decode steps per arm and C (SGLang's profiler), "
                    "and report ms/step against GPU-busy ms/step (profile.md).")
 @_json_opt
 @guarded
-def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, arm_names, suggest,
-          profile_steps, as_json):
+def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, arm_names,
+          max_engines, suggest, profile_steps, as_json):
     """Throughput sweep (GPU): no-spec, EAGLE-3, and the patched fallback, per concurrency."""
     import json as _json
 
@@ -324,7 +326,7 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
     for a, folder in folders.items():
         reports[a] = run(folder, threshold=threshold, concurrencies=cs, reps=reps, prompt_len=prompt_len, out_len=out_len,
                          acc_len=a, transition=not no_transition, budget_s=budget, sglang_dir=sglang_dir,
-                         arm_names=[x for x in arm_names.split(",") if x], console=_console())
+                         arm_names=[x for x in arm_names.split(",") if x], max_engines=max_engines, console=_console())
     if as_json:
         click.echo(to_json(reports[accs[0]] if len(accs) == 1 else {f"{a:g}": r for a, r in reports.items()}))
     else:

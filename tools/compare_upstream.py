@@ -13,6 +13,7 @@ from spectool.bench.arms import arms
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = {
     "0.5.12 + spectool fallback (T=32)": ROOT / "results/bench-0.5.12",
+    "0.5.12 + fallback, late plan (session 2)": ROOT / "results/bench-0.5.12-late-rev94d8611",
     "0.5.17 upstream steps-0 tier (T=32)": ROOT / "results/bench-0.5.17",
 }
 CS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -21,7 +22,7 @@ if __name__ == "__main__":
     runs = {name: analyze.load_medians(folder) for name, folder in RUNS.items()}
     for name, folder in RUNS.items():
         if not (folder / "bench-plot.png").exists():  # a run whose raw files did not come back
-            labels = {a.name: a.label for a in arms(32) if a.name != "A3"}  # these runs predate A3
+            labels = {a.name: a.label for a in arms(32) if a.name not in ("A3", "A4L")}  # these runs predate them
             analyze.plot(runs[name], CS, labels, folder / "bench-plot.png",
                          f"{name}: H200, Llama-3.1-8B shape, acceptance 3.0 (from bench-table.md)")
     md = analyze.compare_markdown(runs, CS)

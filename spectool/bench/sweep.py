@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import BadInputError
 from . import analyze
-from .arms import arms as make_arms, engine_kwargs
+from .arms import DEFAULT_ARMS, arms as make_arms, engine_kwargs
 from .models import write_models
 
 DEFAULT_C = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -24,14 +24,25 @@ DEFAULT_C = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 # its own right before (the reference), so ramp and drain count alike on both sides.
 TRANSITION = [{"C": 4, "n": 32}, {"C": 192, "n": 384}, {"C": 4, "n": 32}, {"C": 192, "n": 384}, {"C": 4, "n": 32}]
 
+# Engines of the benchmark shape (8B target, bf16, KV for 256 x 272 tokens, graphs) take about
+# 28 GiB each: five do not fit one H200 (measured: the fifth ran out of memory while capturing
+# its graphs, and a fallback without its graphs would have been measured eagerly).
+MAX_ENGINES = 4
+# The comparisons the goals are about share a wave when the arms must be split: A2 and A4
+# against A0 and A1 first, then the controls.
+WAVE_ORDER = ("A0", "A1", "A2", "A4", "A3", "A4L")
+
 
 def _requests_for(C: int) -> int:
-    return max(4, 2 * C) if C <= 64 else int(1.5 * C)
+    """Requests per cell. At C <= 8 at least 16, so the steady window spans several requests
+    (4 requests at C=1 gave 0.7 s windows and +-10% cell-to-cell noise on the H200)."""
+    return max(16, 2 * C) if C <= 64 else int(1.5 * C)
 
 
 def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, prompt_len: int = 128,
         out_len: int = 128, acc_len: float = 3.0, transition: bool = True, budget_s: float = 540,
-        sglang_dir: str | None = None, arm_names: list[str] | None = None, console=None) -> dict:
+        sglang_dir: str | None = None, arm_names: list[str] | None = None, max_engines: int = MAX_ENGINES,
+        console=None) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..verify.runner import gpu_info
@@ -52,30 +63,58 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
             cells.append(c)
             done.add((c["arm"], c["C"], c["rep"], c.get("acc_len", acc_len)))
     version, env = _environment(sglang_dir, acc_len)
-    trans = None
-    with _engines(arm_list, out, env, max_bs, max_bs * (prompt_len + out_len + 16) + 4096) as (procs, startup):
-        todo = [(rep, C, arm.name) for rep in range(reps) for C in concurrencies for arm in _rotated(arm_list, rep)]
-        todo = [t for t in todo if (t[2], t[1], t[0], acc_len) not in done]
-        tpath = out / "transition.json"
-        trans = json.loads(tpath.read_text()) if tpath.exists() else None
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console) as bar:
-            task = bar.add_task("cells", total=len(todo))
-            for rep, C, arm in todo:
-                if time.time() - t_start > budget_s:
-                    bar.console.print("time budget reached: stopping; rerun to resume")
-                    break
-                if transition and trans is None and rep >= min(1, reps - 1):
-                    # After the first repetition, so a time budget rarely cuts it off.
+    tpath = out / "transition.json"
+    trans = json.loads(tpath.read_text()) if tpath.exists() else None
+    startup = {}
+    waves = plan_waves(arm_list, max_engines)
+    todo_of = {}
+    for wave in waves:
+        todo = [(rep, C, arm.name) for rep in range(reps) for C in concurrencies for arm in _rotated(wave, rep)]
+        todo_of[tuple(a.name for a in wave)] = [t for t in todo if (t[2], t[1], t[0], acc_len) not in done]
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("cells", total=sum(len(t) for t in todo_of.values()))
+        for wave in waves:
+            todo = todo_of[tuple(a.name for a in wave)]
+            wants_transition = transition and trans is None and any(a.name == "A2" for a in wave)
+            if not todo and not wants_transition:
+                continue
+            if time.time() - t_start > budget_s:
+                bar.console.print("time budget reached: stopping; rerun to resume")
+                break
+            if len(waves) > 1:
+                bar.console.print(f"engines for {', '.join(a.name for a in wave)} (at most {max_engines} share the GPU)")
+            with _engines(wave, out, env, max_bs, max_bs * (prompt_len + out_len + 16) + 4096) as (procs, started):
+                startup.update(started)
+                for rep, C, arm in todo:
+                    if time.time() - t_start > budget_s:
+                        bar.console.print("time budget reached: stopping; rerun to resume")
+                        break
+                    if wants_transition and trans is None and rep >= min(1, reps - 1):
+                        # After the first repetition, so a time budget rarely cuts it off.
+                        trans = {"A2": _transition(procs["A2"], out, prompt_len, out_len)}
+                        tpath.write_text(json.dumps(trans, indent=1))
+                    res = _command(procs[arm], out, {"kind": "point", "C": C, "n": _requests_for(C), "prompt_len": prompt_len,
+                                                      "out_len": out_len, "seed": 1000 * rep + C})
+                    cell = {"arm": arm, "C": C, "rep": rep, "acc_len": acc_len, **res}
+                    cells.append(cell)
+                    with open(cells_path, "a") as f:
+                        f.write(json.dumps(cell) + "\n")
+                    bar.advance(task)
+                if wants_transition and trans is None and time.time() - t_start <= budget_s:
                     trans = {"A2": _transition(procs["A2"], out, prompt_len, out_len)}
                     tpath.write_text(json.dumps(trans, indent=1))
-                res = _command(procs[arm], out, {"kind": "point", "C": C, "n": _requests_for(C), "prompt_len": prompt_len,
-                                                  "out_len": out_len, "seed": 1000 * rep + C})
-                cell = {"arm": arm, "C": C, "rep": rep, "acc_len": acc_len, **res}
-                cells.append(cell)
-                with open(cells_path, "a") as f:
-                    f.write(json.dumps(cell) + "\n")
-                bar.advance(task)
     return summarize(out, cells, concurrencies, threshold, acc_len, trans, startup, version, gpu)
+
+
+def plan_waves(arm_list, max_engines: int = MAX_ENGINES) -> list[list]:
+    """Arms in groups of at most `max_engines` engines on the GPU at once, run one after the
+    other (each with its own rotation)."""
+    if max_engines < 1:
+        raise BadInputError(f"--max-engines {max_engines}: at least one engine must run")
+    rank = {name: i for i, name in enumerate(WAVE_ORDER)}
+    ordered = sorted(arm_list, key=lambda a: rank.get(a.name, len(rank)))
+    return [ordered[i:i + max_engines] for i in range(0, len(ordered), max_engines)]
 
 
 def _transition(proc, out: Path, prompt_len: int, out_len: int) -> dict:
@@ -98,7 +137,7 @@ def select_arms(threshold: int, max_bs: int, arm_names) -> list:
         raise BadInputError(f"--arms {','.join(arm_names)}: unknown arm(s) {unknown}; the arms are A0 (no speculation), "
                             "A1 (EAGLE-3), A2 (threshold T), A3 (threshold above any batch), A4 (threshold 0), "
                             "A4L (threshold 0, late plan).")
-    return [a for a in every if not arm_names or a.name in arm_names]
+    return [a for a in every if a.name in (arm_names or DEFAULT_ARMS)]
 
 
 def _environment(sglang_dir, acc_len):
