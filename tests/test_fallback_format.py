@@ -141,7 +141,7 @@ def test_draft_kv_sync_replays_its_one_token_graph(graph_fits, sglang_release):
           "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
     extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
     runner = Runner()
-    worker = SimpleNamespace(device="cpu", topk=1, _fallback_draft_extend_runner=runner,
+    worker = SimpleNamespace(device="cpu", topk=1, _fallback_draft_extend_runner=runner, _fallback_draft_decode_min_bs=None,
                              draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=eager_forward)))
     nxt = SimpleNamespace()
     extend(worker, SimpleNamespace(seq_lens=torch.tensor([3, 5, 10])), torch.tensor([7, 8, 9]), torch.zeros(bs, H), nxt)
@@ -285,7 +285,90 @@ def test_early_plan_is_the_default_and_can_be_turned_off(env, early, sglang_rele
     build = load_function(tree / "sglang/srt/speculative/eagle_worker_v2.py",
                           "EAGLEWorkerV2._spec_fallback_build_decode_graph", {"os": os})
     mr = SimpleNamespace(init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "decode-backend")
-    worker = SimpleNamespace(_target_worker=SimpleNamespace(model_runner=mr))
+    worker = SimpleNamespace(_target_worker=SimpleNamespace(model_runner=mr), _spec_fallback_init_draft_decode=lambda: None)
     build(worker, SimpleNamespace(disable_cuda_graph=True))
     assert worker._fallback_early_plan is early
     assert worker._fallback_attn_backend == "decode-backend"
+
+
+
+def test_draft_kv_sync_as_a_plain_decode_step(sglang_release, monkeypatch):
+    """Opt-in (SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS): from that batch size up, the draft KV
+    sync is a DECODE forward of the draft on its own plain attention backend: same slots and
+    positions as the draft extend, metadata planned without spec_info (so triton's decode path
+    reads req_to_token, not a draft tree), the target's hidden states given to the model, and
+    the batch and the draft runner left as they were."""
+    import os
+
+    torch = pytest.importorskip("torch")
+    tree = sglang_release("0.5.12")
+    assert api.apply(tree).ok
+    path = tree / "sglang/srt/speculative/eagle_worker_v2.py"
+    bs, H = 3, 6
+    seen = {}
+
+    class Backend:
+        def init_forward_metadata(self, fb):
+            seen["planned"] = (fb.spec_info, fb.mode, fb.seq_lens.tolist())
+
+    class ForwardBatch:
+        @staticmethod
+        def init_new(batch, runner):
+            seen["attn_backend_at_init"] = runner.attn_backend
+            return SimpleNamespace(spec_info=batch.spec_info, mode=batch.forward_mode, seq_lens=batch.seq_lens.clone(),
+                                   input_ids=batch.input_ids, out_cache_loc=batch.out_cache_loc,
+                                   capture=batch.capture_hidden_mode)
+
+    def draft_forward(fb, skip_attn_backend_init):
+        seen["forward"] = dict(skip=skip_attn_backend_init, hidden=fb.spec_info.hidden_states, ids=fb.input_ids.tolist(),
+                               dtype=fb.input_ids.dtype, backend=dr.attn_backend, slots=fb.out_cache_loc.tolist(),
+                               capture=fb.capture)
+        logits = torch.zeros(bs, 10)
+        logits[:, 6] = 3.0
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
+
+    ns = {"torch": torch, "EagleDraftInput": lambda **kw: SimpleNamespace(**kw), "ForwardBatch": ForwardBatch,
+          "ForwardMode": SimpleNamespace(DECODE="DECODE"), "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
+          "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
+    decode = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_decode", ns)
+    extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
+    plain = Backend()
+    dr = SimpleNamespace(attn_backend="draft-extend-backend", forward=draft_forward)
+    worker = SimpleNamespace(device="cpu", topk=1, _fallback_draft_decode_min_bs=2, _fallback_draft_attn_backend=plain,
+                             speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
+                             draft_worker=SimpleNamespace(draft_runner=dr))
+    worker._spec_fallback_draft_decode = lambda *a: decode(worker, *a)
+    target_hidden = torch.rand(bs, 3 * H)
+    batch = SimpleNamespace(seq_lens=torch.tensor([3, 5, 10]), seq_lens_cpu=torch.tensor([3, 5, 10]), seq_lens_sum=18,
+                            out_cache_loc=torch.tensor([3, 45, 90]), spec_info="stale", forward_mode="DECODE")
+    nxt = SimpleNamespace()
+    extend(worker, batch, torch.tensor([7, 8, 9], dtype=torch.int32), target_hidden, nxt)
+
+    assert seen["attn_backend_at_init"] is plain and seen["planned"] == (None, "DECODE", [4, 6, 11])
+    f = seen["forward"]
+    assert f["skip"] is True and f["backend"] is plain and f["hidden"] is target_hidden
+    assert f["ids"] == [7, 8, 9] and f["dtype"] == torch.int64 and f["slots"] == [3, 45, 90] and f["capture"] == "FULL"
+    assert nxt.topk_index.squeeze(1).tolist() == [6, 6, 6] and nxt.hidden_states.shape == (bs, H)
+    assert dr.attn_backend == "draft-extend-backend", "the draft runner's backend restored"
+    assert batch.seq_lens.tolist() == [3, 5, 10] and batch.seq_lens_sum == 18
+
+    # Below the batch size it names, the draft extend path runs (its preparation is reached).
+    worker._fallback_draft_decode_min_bs = 4
+    worker._fallback_draft_extend_runner = None
+    with pytest.raises(AttributeError, match="prepare_for_extend_to_fill_draft_kvcache"):
+        extend(worker, batch, torch.tensor([7, 8, 9]), target_hidden, SimpleNamespace())
+
+    # The switch: unset or not a number leaves it off (with a warning), a number turns it on.
+    init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_decode",
+                         {"os": os, "logger": SimpleNamespace(warning=lambda *a: seen.setdefault("warned", a))})
+    runner = SimpleNamespace(init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "plain")
+    for value, expect in ((None, None), ("x", None), ("64", 64)):
+        if value is None:
+            monkeypatch.delenv("SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS", raising=False)
+        else:
+            monkeypatch.setenv("SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS", value)
+        w = SimpleNamespace(draft_worker=SimpleNamespace(draft_runner=runner))
+        init(w)
+        assert w._fallback_draft_decode_min_bs == expect
+        assert w._fallback_draft_attn_backend == ("plain" if expect else None)
+    assert "warned" in seen

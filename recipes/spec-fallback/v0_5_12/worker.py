@@ -35,6 +35,11 @@ from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
     EAGLEDraftExtendCudaGraphRunner,
 )
 from sglang.srt.speculative.eagle_info import EagleDraftInput
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+)
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.utils.common import fast_topk
 
@@ -56,6 +61,7 @@ class EAGLEWorkerV2:
             )
         finally:
             mr.init_new_workspace = backup_init
+        self._spec_fallback_init_draft_decode()
         if server_args.disable_cuda_graph:
             return
         tic = time.perf_counter()
@@ -85,6 +91,37 @@ class EAGLEWorkerV2:
             "spec-fallback: decode and one-token draft-extend CUDA graphs captured in %.1f s",
             time.perf_counter() - tic,
         )
+
+    def _spec_fallback_init_draft_decode(self):
+        """Opt-in (SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS=N): from N requests up, sync the draft
+        KV with a DECODE forward on a plain draft attention backend instead of the one-token
+        DRAFT_EXTEND_V2. Profiled on the H200 (results/profile-0.5.12): with triton attention
+        the extend kernel spends 1.18 ms per step at 256 requests on one-token queries (a
+        tile of query rows per request, one of them used), most of the fallback's extra GPU
+        time; a decode kernel reads the same KV once. Off until a GPU run measures it."""
+        self._fallback_draft_decode_min_bs = None
+        self._fallback_draft_attn_backend = None
+        raw = os.environ.get("SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS", "").strip()
+        if not raw:
+            return
+        try:
+            min_bs = int(raw)
+        except ValueError:
+            logger.warning(
+                "spec-fallback: SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS=%r is not a whole "
+                "number; the draft KV sync stays a draft extend",
+                raw,
+            )
+            return
+        dr = self.draft_worker.draft_runner
+        backup_init = dr.init_new_workspace
+        try:
+            self._fallback_draft_attn_backend = dr._get_attention_backend(
+                init_new_workspace=True
+            )
+        finally:
+            dr.init_new_workspace = backup_init
+        self._fallback_draft_decode_min_bs = min_bs
 
     def _spec_fallback_build_draft_extend_graph(self, server_args):
         """A DRAFT_EXTEND_V2 graph at one token per request, with its own attention backend.
@@ -152,6 +189,11 @@ class EAGLEWorkerV2:
         """DRAFT_EXTEND_V2 with one token per request: graph replay, or eager."""
         dw = self.draft_worker
         bs = len(batch.seq_lens)
+        min_bs = self._fallback_draft_decode_min_bs
+        if min_bs is not None and bs >= min_bs:
+            return self._spec_fallback_draft_decode(
+                batch, tokens, hidden_states, next_draft_input
+            )
         runner = self._fallback_draft_extend_runner
         draft_input = EagleDraftInput(
             hidden_states=hidden_states,
@@ -179,6 +221,46 @@ class EAGLEWorkerV2:
         draft_logits = dw.draft_runner.forward(
             forward_batch, skip_attn_backend_init=True
         ).logits_output
+        probs = torch.softmax(draft_logits.next_token_logits, dim=-1)
+        next_draft_input.topk_p, next_draft_input.topk_index = fast_topk(
+            probs, self.topk, dim=-1
+        )
+        next_draft_input.hidden_states = draft_logits.hidden_states
+
+    def _spec_fallback_draft_decode(self, batch, tokens, hidden_states, next_draft_input):
+        """The draft KV sync as one plain DECODE step of the draft model (eager): the token
+        the target produced, at the same slot (batch.out_cache_loc) and position (the
+        pre-step length) the draft extend would use, with the target's hidden states as the
+        EAGLE-3 input. The attention metadata is planned without spec_info (a plain decode
+        over req_to_token); the draft model then reads its hidden states from spec_info."""
+        dr = self.draft_worker.draft_runner
+        seq_lens, seq_lens_cpu = batch.seq_lens, batch.seq_lens_cpu
+        seq_lens_sum = batch.seq_lens_sum
+        bs = len(seq_lens)
+        batch.input_ids = tokens.to(torch.int64)
+        batch.seq_lens = seq_lens + 1
+        batch.seq_lens_cpu = seq_lens_cpu + 1
+        batch.seq_lens_sum = seq_lens_sum + bs
+        batch.forward_mode = ForwardMode.DECODE
+        batch.spec_info = None
+        batch.capture_hidden_mode = (
+            CaptureHiddenMode.NULL
+            if self.speculative_algorithm.is_standalone()
+            else CaptureHiddenMode.FULL
+        )
+        saved = dr.attn_backend
+        dr.attn_backend = self._fallback_draft_attn_backend
+        try:
+            forward_batch = ForwardBatch.init_new(batch, dr)
+            dr.attn_backend.init_forward_metadata(forward_batch)
+            forward_batch.spec_info = EagleDraftInput(hidden_states=hidden_states)
+            draft_logits = dr.forward(
+                forward_batch, skip_attn_backend_init=True
+            ).logits_output
+        finally:
+            dr.attn_backend = saved
+            batch.seq_lens, batch.seq_lens_cpu = seq_lens, seq_lens_cpu
+            batch.seq_lens_sum = seq_lens_sum
         probs = torch.softmax(draft_logits.next_token_logits, dim=-1)
         next_draft_input.topk_p, next_draft_input.topk_index = fast_topk(
             probs, self.topk, dim=-1
