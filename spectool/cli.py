@@ -286,7 +286,9 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, model_cache,
 @click.option("--budget", type=float, default=540, help="Stop measuring after this many seconds (resume later).")
 @click.option("--no-transition", is_flag=True)
 @click.option("--arms", "arm_names", default="A0,A1,A2,A3,A4",
-              help="Comma-separated arms (A0 no spec, A1 EAGLE-3, A2 threshold T, A3 threshold above any batch, A4 T=0, A4L T=0 with late plan).")
+              help="Comma-separated arms (A0 no spec, A1 EAGLE-3, A2 threshold T, A3 threshold above any batch, A4 T=0).")
+@click.option("--variant", "variants", multiple=True, metavar="NAME=BASE:VAR=VALUE[;VAR=VALUE]",
+              help="An extra arm: BASE with environment for its engine, e.g. A4L=A4:SPECTOOL_FALLBACK_EARLY_PLAN=0. Repeatable.")
 @click.option("--max-engines", type=int, default=4, show_default=True,
               help="Engines on the GPU at once; more arms run in waves (an 8B-shaped engine takes ~28 GiB).")
 @click.option("--suggest-threshold", "suggest", is_flag=True, help="Only print T from the recorded results in --out.")
@@ -296,7 +298,7 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, model_cache,
 @_json_opt
 @guarded
 def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, arm_names,
-          max_engines, suggest, profile_steps, as_json):
+          variants, max_engines, suggest, profile_steps, as_json):
     """Throughput sweep (GPU): no-spec, EAGLE-3, and the patched fallback, per concurrency."""
     import json as _json
 
@@ -319,14 +321,16 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
         from .bench.sweep import profile
 
         rows = profile(Path(out_dir), threshold=threshold, concurrencies=cs, arm_names=[x for x in arm_names.split(",") if x],
-                       steps=profile_steps, prompt_len=prompt_len, acc_len=accs[0], sglang_dir=sglang_dir, console=_console())
+                       variants=variants, steps=profile_steps, prompt_len=prompt_len, acc_len=accs[0], sglang_dir=sglang_dir,
+                       max_engines=max_engines, console=_console())
         click.echo(to_json(rows) if as_json else (Path(out_dir) / "profile.md").read_text())
         return
     reports = {}
     for a, folder in folders.items():
         reports[a] = run(folder, threshold=threshold, concurrencies=cs, reps=reps, prompt_len=prompt_len, out_len=out_len,
                          acc_len=a, transition=not no_transition, budget_s=budget, sglang_dir=sglang_dir,
-                         arm_names=[x for x in arm_names.split(",") if x], max_engines=max_engines, console=_console())
+                         arm_names=[x for x in arm_names.split(",") if x], variants=variants, max_engines=max_engines,
+                         console=_console())
     if as_json:
         click.echo(to_json(reports[accs[0]] if len(accs) == 1 else {f"{a:g}": r for a, r in reports.items()}))
     else:

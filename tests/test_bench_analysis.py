@@ -100,18 +100,45 @@ def test_transition_phases_are_compared_with_their_own_reference(tmp_path):
 def test_arms_run_in_waves_that_fit_the_gpu():
     """Five 8B-shaped engines ran out of memory on the H200 (results/bench-0.5.12-acc2/
     device-run.log): arms are split into waves of at most --max-engines, the goal comparisons
-    (A2 and A4 against A0 and A1) together in the first; A4L only when asked for."""
+    (A2 and A4 against A0 and A1) together in the first, variants last."""
     from spectool.bench.sweep import plan_waves, select_arms
     from spectool.errors import BadInputError
 
     names = lambda waves: [[a.name for a in w] for w in waves]  # noqa: E731
     assert [a.name for a in select_arms(32, 256, None)] == ["A0", "A1", "A2", "A3", "A4"]
     assert names(plan_waves(select_arms(32, 256, None))) == [["A0", "A1", "A2", "A4"], ["A3"]]
-    both = select_arms(32, 256, ["A0", "A4", "A4L"])
+    late = ["A4L=A4:SPECTOOL_FALLBACK_EARLY_PLAN=0"]
+    both = select_arms(32, 256, ["A0", "A4"], late)
     assert names(plan_waves(both)) == [["A0", "A4", "A4L"]]
-    assert both[2].env == {"SPECTOOL_FALLBACK_EARLY_PLAN": "0"} and both[1].env == {}
     assert names(plan_waves(both, 2)) == [["A0", "A4"], ["A4L"]]
     with pytest.raises(BadInputError, match="max-engines"):
         plan_waves(both, 0)
     with pytest.raises(BadInputError, match="unknown arm"):
         select_arms(32, 256, ["A9"])
+
+
+def test_variants_are_arms_with_their_own_engine_environment():
+    """A recipe switch is compared as a variant arm: the base arm's engine settings plus
+    environment, in the same rotation; bad specs are one-paragraph errors."""
+    from spectool.bench.arms import engine_kwargs
+    from spectool.bench.sweep import select_arms
+    from spectool.errors import BadInputError
+
+    arms = select_arms(32, 256, ["A0", "A4"], ["A4D=A4:SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS=32;X=1"])
+    a4, a4d = arms[1], arms[2]
+    assert a4d.name == "A4D" and a4d.env == {"SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS": "32", "X": "1"} and a4.env == {}
+    models = {"target": "t", "draft": "d"}
+    kw = dict(models=models, max_bs=256, max_total_tokens=1000, port=1)
+    assert engine_kwargs(a4d, **kw) == engine_kwargs(a4, **kw), "same engine settings as its base"
+    for bad, needle in (("A4D", "expected NAME=BASE"), ("A4D=A9:X=1", "base arm 'A9'"), ("A4D=A4:X", "not VAR=VALUE"),
+                        ("A4=A0:X=1", "already exists"), ("A 4=A4:X=1", "arm name")):
+        with pytest.raises(BadInputError, match=needle):
+            select_arms(32, 256, None, [bad])
+
+
+def test_variant_columns_in_the_table(tmp_path):
+    m = analyze.medians(_cells() + [dict(c, arm="A4D", output_tok_s=c["output_tok_s"] * 1.05) for c in _cells() if c["arm"] == "A4"])
+    table = analyze.markdown(m, DEFAULT_C, ["A0", "A1", "A2", "A4", "A4D"])
+    assert "| A4D/A0 |" in table.splitlines()[0]
+    r = analyze.ratios(m, DEFAULT_C)
+    assert r[64]["A4D/A0"] == pytest.approx(r[64]["A4/A0"] * 1.05)

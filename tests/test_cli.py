@@ -133,6 +133,8 @@ def test_select_unknown_recipe(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["--arms", "A0,A9"], "unknown arm(s) ['A9']"),
     (["--acc-len", "high"], "expected numbers such as 3.0"),
+    (["--variant", "A4D=A9:X=1"], "base arm 'A9' is not one of"),
+    (["--profile", "30"], "more than --max-engines 4"),
 ])
 def test_bench_bad_input_is_one_paragraph_exit_2(tmp_path, args, needle):
     """Checked before any GPU probe, so the message is the same on a laptop and on the H200."""

@@ -22,7 +22,7 @@ if __name__ == "__main__":
     runs = {name: analyze.load_medians(folder) for name, folder in RUNS.items()}
     for name, folder in RUNS.items():
         if not (folder / "bench-plot.png").exists():  # a run whose raw files did not come back
-            labels = {a.name: a.label for a in arms(32) if a.name not in ("A3", "A4L")}  # these runs predate them
+            labels = {a.name: a.label for a in arms(32) if a.name != "A3"}  # these runs predate A3
             analyze.plot(runs[name], CS, labels, folder / "bench-plot.png",
                          f"{name}: H200, Llama-3.1-8B shape, acceptance 3.0 (from bench-table.md)")
     md = analyze.compare_markdown(runs, CS)

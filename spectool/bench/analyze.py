@@ -7,6 +7,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+BUILT_IN = ("A0", "A1", "A2", "A3", "A4")  # arms.DEFAULT_ARMS; the rest are variants
+
 
 def medians(cells: list[dict]) -> dict:
     """(arm, C) -> {median, min, max, reps, tpot_ms, ttft_ms, acceptance, spec_fraction}."""
@@ -42,8 +44,9 @@ def ratios(m: dict, concurrencies: list[int]) -> dict:
             row["A2/E"] = m[("A2", C)]["median"] / env[C]
         if ("A4", C) in m and ("A0", C) in m:
             row["A4/A0"] = m[("A4", C)]["median"] / m[("A0", C)]["median"]
-        if ("A4L", C) in m and ("A0", C) in m:
-            row["A4L/A0"] = m[("A4L", C)]["median"] / m[("A0", C)]["median"]
+        for a in sorted({a for a, _ in m} - set(BUILT_IN)):  # variants, against plain decoding
+            if (a, C) in m and ("A0", C) in m:
+                row[f"{a}/A0"] = m[(a, C)]["median"] / m[("A0", C)]["median"]
         if ("A1", C) in m and ("A0", C) in m:
             row["A1/A0"] = m[("A1", C)]["median"] / m[("A0", C)]["median"]
         if ("A3", C) in m and ("A1", C) in m:
@@ -71,10 +74,10 @@ def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:
 
 def markdown(m: dict, concurrencies: list[int], arms: list[str]) -> str:
     r = ratios(m, concurrencies)
-    late = "A4L" in arms
+    variants = [a for a in arms if a not in BUILT_IN]
     head = ("| C | " + " | ".join(f"{a} tok/s" for a in arms) + " | E=max(A0,A1) | A2/E | A4/A0 | "
-            + ("A4L/A0 | " if late else "") + "A3/A1 | A2 spec frac | A1 accept |")
-    lines = [head, "|" + "---|" * (len(arms) + 7 + late)]
+            + "".join(f"{a}/A0 | " for a in variants) + "A3/A1 | A2 spec frac | A1 accept |")
+    lines = [head, "|" + "---|" * (len(arms) + 7 + len(variants))]
     for C in concurrencies:
         cells = []
         for a in arms:
@@ -88,7 +91,7 @@ def markdown(m: dict, concurrencies: list[int], arms: list[str]) -> str:
         sf = m.get(("A2", C), {}).get("spec_fraction")
         acc = m.get(("A1", C), {}).get("acceptance")
         lines.append(f"| {C} | " + " | ".join(cells) + f" | {f(row.get('E'), '{:.0f}')} | {f(row.get('A2/E'))} | "
-                     f"{f(row.get('A4/A0'))} | " + (f"{f(row.get('A4L/A0'))} | " if late else "")
+                     f"{f(row.get('A4/A0'))} | " + "".join(f"{f(row.get(f'{a}/A0'))} | " for a in variants)
                      + f"{f(row.get('A3/A1'))} | {f(sf, '{:.2f}')} | {f(acc, '{:.2f}')} |")
     return "\n".join(lines) + "\n"
 

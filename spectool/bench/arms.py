@@ -17,21 +17,43 @@ class Arm:
 
 def arms(threshold: int, max_bs: int = 256) -> list[Arm]:
     """A3's threshold is the largest batch the sweep can form, so it never falls back: it
-    measures what the patch costs while speculating (against A1). A4L, not run by default, is
-    A4 with the scheduler's next-step planning held until the target forward ends (the spec
-    path's order): against A4 it measures what planning during the step gains."""
+    measures what the patch costs while speculating (against A1). Recipe switches are
+    compared through variants (`variant`)."""
     return [
         Arm("A0", "no speculation", False),
         Arm("A1", "EAGLE-3 (chain, topk 1)", True),
         Arm("A2", f"patched, threshold {threshold}", True, threshold),
         Arm("A3", f"patched, threshold {max_bs} (never falls back)", True, max_bs),
         Arm("A4", "patched, threshold 0 (fallback always)", True, 0),
-        Arm("A4L", "patched, threshold 0, late plan (SPECTOOL_FALLBACK_EARLY_PLAN=0)", True, 0,
-            env={"SPECTOOL_FALLBACK_EARLY_PLAN": "0"}),
     ]
 
 
 DEFAULT_ARMS = ("A0", "A1", "A2", "A3", "A4")
+
+
+def variant(spec: str, base_arms: list[Arm]) -> Arm:
+    """`NAME=BASE:VAR=VALUE[;VAR=VALUE...]`: arm BASE with extra environment for its engine,
+    e.g. `A4L=A4:SPECTOOL_FALLBACK_EARLY_PLAN=0` (the fallback with the spec path's late
+    planning) or `A4D=A4:SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS=32`. A ValueError says what is
+    wrong with the spec."""
+    name, sep, rest = spec.partition("=")
+    base_name, sep2, assigns = rest.partition(":")
+    name, base_name = name.strip(), base_name.strip()
+    if not (sep and sep2 and name and assigns.strip()):
+        raise ValueError("expected NAME=BASE:VAR=VALUE[;VAR=VALUE]")
+    if not name.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"arm name {name!r}: use letters, digits, - and _")
+    base = {a.name: a for a in base_arms}.get(base_name)
+    if base is None:
+        raise ValueError(f"base arm {base_name!r} is not one of {', '.join(a.name for a in base_arms)}")
+    env = {}
+    for item in assigns.split(";"):
+        var, eq, value = item.partition("=")
+        if not eq or not var.strip():
+            raise ValueError(f"{item!r} is not VAR=VALUE")
+        env[var.strip()] = value.strip()
+    label = f"{base.label}, " + ", ".join(f"{k}={v}" for k, v in env.items())
+    return Arm(name, label, base.spec, base.threshold, dict(base.extra), {**base.env, **env})
 
 
 def engine_kwargs(arm: Arm, models: dict, *, max_bs: int, max_total_tokens: int, port: int) -> dict:

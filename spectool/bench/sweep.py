@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import BadInputError
 from . import analyze
-from .arms import DEFAULT_ARMS, arms as make_arms, engine_kwargs
+from .arms import DEFAULT_ARMS, arms as make_arms, engine_kwargs, variant as make_variant
 from .models import write_models
 
 DEFAULT_C = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -30,7 +30,7 @@ TRANSITION = [{"C": 4, "n": 32}, {"C": 192, "n": 384}, {"C": 4, "n": 32}, {"C": 
 MAX_ENGINES = 4
 # The comparisons the goals are about share a wave when the arms must be split: A2 and A4
 # against A0 and A1 first, then the controls.
-WAVE_ORDER = ("A0", "A1", "A2", "A4", "A3", "A4L")
+WAVE_ORDER = ("A0", "A1", "A2", "A4", "A3")  # then the variants
 
 
 def _requests_for(C: int) -> int:
@@ -41,14 +41,14 @@ def _requests_for(C: int) -> int:
 
 def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, prompt_len: int = 128,
         out_len: int = 128, acc_len: float = 3.0, transition: bool = True, budget_s: float = 540,
-        sglang_dir: str | None = None, arm_names: list[str] | None = None, max_engines: int = MAX_ENGINES,
+        sglang_dir: str | None = None, arm_names: list[str] | None = None, variants=(), max_engines: int = MAX_ENGINES,
         console=None) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..verify.runner import gpu_info
 
     max_bs = max(concurrencies)
-    arm_list = select_arms(threshold, max_bs, arm_names)
+    arm_list = select_arms(threshold, max_bs, arm_names, variants)
     if transition and "A2" not in {a.name for a in arm_list}:
         transition = False  # the transition workload runs on A2
     _, gpu = gpu_info("bench")  # a clear error (exit 2) without a GPU, before any engine starts
@@ -129,15 +129,27 @@ def _transition(proc, out: Path, prompt_len: int, out_len: int) -> dict:
     return {**res, "reference": reference}
 
 
-def select_arms(threshold: int, max_bs: int, arm_names) -> list:
-    """The arms named (all when none are), or a one-paragraph error naming the unknown ones."""
+def select_arms(threshold: int, max_bs: int, arm_names, variants=()) -> list:
+    """The arms named (the default five when none are) plus every variant (see
+    arms.variant), or a one-paragraph error naming what is wrong."""
     every = make_arms(threshold, max_bs)
-    unknown = sorted(set(arm_names or ()) - {a.name for a in every})
+    extra = []
+    for spec in variants or ():
+        try:
+            arm = make_variant(spec, every)
+        except ValueError as exc:
+            raise BadInputError(f"--variant {spec!r}: {exc}.") from None
+        if arm.name in {a.name for a in every + extra}:
+            raise BadInputError(f"--variant {spec!r}: arm {arm.name} already exists; give the variant its own name.")
+        extra.append(arm)
+    known = {a.name for a in every + extra}
+    unknown = sorted(set(arm_names or ()) - known)
     if unknown:
         raise BadInputError(f"--arms {','.join(arm_names)}: unknown arm(s) {unknown}; the arms are A0 (no speculation), "
                             "A1 (EAGLE-3), A2 (threshold T), A3 (threshold above any batch), A4 (threshold 0), "
-                            "A4L (threshold 0, late plan).")
-    return [a for a in every if a.name in (arm_names or DEFAULT_ARMS)]
+                            "and the --variant arms.")
+    wanted = set(arm_names or DEFAULT_ARMS) | {a.name for a in extra}
+    return [a for a in every + extra if a.name in wanted]
 
 
 def _environment(sglang_dir, acc_len):
@@ -187,15 +199,19 @@ def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int)
                     pass
 
 
-def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"), steps: int = 30, prompt_len: int = 128,
-            out_len: int = 1024, acc_len: float = 3.0, sglang_dir: str | None = None, console=None) -> dict:
+def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"), variants=(), steps: int = 30,
+            prompt_len: int = 128, out_len: int = 1024, acc_len: float = 3.0, sglang_dir: str | None = None,
+            max_engines: int = MAX_ENGINES, console=None) -> dict:
     """Profile `steps` steady-state decode steps per arm and C with SGLang's own profiler and
     reduce each trace (bench/profile.py): profile.json and profile.md in `out`."""
     from ..verify.runner import gpu_info
     from . import profile as prof
 
     max_bs = max(concurrencies)
-    arm_list = select_arms(threshold, max_bs, arm_names)
+    arm_list = select_arms(threshold, max_bs, arm_names, variants)
+    if len(arm_list) > max_engines:
+        raise BadInputError(f"--profile runs its arms side by side: {len(arm_list)} arms are more than --max-engines "
+                            f"{max_engines}; profile fewer at a time.")
     gpu_info("bench")
     out.mkdir(parents=True, exist_ok=True)
     version, env = _environment(sglang_dir, acc_len)
@@ -254,9 +270,11 @@ def _command(proc, out, cmd):
     return res
 
 
-def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startup, version=None, gpu=None) -> dict:
+def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startup, version=None, gpu=None,
+              arm_list=()) -> dict:
     m = analyze.medians([c for c in cells if c.get("acc_len", acc_len) == acc_len])
-    labels = {a.name: a.label for a in make_arms(threshold, max(concurrencies))}
+    labels = {a.name: a.label for a in [*make_arms(threshold, max(concurrencies)), *arm_list]}
+    labels.update({a: a for a, _ in m if a not in labels})  # variants of an earlier run
     report = {
         "sglang_version": version, "gpu": gpu, "threshold": threshold, "acc_len": acc_len, "concurrencies": concurrencies,
         "cells": {f"{a}@{C}": v for (a, C), v in sorted(m.items(), key=lambda kv: (kv[0][0], kv[0][1]))},
