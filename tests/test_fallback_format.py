@@ -26,7 +26,7 @@ class _null:
 def _bind_shared_steps(path, ns, worker):
     """The era-independent target step and draft sync of the same patched file, bound to the
     simulated worker (the decode step calls them as methods)."""
-    for name in ("_spec_fallback_target_decode", "_spec_fallback_sync_draft"):
+    for name in ("_spec_fallback_target_decode", "_spec_fallback_as_decode", "_spec_fallback_sync_draft"):
         fn = load_function(path, f"EAGLEWorkerV2.{name}", ns)
         setattr(worker, name, lambda *a, _fn=fn: _fn(worker, *a))
 
@@ -285,7 +285,9 @@ def test_early_plan_is_the_default_and_can_be_turned_off(env, early, sglang_rele
     build = load_function(tree / "sglang/srt/speculative/eagle_worker_v2.py",
                           "EAGLEWorkerV2._spec_fallback_build_decode_graph", {"os": os})
     mr = SimpleNamespace(init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "decode-backend")
+    plain = load_function(tree / "sglang/srt/speculative/eagle_worker_v2.py", "EAGLEWorkerV2._spec_fallback_plain_attn_backend", {})
     worker = SimpleNamespace(_target_worker=SimpleNamespace(model_runner=mr), _spec_fallback_init_draft_decode=lambda: None)
+    worker._spec_fallback_plain_attn_backend = lambda runner: plain(worker, runner)
     build(worker, SimpleNamespace(disable_cuda_graph=True))
     assert worker._fallback_early_plan is early
     assert worker._fallback_attn_backend == "decode-backend"
@@ -338,6 +340,8 @@ def test_draft_kv_sync_as_a_plain_decode_step(sglang_release, monkeypatch):
                              speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
                              draft_worker=SimpleNamespace(draft_runner=dr))
     worker._spec_fallback_draft_decode = lambda *a: decode(worker, *a)
+    as_decode = load_function(path, "EAGLEWorkerV2._spec_fallback_as_decode", ns)
+    worker._spec_fallback_as_decode = lambda *a: as_decode(worker, *a)
     target_hidden = torch.rand(bs, 3 * H)
     batch = SimpleNamespace(seq_lens=torch.tensor([3, 5, 10]), seq_lens_cpu=torch.tensor([3, 5, 10]), seq_lens_sum=18,
                             out_cache_loc=torch.tensor([3, 45, 90]), spec_info="stale", forward_mode="DECODE")
@@ -359,6 +363,7 @@ def test_draft_kv_sync_as_a_plain_decode_step(sglang_release, monkeypatch):
         extend(worker, batch, torch.tensor([7, 8, 9]), target_hidden, SimpleNamespace())
 
     # The switch: unset or not a number leaves it off (with a warning), a number turns it on.
+    plain_backend = load_function(path, "EAGLEWorkerV2._spec_fallback_plain_attn_backend", {})
     init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_decode",
                          {"os": os, "logger": SimpleNamespace(warning=lambda *a: seen.setdefault("warned", a))})
     runner = SimpleNamespace(init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "plain")
@@ -368,6 +373,7 @@ def test_draft_kv_sync_as_a_plain_decode_step(sglang_release, monkeypatch):
         else:
             monkeypatch.setenv("SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS", value)
         w = SimpleNamespace(draft_worker=SimpleNamespace(draft_runner=runner))
+        w._spec_fallback_plain_attn_backend = lambda r: plain_backend(w, r)
         init(w)
         assert w._fallback_draft_decode_min_bs == expect
         assert w._fallback_draft_attn_backend == ("plain" if expect else None)

@@ -175,25 +175,11 @@ class EAGLEWorkerV2:
         batch.seq_lens.record_stream(
             torch.get_device_module(self.device).current_stream()
         )
-        bs = len(batch.seq_lens)
-        seq_lens, seq_lens_cpu = batch.seq_lens, batch.seq_lens_cpu
-        seq_lens_sum = batch.seq_lens_sum
         out_cache_loc = self.req_to_token_pool.req_to_token[
-            batch.req_pool_indices, seq_lens
+            batch.req_pool_indices, batch.seq_lens
         ].to(torch.int64)
-
-        batch.input_ids = input_ids.to(torch.int64)
         batch.out_cache_loc = out_cache_loc
-        batch.seq_lens = seq_lens + 1
-        batch.seq_lens_cpu = seq_lens_cpu + 1
-        batch.seq_lens_sum = seq_lens_sum + bs
-        batch.forward_mode = ForwardMode.DECODE
-        batch.spec_info = None
-        batch.capture_hidden_mode = (
-            CaptureHiddenMode.NULL
-            if self.speculative_algorithm.is_standalone()
-            else CaptureHiddenMode.FULL
-        )
+        pre_step = self._spec_fallback_as_decode(batch, input_ids)
         mr = self._target_worker.model_runner
         saved = (mr.attn_backend, mr.graph_runner)
         mr.attn_backend = self._fallback_attn_backend
@@ -202,10 +188,29 @@ class EAGLEWorkerV2:
             target_out = self._target_worker.forward_batch_generation(batch)
         finally:
             mr.attn_backend, mr.graph_runner = saved
-        batch.seq_lens, batch.seq_lens_cpu = seq_lens, seq_lens_cpu
-        batch.seq_lens_sum = seq_lens_sum
+        batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = pre_step
         batch.out_cache_loc = out_cache_loc
         return target_out
+
+    def _spec_fallback_as_decode(self, batch, input_ids):
+        """Make the batch a plain one-token DECODE batch over `input_ids`: lengths + 1, no
+        spec_info, and the hidden-state capture EAGLE-3's draft needs (none for STANDALONE).
+        Returns the pre-step (seq_lens, seq_lens_cpu, seq_lens_sum) for the caller to put
+        back; out_cache_loc is the caller's."""
+        pre_step = (batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum)
+        bs = len(batch.seq_lens)
+        batch.input_ids = input_ids.to(torch.int64)
+        batch.seq_lens = pre_step[0] + 1
+        batch.seq_lens_cpu = pre_step[1] + 1
+        batch.seq_lens_sum = pre_step[2] + bs
+        batch.forward_mode = ForwardMode.DECODE
+        batch.spec_info = None
+        batch.capture_hidden_mode = (
+            CaptureHiddenMode.NULL
+            if self.speculative_algorithm.is_standalone()
+            else CaptureHiddenMode.FULL
+        )
+        return pre_step
 
     def _spec_fallback_sync_draft(self, batch, tokens, logits_output, next_draft_input):
         """Draft KV sync: a one-token draft extend over the tokens the target produced, with

@@ -35,11 +35,7 @@ from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
     EAGLEDraftExtendCudaGraphRunner,
 )
 from sglang.srt.speculative.eagle_info import EagleDraftInput
-from sglang.srt.model_executor.forward_batch_info import (
-    CaptureHiddenMode,
-    ForwardBatch,
-    ForwardMode,
-)
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.utils.common import fast_topk
 
@@ -54,13 +50,7 @@ class EAGLEWorkerV2:
         # _spec_fallback_decode.
         self._fallback_early_plan = os.environ.get("SPECTOOL_FALLBACK_EARLY_PLAN", "1") != "0"
         mr = self._target_worker.model_runner
-        backup_init = mr.init_new_workspace
-        try:
-            self._fallback_attn_backend = mr._get_attention_backend(
-                init_new_workspace=True
-            )
-        finally:
-            mr.init_new_workspace = backup_init
+        self._fallback_attn_backend = self._spec_fallback_plain_attn_backend(mr)
         self._spec_fallback_init_draft_decode()
         if server_args.disable_cuda_graph:
             return
@@ -113,15 +103,19 @@ class EAGLEWorkerV2:
                 raw,
             )
             return
-        dr = self.draft_worker.draft_runner
-        backup_init = dr.init_new_workspace
-        try:
-            self._fallback_draft_attn_backend = dr._get_attention_backend(
-                init_new_workspace=True
-            )
-        finally:
-            dr.init_new_workspace = backup_init
+        self._fallback_draft_attn_backend = self._spec_fallback_plain_attn_backend(
+            self.draft_worker.draft_runner
+        )
         self._fallback_draft_decode_min_bs = min_bs
+
+    def _spec_fallback_plain_attn_backend(self, runner):
+        """A second attention backend of the runner's kind with its own workspace, for plain
+        one-token DECODE steps (the runner's own backend is planned for speculative shapes)."""
+        backup_init = runner.init_new_workspace
+        try:
+            return runner._get_attention_backend(init_new_workspace=True)
+        finally:
+            runner.init_new_workspace = backup_init
 
     def _spec_fallback_build_draft_extend_graph(self, server_args):
         """A DRAFT_EXTEND_V2 graph at one token per request, with its own attention backend.
@@ -234,20 +228,7 @@ class EAGLEWorkerV2:
         EAGLE-3 input. The attention metadata is planned without spec_info (a plain decode
         over req_to_token); the draft model then reads its hidden states from spec_info."""
         dr = self.draft_worker.draft_runner
-        seq_lens, seq_lens_cpu = batch.seq_lens, batch.seq_lens_cpu
-        seq_lens_sum = batch.seq_lens_sum
-        bs = len(seq_lens)
-        batch.input_ids = tokens.to(torch.int64)
-        batch.seq_lens = seq_lens + 1
-        batch.seq_lens_cpu = seq_lens_cpu + 1
-        batch.seq_lens_sum = seq_lens_sum + bs
-        batch.forward_mode = ForwardMode.DECODE
-        batch.spec_info = None
-        batch.capture_hidden_mode = (
-            CaptureHiddenMode.NULL
-            if self.speculative_algorithm.is_standalone()
-            else CaptureHiddenMode.FULL
-        )
+        pre_step = self._spec_fallback_as_decode(batch, tokens)
         saved = dr.attn_backend
         dr.attn_backend = self._fallback_draft_attn_backend
         try:
@@ -259,8 +240,7 @@ class EAGLEWorkerV2:
             ).logits_output
         finally:
             dr.attn_backend = saved
-            batch.seq_lens, batch.seq_lens_cpu = seq_lens, seq_lens_cpu
-            batch.seq_lens_sum = seq_lens_sum
+            batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = pre_step
         probs = torch.softmax(draft_logits.next_token_logits, dim=-1)
         next_draft_input.topk_p, next_draft_input.topk_index = fast_topk(
             probs, self.topk, dim=-1
