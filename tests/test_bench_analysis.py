@@ -142,3 +142,16 @@ def test_variant_columns_in_the_table(tmp_path):
     assert "| A4D/A0 |" in table.splitlines()[0]
     r = analyze.ratios(m, DEFAULT_C)
     assert r[64]["A4D/A0"] == pytest.approx(r[64]["A4/A0"] * 1.05)
+
+
+def test_an_arm_without_its_fallback_graphs_is_not_timed():
+    """Five engines on one H200: the fifth captured no fallback graphs and would have been
+    timed eagerly (its log line, from results/bench-0.5.12-acc2/device-run.log's attempt)."""
+    from spectool.bench.sweep import degraded_engine
+
+    line = ("[2026-11-29 11:41:50] spec-fallback: could not capture a one-token draft-extend CUDA graph (CUDA out of "
+            "memory. Tried to allocate 32.00 MiB.); the draft KV sync will run eagerly")
+    msg = degraded_engine("A4", "Capturing batches\n" + line + "\n")
+    assert msg.startswith("bench arm A4 started without its fallback CUDA graphs") and "CUDA out of memory" in msg
+    assert "--max-engines" in msg
+    assert degraded_engine("A0", "Capturing batches (bs=256)\nready\n") is None

@@ -181,6 +181,10 @@ def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int)
                                            start_new_session=True)
     try:
         _wait_ready(procs, out, timeout=420)
+        for name in procs:
+            degraded = degraded_engine(name, (out / f"{name}.log").read_text(errors="replace"))
+            if degraded:
+                raise BadInputError(degraded)
         yield procs, {a: json.loads((out / f"{a}.ready.json").read_text())["startup_s"] for a in procs}
     finally:
         for p in procs.values():
@@ -239,6 +243,17 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
 def _rotated(arm_list, rep):
     k = rep % len(arm_list)
     return arm_list[k:] + arm_list[:k]
+
+
+def degraded_engine(arm: str, log: str) -> str | None:
+    """The fallback keeps serving when its CUDA graphs cannot be captured (eagerly: correct
+    but slower). A benchmark must not time that by accident: the reason, or None."""
+    for line in log.splitlines():
+        if "spec-fallback: could not capture" in line:
+            return (f"bench arm {arm} started without its fallback CUDA graphs, so its timings would not be "
+                    f"the fallback's: {line.split('spec-fallback: ', 1)[1][:300]} Free GPU memory (fewer arms at "
+                    "once: --max-engines) and run again.")
+    return None
 
 
 def _wait_ready(procs, out, timeout):
