@@ -155,3 +155,20 @@ def test_an_arm_without_its_fallback_graphs_is_not_timed():
     assert msg.startswith("bench arm A4 started without its fallback CUDA graphs") and "CUDA out of memory" in msg
     assert "--max-engines" in msg
     assert degraded_engine("A0", "Capturing batches (bs=256)\nready\n") is None
+
+
+def test_plan_resumes_and_places_the_transition_after_the_first_repetition():
+    from spectool.bench.sweep import plan_steps, select_arms
+
+    arms = select_arms(32, 256, None)  # waves A0 A1 A2 A4, then A3
+    plan = plan_steps(arms, [1, 64], 2, 3.0, set(), True)
+    (w1, s1), (w2, s2) = plan
+    assert [a.name for a in w1] == ["A0", "A1", "A2", "A4"] and [a.name for a in w2] == ["A3"]
+    assert s1.index(None) == 8 and s1.count(None) == 1 and None not in s2, "after rep 0 of A2's wave"
+    assert s1[:4] == [(0, 1, "A0"), (0, 1, "A1"), (0, 1, "A2"), (0, 1, "A4")]
+    assert s1[9][2] == "A1", "arm order rotated in rep 1"
+    done = {(a, C, r, 3.0) for r in range(2) for C in (1, 64) for a in ("A0", "A1", "A2", "A4")}
+    assert [[a.name for a in w] for w, _ in plan_steps(arms, [1, 64], 2, 3.0, done, False)] == [["A3"]]
+    # A finished sweep whose transition is missing still runs it, at the end of A2's wave.
+    only = plan_steps(arms, [1, 64], 2, 3.0, done | {("A3", C, r, 3.0) for r in range(2) for C in (1, 64)}, True)
+    assert [(len(w), steps) for w, steps in only] == [(4, [None])]

@@ -7,7 +7,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-BUILT_IN = ("A0", "A1", "A2", "A3", "A4")  # arms.DEFAULT_ARMS; the rest are variants
+from .arms import DEFAULT_ARMS as BUILT_IN  # the rest are variants
 
 
 def medians(cells: list[dict]) -> dict:

@@ -66,34 +66,34 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
     tpath = out / "transition.json"
     trans = json.loads(tpath.read_text()) if tpath.exists() else None
     startup = {}
-    waves = plan_waves(arm_list, max_engines)
-    todo_of = {}
-    for wave in waves:
-        todo = [(rep, C, arm.name) for rep in range(reps) for C in concurrencies for arm in _rotated(wave, rep)]
-        todo_of[tuple(a.name for a in wave)] = [t for t in todo if (t[2], t[1], t[0], acc_len) not in done]
+    plan = plan_steps(arm_list, concurrencies, reps, acc_len, done, transition and trans is None, max_engines)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console) as bar:
-        task = bar.add_task("cells", total=sum(len(t) for t in todo_of.values()))
-        for wave in waves:
-            todo = todo_of[tuple(a.name for a in wave)]
-            wants_transition = transition and trans is None and any(a.name == "A2" for a in wave)
-            if not todo and not wants_transition:
-                continue
-            if time.time() - t_start > budget_s:
-                bar.console.print("time budget reached: stopping; rerun to resume")
+        task = bar.add_task("cells", total=sum(1 for _, steps in plan for t in steps if t is not None))
+
+        def over_budget() -> bool:
+            if time.time() - t_start <= budget_s:
+                return False
+            bar.console.print("time budget reached: stopping; rerun to resume")
+            return True
+
+        stopped = False
+        for wave, steps in plan:
+            if over_budget():  # before starting engines that would measure nothing
                 break
-            if len(waves) > 1:
+            if len(plan) > 1:
                 bar.console.print(f"engines for {', '.join(a.name for a in wave)} (at most {max_engines} share the GPU)")
             with _engines(wave, out, env, max_bs, max_bs * (prompt_len + out_len + 16) + 4096) as (procs, started):
                 startup.update(started)
-                for rep, C, arm in todo:
-                    if time.time() - t_start > budget_s:
-                        bar.console.print("time budget reached: stopping; rerun to resume")
+                for step in steps:
+                    stopped = over_budget()
+                    if stopped:
                         break
-                    if wants_transition and trans is None and rep >= min(1, reps - 1):
-                        # After the first repetition, so a time budget rarely cuts it off.
+                    if step is None:
                         trans = {"A2": _transition(procs["A2"], out, prompt_len, out_len)}
                         tpath.write_text(json.dumps(trans, indent=1))
+                        continue
+                    rep, C, arm = step
                     res = _command(procs[arm], out, {"kind": "point", "C": C, "n": _requests_for(C), "prompt_len": prompt_len,
                                                       "out_len": out_len, "seed": 1000 * rep + C})
                     cell = {"arm": arm, "C": C, "rep": rep, "acc_len": acc_len, **res}
@@ -101,10 +101,26 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
                     with open(cells_path, "a") as f:
                         f.write(json.dumps(cell) + "\n")
                     bar.advance(task)
-                if wants_transition and trans is None and time.time() - t_start <= budget_s:
-                    trans = {"A2": _transition(procs["A2"], out, prompt_len, out_len)}
-                    tpath.write_text(json.dumps(trans, indent=1))
-    return summarize(out, cells, concurrencies, threshold, acc_len, trans, startup, version, gpu)
+            if stopped:
+                break
+    return summarize(out, cells, concurrencies, threshold, acc_len, trans, startup, version, gpu, arm_list)
+
+
+def plan_steps(arm_list, concurrencies, reps: int, acc_len: float, done: set, transition: bool,
+               max_engines: int = MAX_ENGINES) -> list[tuple[list, list]]:
+    """(wave, steps) for what is still to measure: cells (rep, C, arm) not in `done`, the arm
+    order rotated per repetition, and None where A2's wave runs the transition workload (after
+    the first repetition, so a time budget rarely cuts it off). Waves with nothing left are
+    dropped, so a resumed run starts no engine it does not need."""
+    plan = []
+    for wave in plan_waves(arm_list, max_engines):
+        steps = [(rep, C, arm.name) for rep in range(reps) for C in concurrencies for arm in _rotated(wave, rep)
+                 if (arm.name, C, rep, acc_len) not in done]
+        if transition and any(a.name == "A2" for a in wave):
+            steps.insert(next((i for i, t in enumerate(steps) if t[0] >= min(1, reps - 1)), len(steps)), None)
+        if steps:
+            plan.append((wave, steps))
+    return plan
 
 
 def plan_waves(arm_list, max_engines: int = MAX_ENGINES) -> list[list]:
