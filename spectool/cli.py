@@ -11,6 +11,7 @@ import click
 from rich.console import Console
 
 from . import __version__, api
+from .bench.arms import MAX_ENGINES
 from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, BadInputError, SpectoolError
 from .report import print_outcome, to_json  # noqa: F401
 
@@ -289,7 +290,7 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, model_cache,
               help="Comma-separated arms (A0 no spec, A1 EAGLE-3, A2 threshold T, A3 threshold above any batch, A4 T=0).")
 @click.option("--variant", "variants", multiple=True, metavar="NAME=BASE:VAR=VALUE[;VAR=VALUE]",
               help="An extra arm: BASE with environment for its engine, e.g. A4L=A4:SPECTOOL_FALLBACK_EARLY_PLAN=0. Repeatable.")
-@click.option("--max-engines", type=int, default=4, show_default=True,
+@click.option("--max-engines", type=int, default=MAX_ENGINES, show_default=True,
               help="Engines on the GPU at once; more arms run in waves (an 8B-shaped engine takes ~28 GiB).")
 @click.option("--suggest-threshold", "suggest", is_flag=True, help="Only print T from the recorded results in --out.")
 @click.option("--profile", "profile_steps", type=int, default=0,

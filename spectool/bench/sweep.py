@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import BadInputError
 from . import analyze
-from .arms import DEFAULT_ARMS, arms as make_arms, engine_kwargs, variant as make_variant
+from .arms import DEFAULT_ARMS, MAX_ENGINES, arms as make_arms, engine_kwargs, variant as make_variant
 from .models import write_models
 
 DEFAULT_C = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -24,10 +24,6 @@ DEFAULT_C = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 # its own right before (the reference), so ramp and drain count alike on both sides.
 TRANSITION = [{"C": 4, "n": 32}, {"C": 192, "n": 384}, {"C": 4, "n": 32}, {"C": 192, "n": 384}, {"C": 4, "n": 32}]
 
-# Engines of the benchmark shape (8B target, bf16, KV for 256 x 272 tokens, graphs) take about
-# 28 GiB each: five do not fit one H200 (measured: the fifth ran out of memory while capturing
-# its graphs, and a fallback without its graphs would have been measured eagerly).
-MAX_ENGINES = 4
 # The comparisons the goals are about share a wave when the arms must be split: A2 and A4
 # against A0 and A1 first, then the controls.
 WAVE_ORDER = ("A0", "A1", "A2", "A4", "A3")  # then the variants

@@ -13,13 +13,7 @@ import statistics
 import sys
 import time
 
-
-def _stats(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError, TypeError):
-        return {}
+from ..verify.engine_worker import read_stats  # the fallback's counters file, read the same way
 
 
 async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, seed: int, vocab: int) -> dict:
@@ -119,7 +113,7 @@ def main() -> int:
             engine.generate(input_ids=[11, 12, 13], sampling_params={"temperature": 0.0, "max_new_tokens": 3,
                                                                      "ignore_eos": True})
             time.sleep(0.6)
-        before = _stats(job.get("stats_path"))
+        before = read_stats(job.get("stats_path"))
         if cmd["kind"] == "profile":
             res = loop.run_until_complete(profiled(engine, cmd["C"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab,
                                                    cmd["steps"], cmd["dir"]))
@@ -128,7 +122,7 @@ def main() -> int:
         else:
             res = {"phases": loop.run_until_complete(phases(engine, cmd["schedule"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab))}
         time.sleep(0.6)  # stats are published at most every 0.5 s
-        after = _stats(job.get("stats_path"))
+        after = read_stats(job.get("stats_path"))
         if before or after:
             fb = after.get("fallback_steps", 0) - before.get("fallback_steps", 0)
             sp = after.get("spec_steps", 0) - before.get("spec_steps", 0)

@@ -13,7 +13,7 @@ import sys
 import time
 
 
-def _stats(path: str | None, job: dict | None = None) -> dict:
+def read_stats(path: str | None, job: dict | None = None) -> dict:
     """The fallback counters now: the recipe's stats file, or (where the switch is upstream's)
     the same counters rebuilt from this engine's log."""
     if job and job.get("observe") == "log":
@@ -122,11 +122,11 @@ def main(job_path: str, out_path: str) -> int:
         want_lp = job["config"]["algorithm"] is None
         loop = asyncio.get_event_loop()
         for wl in job["workloads"]:
-            before = _stats(stats_path, job)
+            before = read_stats(stats_path, job)
             t0 = time.perf_counter()
             outs = loop.run_until_complete(_run_workload(engine, wl, want_lp))
             time.sleep(0.2)  # the last step's counters are written after the result returns
-            after = _stats(stats_path, job)
+            after = read_stats(stats_path, job)
             result["workloads"][wl["name"]] = {
                 "requests": outs, "seconds": round(time.perf_counter() - t0, 3),
                 "stats_before": before, "stats_after": after,

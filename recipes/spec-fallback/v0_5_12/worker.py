@@ -46,8 +46,8 @@ class EAGLEWorkerV2:
     def _spec_fallback_build_decode_graph(self, server_args):
         """A second target attention backend plus a DECODE graph runner (1 token/request)."""
         # On by default; SPECTOOL_FALLBACK_EARLY_PLAN=0 restores the spec path's order (the
-        # bench's A4L arm measures the difference, docs/performance.md): see
-        # _spec_fallback_decode.
+        # bench measures the difference with --variant A4L=A4:SPECTOOL_FALLBACK_EARLY_PLAN=0,
+        # docs/performance.md): see _spec_fallback_decode.
         self._fallback_early_plan = os.environ.get("SPECTOOL_FALLBACK_EARLY_PLAN", "1") != "0"
         mr = self._target_worker.model_runner
         self._fallback_attn_backend = self._spec_fallback_plain_attn_backend(mr)
