@@ -362,12 +362,13 @@ def test_draft_kv_sync_as_a_plain_decode_step(sglang_release, monkeypatch):
     with pytest.raises(AttributeError, match="prepare_for_extend_to_fill_draft_kvcache"):
         extend(worker, batch, torch.tensor([7, 8, 9]), target_hidden, SimpleNamespace())
 
-    # The switch: unset or not a number leaves it off (with a warning), a number turns it on.
+    # The switch: on from 16 requests by default, `off` or not a number (with a warning) turns
+    # it off, a number sets the batch size.
     plain_backend = load_function(path, "EAGLEWorkerV2._spec_fallback_plain_attn_backend", {})
     init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_decode",
                          {"os": os, "logger": SimpleNamespace(warning=lambda *a: seen.setdefault("warned", a))})
     runner = SimpleNamespace(init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "plain")
-    for value, expect in ((None, None), ("x", None), ("64", 64)):
+    for value, expect in ((None, 16), ("off", None), ("x", None), ("64", 64), ("1", 1)):
         if value is None:
             monkeypatch.delenv("SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS", raising=False)
         else:

@@ -28,6 +28,18 @@ def test_scenario_plan_is_consistent():
     assert any(s.expect.min_acceptance and s.expect.min_acceptance >= 2 for s in scenarios.scenarios())
 
 
+def test_engine_switches_name_what_the_recipes_read():
+    """The golden engines force code paths through environment switches; a renamed switch in
+    the recipes would silently leave the path untested, so each must be read by a recipe
+    whose default differs from the forced value."""
+    sources = "".join(p.read_text() for p in (REPO / "recipes").rglob("*.py"))
+    forced = {k: v for c in scenarios.configs() for k, v in c.env.items()}
+    assert forced.get("SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS") == "1"
+    for var in forced:
+        assert f'os.environ.get("{var}"' in sources, var
+    assert {c.name for c in scenarios.configs() if c.env} == {"eagle3-t0", "eagle3-t4-eager"}
+
+
 def test_prompts_are_copy_tasks():
     rng = random.Random(0)
     p = copy_prompt(rng, ModelSpec(), segment=10, repeats=2.5)

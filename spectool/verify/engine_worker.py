@@ -110,6 +110,7 @@ def main(job_path: str, out_path: str) -> int:
     if stats_path and job.get("observe") != "log":
         os.environ["SPECTOOL_FALLBACK_STATS"] = stats_path
         os.environ["SPECTOOL_FALLBACK_STATS_INTERVAL"] = "0"  # exact counters per workload
+    os.environ.update(job["config"].get("env") or {})  # before the engine spawns its processes
     result = {"config": job["config"]["name"], "workloads": {}, "ok": False}
     t_start = time.perf_counter()
     import sglang

@@ -38,6 +38,9 @@ class EngineConfig:
     cuda_graph: bool = True
     chunked_prefill: int | None = None
     workloads: list[str] = field(default_factory=list)
+    # Environment of the engine process: recipe switches that pick a code path (the golden
+    # scenarios' batches are small, so paths chosen by batch size are forced here).
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def settings_key(self) -> tuple:
@@ -97,6 +100,12 @@ def workloads(spec: ModelSpec = ModelSpec(), seed: int = 1234) -> dict[str, Work
     return {x.name: x for x in w}
 
 
+# The fallback syncs the draft KV with a plain draft decode from 16 requests up and with a
+# one-token draft extend below; the golden batches stay under 16, so two engines force the
+# decode sync: the always-fallback engine (CUDA graphs) and the eager one (with a transition).
+DRAFT_DECODE = {"SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS": "1"}
+
+
 def configs() -> list[EngineConfig]:
     T = THRESHOLD
     return [
@@ -104,8 +113,9 @@ def configs() -> list[EngineConfig]:
         EngineConfig("base-eager", None, cuda_graph=False, workloads=[f"bs{T+1}", "stagger"]),
         EngineConfig("base-chunked", None, chunked_prefill=64, workloads=["long"]),
         EngineConfig("eagle3-t4", "EAGLE3", T, workloads=["bs1", f"bs{T-1}", f"bs{T}", f"bs{T+1}", "stagger", "arrive"]),
-        EngineConfig("eagle3-t0", "EAGLE3", 0, workloads=["bs8", "stagger"]),
-        EngineConfig("eagle3-t4-eager", "EAGLE3", T, cuda_graph=False, workloads=[f"bs{T+1}", "stagger"]),
+        EngineConfig("eagle3-t0", "EAGLE3", 0, workloads=["bs8", "stagger"], env=DRAFT_DECODE),
+        EngineConfig("eagle3-t4-eager", "EAGLE3", T, cuda_graph=False, workloads=[f"bs{T+1}", "stagger"],
+                     env=DRAFT_DECODE),
         EngineConfig("eagle3-t4-chunked", "EAGLE3", T, chunked_prefill=64, workloads=["long"]),
         EngineConfig("standalone-t4", "STANDALONE", T, workloads=["bs1", "stagger", "arrive"]),
     ]
@@ -114,8 +124,9 @@ def configs() -> list[EngineConfig]:
 def scenarios() -> list[Scenario]:
     T = THRESHOLD
     s = [
-        Scenario("eagle3 always-fallback (T=0)", "eagle3-t0", "bs8", Expect("all"), "threshold 0"),
-        Scenario("eagle3 always-fallback stagger (T=0)", "eagle3-t0", "stagger", Expect("all"), "threshold 0"),
+        Scenario("eagle3 always-fallback (T=0)", "eagle3-t0", "bs8", Expect("all"), "threshold 0, draft decode sync"),
+        Scenario("eagle3 always-fallback stagger (T=0)", "eagle3-t0", "stagger", Expect("all"),
+                 "threshold 0, draft decode sync"),
         Scenario("eagle3 bs=1 (always spec)", "eagle3-t4", "bs1", Expect("zero"), "threshold far above the batch"),
         Scenario(f"eagle3 bs=T-1={T-1}", "eagle3-t4", f"bs{T-1}", Expect("zero"), "below threshold"),
         Scenario(f"eagle3 bs=T={T}", "eagle3-t4", f"bs{T}", Expect("zero"), "at threshold (drafting stays on)"),
@@ -124,8 +135,10 @@ def scenarios() -> list[Scenario]:
                  "batch shrinks below T: speculation resumes mid-request"),
         Scenario("eagle3 transition up", "eagle3-t4", "arrive", Expect("positive", fallback_after_spec=True, spec_after_fallback=True),
                  "requests arrive while others decode: fallback starts mid-request, then spec resumes"),
-        Scenario("eagle3 no CUDA graph", "eagle3-t4-eager", f"bs{T+1}", Expect("positive"), "eager target and draft"),
-        Scenario("eagle3 no CUDA graph transition", "eagle3-t4-eager", "stagger", Expect("positive", spec_after_fallback=True), "eager"),
+        Scenario("eagle3 no CUDA graph", "eagle3-t4-eager", f"bs{T+1}", Expect("positive"),
+                 "eager target and draft, draft decode sync"),
+        Scenario("eagle3 no CUDA graph transition", "eagle3-t4-eager", "stagger", Expect("positive", spec_after_fallback=True),
+                 "eager, draft decode sync, then speculation resumes"),
         Scenario("eagle3 chunked prefill long prompt", "eagle3-t4-chunked", "long", Expect("positive"), "chunked prefill (64), 180-token prompts"),
         Scenario("standalone bs=1 (high acceptance)", "standalone-t4", "bs1", Expect("zero", min_acceptance=2.0), "multi-token accept path"),
         Scenario("standalone transition down", "standalone-t4", "stagger", Expect("positive", spec_after_fallback=True),

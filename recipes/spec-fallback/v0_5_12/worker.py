@@ -6,12 +6,13 @@ Inserted into sglang/srt/speculative/eagle_worker_v2.py. Design (see docs/fallba
   DECODE CUDA graph built once at start-up. In spec mode the target's only graph runner is
   captured for TARGET_VERIFY with num_draft_tokens tokens per request; replaying it with a
   one-token batch would be wrong, so it is swapped out for the call, never reused.
-* Draft: a one-token DRAFT_EXTEND_V2 over the token the target produced, with the target's
-  EAGLE-3 hidden states, writes the draft KV at the same slot the spec path would have used
-  and yields the next topk_p / topk_index / hidden_states, so drafting can resume on the
-  next step without a cold or stale draft cache. It replays its own CUDA graph (captured
-  once at one token per request, like upstream's steps-0 tier from 0.5.15) wherever the
-  spec path graphs its draft extend; eagerly it would be ~40 Python-launched kernels.
+* Draft: one draft forward over the token the target produced, with the target's EAGLE-3
+  hidden states, writes the draft KV at the same slot the spec path would have used and
+  yields the next topk_p / topk_index / hidden_states, so drafting can resume on the next
+  step without a cold or stale draft cache. From 16 requests up it is a plain DECODE
+  forward of the draft (a decode attention kernel); below, a one-token DRAFT_EXTEND_V2
+  replaying its own CUDA graph (captured once at one token per request, like upstream's
+  steps-0 tier from 0.5.15) wherever the spec path graphs its draft extend.
 * Result: next_token_ids (bs,), speculative_num_draft_tokens=1 (the 0.5.12 consumer reads
   its stride from the result), accept_lens all 1, an EagleDraftInput with bonus_tokens,
   new_seq_lens and verify_done: exactly what the scheduler and FutureMap read.
@@ -83,23 +84,26 @@ class EAGLEWorkerV2:
         )
 
     def _spec_fallback_init_draft_decode(self):
-        """Opt-in (SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS=N): from N requests up, sync the draft
-        KV with a DECODE forward on a plain draft attention backend instead of the one-token
-        DRAFT_EXTEND_V2. Profiled on the H200 (results/profile-0.5.12): with triton attention
-        the extend kernel spends 1.18 ms per step at 256 requests on one-token queries (a
-        tile of query rows per request, one of them used), most of the fallback's extra GPU
-        time; a decode kernel reads the same KV once. Off until a GPU run measures it."""
+        """From SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS requests up (default 16; `off` never),
+        sync the draft KV with a DECODE forward on a plain draft attention backend instead
+        of the one-token DRAFT_EXTEND_V2. Profiled on the H200 (results/profile-0.5.12): with
+        triton attention the extend kernel spent 1.18 ms per step at 256 requests on
+        one-token queries (a tile of query rows per request, one of them used), most of the
+        fallback's extra GPU time; a decode kernel reads the same KV once. Measured
+        (results/bench-0.5.12-draft-decode): A4/A0 0.940 -> 0.958 at C=16, 0.926 -> 0.939 at
+        64, 0.900 -> 0.943 at 256, tokens exact (results/verify-0.5.12-draft-decode). The
+        decode forward is eager, so below 16 requests the extend's CUDA graph is kept."""
         self._fallback_draft_decode_min_bs = None
         self._fallback_draft_attn_backend = None
-        raw = os.environ.get("SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS", "").strip()
-        if not raw:
+        raw = os.environ.get("SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS", "16").strip().lower()
+        if raw == "off":
             return
         try:
             min_bs = int(raw)
         except ValueError:
             logger.warning(
-                "spec-fallback: SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS=%r is not a whole "
-                "number; the draft KV sync stays a draft extend",
+                "spec-fallback: SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS=%r is neither a whole "
+                "number nor 'off'; the draft KV sync stays a draft extend",
                 raw,
             )
             return
@@ -180,7 +184,9 @@ class EAGLEWorkerV2:
         )
 
     def _spec_fallback_draft_extend(self, batch, tokens, hidden_states, next_draft_input):
-        """DRAFT_EXTEND_V2 with one token per request: graph replay, or eager."""
+        """The draft forward of the KV sync: a plain draft decode from
+        _fallback_draft_decode_min_bs requests up, else DRAFT_EXTEND_V2 with one token per
+        request (graph replay, or eager)."""
         dw = self.draft_worker
         bs = len(batch.seq_lens)
         min_bs = self._fallback_draft_decode_min_bs
