@@ -73,7 +73,14 @@ def test_table_round_trip_and_the_upstream_comparison():
     root = RESULTS.parent
     ours, upstream = load_medians(root / "bench-0.5.12"), load_medians(root / "bench-0.5.17")
     r_ours, r_up = analyze.ratios(ours, DEFAULT_C), analyze.ratios(upstream, DEFAULT_C)
-    assert round(r_ours[64]["A2/E"], 3) == 0.908 and round(r_ours[256]["A4/A0"], 3) == 0.918
+    assert round(r_ours[64]["A2/E"], 3) == 0.920 and round(r_ours[256]["A4/A0"], 3) == 0.958
+    # The draft KV sync as a draft decode (session 4) against the one-token draft extend
+    # (session 3, same bench): faster at every C above T.
+    extend = analyze.ratios(load_medians(root / "bench-0.5.12-session3-extend"), DEFAULT_C)
+    assert round(extend[256]["A4/A0"], 3) == 0.918
+    assert all(r_ours[C]["A2/E"] > extend[C]["A2/E"] for C in (64, 128, 256))
+    a3 = analyze.ratios(load_medians(root / "bench-0.5.12-a3"), [1, 2, 4])
+    assert [round(a3[C]["A3/A1"], 3) for C in (1, 2, 4)] == [0.993, 0.992, 0.984]
     late = load_medians(root / "bench-0.5.12-late-rev94d8611")  # from its table only
     assert round(analyze.ratios(late, DEFAULT_C)[256]["A4/A0"], 3) == 0.898
     assert analyze.suggest_threshold(ours, DEFAULT_C)["threshold"] == 32
@@ -81,7 +88,7 @@ def test_table_round_trip_and_the_upstream_comparison():
     for C in (64, 256):
         assert r_ours[C]["A2/E"] > r_up[C]["A2/E"] + 0.3
     table = compare_markdown({"ours": ours, "upstream": upstream}, DEFAULT_C)
-    assert "| 64 | 0.908 | 0.429 |" in table
+    assert "| 64 | 0.920 | 0.429 |" in table
 
 
 def test_transition_phases_are_compared_with_their_own_reference(tmp_path):
