@@ -142,6 +142,7 @@ def test_draft_kv_sync_replays_its_one_token_graph(graph_fits, sglang_release):
     extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
     runner = Runner()
     worker = SimpleNamespace(device="cpu", topk=1, _fallback_draft_extend_runner=runner, _fallback_draft_decode_min_bs=None,
+                             _fallback_kv_only_above=None,
                              draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=eager_forward)))
     nxt = SimpleNamespace()
     extend(worker, SimpleNamespace(seq_lens=torch.tensor([3, 5, 10])), torch.tensor([7, 8, 9]), torch.zeros(bs, H), nxt)
@@ -286,7 +287,8 @@ def test_early_plan_is_the_default_and_can_be_turned_off(env, early, sglang_rele
                           "EAGLEWorkerV2._spec_fallback_build_decode_graph", {"os": os})
     mr = SimpleNamespace(init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "decode-backend")
     plain = load_function(tree / "sglang/srt/speculative/eagle_worker_v2.py", "EAGLEWorkerV2._spec_fallback_plain_attn_backend", {})
-    worker = SimpleNamespace(_target_worker=SimpleNamespace(model_runner=mr), _spec_fallback_init_draft_decode=lambda: None)
+    worker = SimpleNamespace(_target_worker=SimpleNamespace(model_runner=mr), _spec_fallback_init_draft_decode=lambda: None,
+                             _spec_fallback_init_draft_kv_only=lambda: None)
     worker._spec_fallback_plain_attn_backend = lambda runner: plain(worker, runner)
     build(worker, SimpleNamespace(disable_cuda_graph=True))
     assert worker._fallback_early_plan is early
@@ -337,6 +339,7 @@ def test_draft_kv_sync_as_a_plain_decode_step(sglang_release, monkeypatch):
     plain = Backend()
     dr = SimpleNamespace(attn_backend="draft-extend-backend", forward=draft_forward)
     worker = SimpleNamespace(device="cpu", topk=1, _fallback_draft_decode_min_bs=2, _fallback_draft_attn_backend=plain,
+                             _fallback_kv_only_above=None,
                              speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
                              draft_worker=SimpleNamespace(draft_runner=dr))
     worker._spec_fallback_draft_decode = lambda *a: decode(worker, *a)

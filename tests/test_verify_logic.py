@@ -35,9 +35,10 @@ def test_engine_switches_name_what_the_recipes_read():
     sources = "".join(p.read_text() for p in (REPO / "recipes").rglob("*.py"))
     forced = {k: v for c in scenarios.configs() for k, v in c.env.items()}
     assert forced.get("SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS") == "1"
+    assert forced.get("SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN") == "0"
     for var in forced:
         assert f'os.environ.get("{var}"' in sources, var
-    assert {c.name for c in scenarios.configs() if c.env} == {"eagle3-t0", "eagle3-t4-eager"}
+    assert {c.name for c in scenarios.configs() if c.env} == {"eagle3-t0", "eagle3-t4-eager", "eagle3-t4-kv-only"}
 
 
 def test_prompts_are_copy_tasks():

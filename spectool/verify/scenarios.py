@@ -104,6 +104,9 @@ def workloads(spec: ModelSpec = ModelSpec(), seed: int = 1234) -> dict[str, Work
 # one-token draft extend below; the golden batches stay under 16, so two engines force the
 # decode sync: the always-fallback engine (CUDA graphs) and the eager one (with a transition).
 DRAFT_DECODE = {"SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS": "1"}
+# The opt-in KV-only draft sync (margin 0: every fallback step), through a switch in both
+# directions: the first speculative step after it drafts from zeros, and tokens stay exact.
+DRAFT_KV_ONLY = {"SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN": "0"}
 
 
 def configs() -> list[EngineConfig]:
@@ -117,6 +120,7 @@ def configs() -> list[EngineConfig]:
         EngineConfig("eagle3-t4-eager", "EAGLE3", T, cuda_graph=False, workloads=[f"bs{T+1}", "stagger"],
                      env=DRAFT_DECODE),
         EngineConfig("eagle3-t4-chunked", "EAGLE3", T, chunked_prefill=64, workloads=["long"]),
+        EngineConfig("eagle3-t4-kv-only", "EAGLE3", T, workloads=[f"bs{T+1}", "stagger", "arrive"], env=DRAFT_KV_ONLY),
         EngineConfig("standalone-t4", "STANDALONE", T, workloads=["bs1", "stagger", "arrive"]),
     ]
 
@@ -140,6 +144,12 @@ def scenarios() -> list[Scenario]:
         Scenario("eagle3 no CUDA graph transition", "eagle3-t4-eager", "stagger", Expect("positive", spec_after_fallback=True),
                  "eager, draft decode sync, then speculation resumes"),
         Scenario("eagle3 chunked prefill long prompt", "eagle3-t4-chunked", "long", Expect("positive"), "chunked prefill (64), 180-token prompts"),
+        Scenario("eagle3 KV-only draft sync", "eagle3-t4-kv-only", f"bs{T+1}", Expect("positive"),
+                 "opt-in KV-only draft sync above T"),
+        Scenario("eagle3 KV-only transition down", "eagle3-t4-kv-only", "stagger", Expect("positive", spec_after_fallback=True),
+                 "KV-only sync, then speculation resumes from zero drafts"),
+        Scenario("eagle3 KV-only transition up", "eagle3-t4-kv-only", "arrive",
+                 Expect("positive", fallback_after_spec=True, spec_after_fallback=True), "KV-only sync mid-request"),
         Scenario("standalone bs=1 (high acceptance)", "standalone-t4", "bs1", Expect("zero", min_acceptance=2.0), "multi-token accept path"),
         Scenario("standalone transition down", "standalone-t4", "stagger", Expect("positive", spec_after_fallback=True),
                  "batch shrinks below T: speculation resumes mid-request"),

@@ -53,6 +53,7 @@ class EAGLEWorkerV2:
         mr = self._target_worker.model_runner
         self._fallback_attn_backend = self._spec_fallback_plain_attn_backend(mr)
         self._spec_fallback_init_draft_decode()
+        self._spec_fallback_init_draft_kv_only()
         if server_args.disable_cuda_graph:
             return
         tic = time.perf_counter()
@@ -111,6 +112,58 @@ class EAGLEWorkerV2:
             self.draft_worker.draft_runner
         )
         self._fallback_draft_decode_min_bs = min_bs
+
+    def _spec_fallback_init_draft_kv_only(self):
+        """Opt-in (SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN=M; unset or `off`: never): while the
+        batch is more than M requests above the threshold, the draft KV sync computes only
+        what the draft's KV cache holds, the K and V of its one layer, not the draft's output.
+
+        The output (top-k and hidden state for the next draft) matters only if the next step
+        speculates, which it can only do from within M of the threshold, where the full
+        forward still runs. If the batch falls further in one step, that speculative step
+        drafts from zeros: its drafts are rejected, the tokens stay the target's, and the spec
+        path's own draft extend reseeds the next draft. EAGLE-3 heads of one layer only."""
+        self._fallback_kv_only_above = None
+        raw = os.environ.get("SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", "").strip().lower()
+        if raw in ("", "off"):
+            return
+        try:
+            margin = int(raw)
+        except ValueError:
+            logger.warning(
+                "spec-fallback: SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN=%r is neither a whole "
+                "number nor 'off'; the draft runs in full",
+                raw,
+            )
+            return
+        why = self._spec_fallback_kv_only_unsupported()
+        if why:
+            logger.warning(
+                "spec-fallback: no KV-only draft sync (%s); the draft runs in full", why
+            )
+            return
+        self._fallback_kv_only_above = self._fallback_threshold + margin
+
+    def _spec_fallback_kv_only_unsupported(self):
+        """Why the KV-only sync cannot run on this draft, or None: it needs an EAGLE-3 head of
+        one input layer (whose K/V depend only on the token and the target's hidden states),
+        rotary positions and a K/V (not MLA) cache."""
+        if not self.speculative_algorithm.is_eagle3():
+            return "not EAGLE-3"
+        dr = self.draft_worker.draft_runner
+        model = getattr(dr.model, "model", None)
+        layers = getattr(model, "layers", None)
+        if layers is None or len(layers) != 1:
+            return "the draft model has not exactly one layer"
+        layer = layers[0]
+        attn = getattr(layer, "self_attn", None)
+        if not getattr(layer, "is_input_layer", False) or not hasattr(attn, "rotary_emb"):
+            return "the draft layer is not an EAGLE-3 input layer with rotary attention"
+        if getattr(model, "is_mrope_enabled", False):
+            return "M-RoPE positions"
+        if getattr(dr, "use_mla_backend", False):
+            return "MLA KV cache"
+        return None
 
     def _spec_fallback_plain_attn_backend(self, runner):
         """A second attention backend of the runner's kind with its own workspace, for plain
@@ -184,11 +237,16 @@ class EAGLEWorkerV2:
         )
 
     def _spec_fallback_draft_extend(self, batch, tokens, hidden_states, next_draft_input):
-        """The draft forward of the KV sync: a plain draft decode from
-        _fallback_draft_decode_min_bs requests up, else DRAFT_EXTEND_V2 with one token per
-        request (graph replay, or eager)."""
+        """The draft forward of the KV sync: K/V only far above the threshold (opt-in), a
+        plain draft decode from _fallback_draft_decode_min_bs requests up, else
+        DRAFT_EXTEND_V2 with one token per request (graph replay, or eager)."""
         dw = self.draft_worker
         bs = len(batch.seq_lens)
+        kv_only_above = self._fallback_kv_only_above
+        if kv_only_above is not None and bs > kv_only_above:
+            return self._spec_fallback_draft_kv_only(
+                batch, tokens, hidden_states, next_draft_input
+            )
         min_bs = self._fallback_draft_decode_min_bs
         if min_bs is not None and bs >= min_bs:
             return self._spec_fallback_draft_decode(
@@ -252,3 +310,48 @@ class EAGLEWorkerV2:
             probs, self.topk, dim=-1
         )
         next_draft_input.hidden_states = draft_logits.hidden_states
+
+    def _spec_fallback_draft_kv_only(self, batch, tokens, hidden_states, next_draft_input):
+        """Write the draft layer's K and V for the token the target produced, as its forward
+        would (same slot, position = the pre-step length), and nothing else: the input
+        layer's K/V depend only on the token's embedding and the target's hidden states (fc
+        and the two input norms), so the attention, MLP, head and top-k are skipped (about
+        100 M of the 8B-shaped head's 425 M parameters are read). The next draft input is
+        zeros, right in shape for the scheduler's FutureMap (see _init_draft_kv_only)."""
+        dr = self.draft_worker.draft_runner
+        model = dr.model.model
+        layer = model.layers[0]
+        attn = layer.self_attn
+        embeds = model.embed_tokens(tokens.to(torch.int64))
+        if hidden_states.shape[-1] != embeds.shape[-1]:
+            if model.fc_norm is not None:
+                chunks = hidden_states.chunk(model.num_aux_hidden_states, dim=-1)
+                hidden_states = torch.cat(
+                    [norm(chunk) for norm, chunk in zip(model.fc_norm, chunks)], dim=-1
+                )
+            hidden_states = model.fc(hidden_states)
+        layer_input = torch.cat(
+            [layer.input_layernorm(embeds), layer.hidden_norm(hidden_states)], dim=-1
+        )
+        qkv, _ = attn.qkv_proj(layer_input)
+        q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+        _, k = attn.rotary_emb(batch.seq_lens.to(torch.int64), q, k)
+        radix = attn.attn
+        dr.token_to_kv_pool.set_kv_buffer(
+            radix,
+            batch.out_cache_loc,
+            k.reshape(-1, radix.tp_k_head_num, radix.qk_head_dim),
+            v.reshape(-1, radix.tp_v_head_num, radix.v_head_dim),
+            radix.k_scale,
+            radix.v_scale,
+        )
+        bs = len(batch.seq_lens)
+        next_draft_input.topk_p = torch.zeros(
+            (bs, self.topk), dtype=torch.float32, device=self.device
+        )
+        next_draft_input.topk_index = torch.zeros(
+            (bs, self.topk), dtype=torch.int64, device=self.device
+        )
+        next_draft_input.hidden_states = embeds.new_zeros((bs, embeds.shape[-1]))
+        stats = self._fallback_stats
+        stats["draft_kv_only_steps"] = stats.get("draft_kv_only_steps", 0) + 1

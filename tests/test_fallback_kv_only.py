@@ -1,0 +1,189 @@
+"""The opt-in KV-only draft sync (SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN) on the real patched
+0.5.12 file: the K and V it writes must be exactly those the release's own EAGLE-3 draft
+forward computes for the same token, hidden states and position. The reference runs SGLang's
+code itself (llama_eagle3's LlamaModel.forward and LlamaDecoderLayer.forward, llama's
+LlamaAttention.forward_prepare_native) over small torch modules, so a change in how the
+release builds the layer's input (norm order, fc_norm, concatenation) fails this test."""
+
+from __future__ import annotations
+
+import typing
+from types import SimpleNamespace
+
+import pytest
+
+from spectool import api
+from spectool.testing import load_function
+
+pytestmark = pytest.mark.network
+
+BS, H, V, HEADS, KV_HEADS, HEAD_DIM = 3, 8, 50, 2, 1, 4
+
+
+def _modules(torch, fc_norm: bool):
+    """A one-layer EAGLE-3 head in miniature; the attention records the K/V its forward makes."""
+    torch.manual_seed(0)
+
+    class RMS(torch.nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.rand(n) + 0.5)
+
+        def forward(self, x, residual=None):
+            if residual is not None:
+                x = x + residual
+                residual = x
+            out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+            return out if residual is None else (out, residual)
+
+    q_size, kv_size = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    w_qkv = torch.randn(q_size + 2 * kv_size, 2 * H)
+
+    def rope(positions, q, k):  # position-dependent, so a wrong position shows
+        angle = positions[:, None].float() * 0.37
+        return q * torch.cos(angle), k * torch.cos(angle) + torch.sin(angle)
+
+    class Attention:
+        def __init__(self, prepare):
+            self.q_size, self.kv_size = q_size, kv_size
+            self.qkv_proj = lambda x: (x @ w_qkv.T, None)
+            self.rotary_emb = rope
+            self.attn = SimpleNamespace(tp_k_head_num=KV_HEADS, qk_head_dim=HEAD_DIM, tp_v_head_num=KV_HEADS,
+                                        v_head_dim=HEAD_DIM, k_scale=None, v_scale=None)
+            self._prepare = prepare
+            self.seen = {}
+
+        def __call__(self, positions, hidden_states, forward_batch):
+            q, k, v = self._prepare(self, positions, hidden_states)
+            self.seen.update(k=k, v=v, positions=positions)
+            return torch.zeros(hidden_states.shape[0], H)
+
+    return RMS, Attention
+
+
+def _eagle3_model(torch, tree, fc_norm: bool):
+    RMS, Attention = _modules(torch, fc_norm)
+    models = tree / "sglang/srt/models"
+    typing_ns = {"torch": torch, "Optional": typing.Optional, "Tuple": typing.Tuple,
+                 "ForwardBatch": object, "PPProxyTensors": object}
+    prepare = load_function(models / "llama.py", "LlamaAttention.forward_prepare_native", typing_ns)
+    layer_forward = load_function(models / "llama_eagle3.py", "LlamaDecoderLayer.forward", typing_ns)
+    model_forward = load_function(models / "llama_eagle3.py", "LlamaModel.forward", typing_ns)
+
+    class Layer:
+        is_input_layer = True
+
+        def __init__(self):
+            self.hidden_norm, self.input_layernorm, self.post_attention_layernorm = RMS(H), RMS(H), RMS(H)
+            self.self_attn = Attention(prepare)
+            self.mlp = lambda x: x
+
+        def __call__(self, *args):
+            return layer_forward(self, *args)
+
+    model = SimpleNamespace(
+        embed_tokens=torch.nn.Embedding(V, H), fc=torch.nn.Linear(3 * H, H, bias=False),
+        fc_norm=torch.nn.ModuleList([RMS(H) for _ in range(3)]) if fc_norm else None,
+        num_aux_hidden_states=3, layers=[Layer()], norm=RMS(H), norm_output=False, is_mrope_enabled=False)
+    return model, lambda *a, **kw: model_forward(model, *a, **kw)
+
+
+@pytest.mark.parametrize("fc_norm", [False, True])
+def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sglang_release):
+    torch = pytest.importorskip("torch")
+    tree = sglang_release("0.5.12")
+    assert api.apply(tree).ok
+    model, forward = _eagle3_model(torch, tree, fc_norm)
+    tokens = torch.tensor([7, 8, 9], dtype=torch.int32)
+    target_hidden = torch.randn(BS, 3 * H)
+    pre_step = torch.tensor([3, 5, 10])
+
+    # The release's own draft forward for these tokens: position = the pre-step length
+    # (a decode step's position is seq_len - 1 after the step).
+    fb = SimpleNamespace(mm_input_embeds=None, forward_mode=SimpleNamespace(is_extend=lambda: False),
+                         contains_mm_inputs=lambda: False, spec_info=SimpleNamespace(hidden_states=target_hidden))
+    with torch.no_grad():
+        forward(tokens.to(torch.int64), pre_step, fb)
+    ref = model.layers[0].self_attn.seen
+    assert ref["positions"] is pre_step
+
+    writes = []
+    pool = SimpleNamespace(set_kv_buffer=lambda *a: writes.append(a))
+    worker = SimpleNamespace(device="cpu", topk=1, _fallback_stats={},
+                             draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(
+                                 model=SimpleNamespace(model=model), token_to_kv_pool=pool)))
+    kv_only = load_function(tree / "sglang/srt/speculative/eagle_worker_v2.py",
+                            "EAGLEWorkerV2._spec_fallback_draft_kv_only", {"torch": torch})
+    batch = SimpleNamespace(seq_lens=pre_step.clone(), out_cache_loc=torch.tensor([3, 45, 90]))
+    nxt = SimpleNamespace()
+    with torch.no_grad():
+        kv_only(worker, batch, tokens, target_hidden, nxt)
+
+    (layer, loc, k, v, k_scale, v_scale), = writes
+    attn = model.layers[0].self_attn.attn
+    assert layer is attn and loc.tolist() == [3, 45, 90] and (k_scale, v_scale) == (None, None)
+    assert k.shape == (BS, KV_HEADS, HEAD_DIM) and v.shape == (BS, KV_HEADS, HEAD_DIM)
+    assert torch.allclose(k.reshape(BS, -1), ref["k"], atol=1e-6)
+    assert torch.allclose(v.reshape(BS, -1), ref["v"], atol=1e-6)
+    # The next draft input is zeros in the shapes and dtypes the FutureMap stores.
+    assert nxt.topk_p.shape == (BS, 1) and nxt.topk_p.dtype == torch.float32 and not nxt.topk_p.any()
+    assert nxt.topk_index.dtype == torch.int64 and not nxt.topk_index.any()
+    assert nxt.hidden_states.shape == (BS, H) and not nxt.hidden_states.any()
+    assert worker._fallback_stats["draft_kv_only_steps"] == 1
+
+    # A wrong position would write a different K: the comparison can fail.
+    writes.clear()
+    batch.seq_lens = pre_step + 1
+    with torch.no_grad():
+        kv_only(worker, batch, tokens, target_hidden, SimpleNamespace())
+    assert not torch.allclose(writes[0][2].reshape(BS, -1), ref["k"], atol=1e-6)
+
+
+def test_kv_only_switch_and_dispatch(sglang_release, monkeypatch):
+    """Off unless SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN names a margin; refused (with the
+    reason) for drafts whose K/V need more than the input layer; used only more than the
+    margin above the threshold, the full draft forward below."""
+    torch = pytest.importorskip("torch")
+    import os
+
+    tree = sglang_release("0.5.12")
+    assert api.apply(tree).ok
+    path = tree / "sglang/srt/speculative/eagle_worker_v2.py"
+    warned = []
+    ns = {"os": os, "torch": torch, "logger": SimpleNamespace(warning=lambda *a: warned.append(a))}
+    init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_kv_only", ns)
+    unsupported = load_function(path, "EAGLEWorkerV2._spec_fallback_kv_only_unsupported", ns)
+
+    def worker(eagle3=True, layers=1, mla=False):
+        layer = SimpleNamespace(is_input_layer=True, self_attn=SimpleNamespace(rotary_emb=None))
+        w = SimpleNamespace(_fallback_threshold=32,
+                            speculative_algorithm=SimpleNamespace(is_eagle3=lambda: eagle3),
+                            draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(
+                                use_mla_backend=mla,
+                                model=SimpleNamespace(model=SimpleNamespace(layers=[layer] * layers)))))
+        w._spec_fallback_kv_only_unsupported = lambda: unsupported(w)
+        return w
+
+    for value, expect in ((None, None), ("off", None), ("x", None), ("0", 32), ("8", 40)):
+        if value is None:
+            monkeypatch.delenv("SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", raising=False)
+        else:
+            monkeypatch.setenv("SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", value)
+        w = worker()
+        init(w)
+        assert w._fallback_kv_only_above == expect, value
+    monkeypatch.setenv("SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", "8")
+    for kw, reason in (({"eagle3": False}, "not EAGLE-3"), ({"layers": 2}, "one layer"), ({"mla": True}, "MLA")):
+        warned.clear()
+        w = worker(**kw)
+        init(w)
+        assert w._fallback_kv_only_above is None and reason in warned[-1][1]
+
+    extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
+    taken = []
+    w = SimpleNamespace(draft_worker=None, _fallback_kv_only_above=40, _fallback_draft_decode_min_bs=16,
+                        _spec_fallback_draft_kv_only=lambda *a: taken.append("kv_only"),
+                        _spec_fallback_draft_decode=lambda *a: taken.append("decode"))
+    for bs in (41, 40, 33):
+        extend(w, SimpleNamespace(seq_lens=torch.zeros(bs)), None, None, None)
+    assert taken == ["kv_only", "decode", "decode"]
