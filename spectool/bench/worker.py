@@ -87,6 +87,44 @@ async def profiled(engine, C: int, prompt_len: int, out_len: int, seed: int, voc
     return await run
 
 
+# The first load at a concurrency in a fresh engine runs slower: on the H200 rep 0 was 10-35%
+# below reps 1 and 2 at C = 8-64, with TTFTs up to 1.8x (results/bench-0.5.12/cells.jsonl).
+WARMUP_OUT_LEN = 16
+
+
+def handle(engine, cmd: dict, job: dict, loop, vocab: int, warmed: set) -> dict:
+    """One load command: an unmeasured short wave at a concurrency this engine has not served
+    yet, the fallback counters flushed, the measurement, the counters' difference."""
+    if cmd["kind"] == "point" and cmd["C"] not in warmed:
+        loop.run_until_complete(closed_loop(engine, cmd["C"], cmd["C"], cmd["prompt_len"], WARMUP_OUT_LEN,
+                                            cmd["seed"] + 7919, vocab))
+        warmed.add(cmd["C"])
+    if job.get("stats_path"):
+        # The fallback publishes its counters at most every 0.5 s, during decode steps, so
+        # the previous command's last steps reach the file only with the next step: one
+        # short request first, so they are not counted in this command.
+        engine.generate(input_ids=[11, 12, 13], sampling_params={"temperature": 0.0, "max_new_tokens": 3,
+                                                                 "ignore_eos": True})
+        time.sleep(0.6)
+    before = read_stats(job.get("stats_path"))
+    if cmd["kind"] == "profile":
+        res = loop.run_until_complete(profiled(engine, cmd["C"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab,
+                                               cmd["steps"], cmd["dir"]))
+    elif cmd["kind"] == "point":
+        res = loop.run_until_complete(closed_loop(engine, cmd["C"], cmd["n"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab))
+    else:
+        res = {"phases": loop.run_until_complete(phases(engine, cmd["schedule"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab))}
+    if job.get("stats_path"):
+        time.sleep(0.6)  # stats are published at most every 0.5 s
+    after = read_stats(job.get("stats_path"))
+    if before or after:
+        fb = after.get("fallback_steps", 0) - before.get("fallback_steps", 0)
+        sp = after.get("spec_steps", 0) - before.get("spec_steps", 0)
+        res["fallback_steps"], res["spec_steps"] = fb, sp
+        res["spec_fraction"] = sp / (fb + sp) if fb + sp else None
+    return res
+
+
 def main() -> int:
     job = json.loads(sys.argv[1])
     if job.get("stats_path"):
@@ -102,32 +140,12 @@ def main() -> int:
         json.dump(ready, f)
     loop = asyncio.get_event_loop()
     vocab = job.get("vocab", 128256)
+    warmed: set = set()
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd.get("quit"):
             break
-        if job.get("stats_path"):
-            # The fallback publishes its counters at most every 0.5 s, during decode steps, so
-            # the previous command's last steps reach the file only with the next step: one
-            # short request first, so they are not counted in this command.
-            engine.generate(input_ids=[11, 12, 13], sampling_params={"temperature": 0.0, "max_new_tokens": 3,
-                                                                     "ignore_eos": True})
-            time.sleep(0.6)
-        before = read_stats(job.get("stats_path"))
-        if cmd["kind"] == "profile":
-            res = loop.run_until_complete(profiled(engine, cmd["C"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab,
-                                                   cmd["steps"], cmd["dir"]))
-        elif cmd["kind"] == "point":
-            res = loop.run_until_complete(closed_loop(engine, cmd["C"], cmd["n"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab))
-        else:
-            res = {"phases": loop.run_until_complete(phases(engine, cmd["schedule"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab))}
-        time.sleep(0.6)  # stats are published at most every 0.5 s
-        after = read_stats(job.get("stats_path"))
-        if before or after:
-            fb = after.get("fallback_steps", 0) - before.get("fallback_steps", 0)
-            sp = after.get("spec_steps", 0) - before.get("spec_steps", 0)
-            res["fallback_steps"], res["spec_steps"] = fb, sp
-            res["spec_fraction"] = sp / (fb + sp) if fb + sp else None
+        res = handle(engine, cmd, job, loop, vocab, warmed)
         tmp = cmd["result_path"] + ".tmp"
         with open(tmp, "w") as f:
             json.dump(res, f)
