@@ -87,8 +87,9 @@ async def profiled(engine, C: int, prompt_len: int, out_len: int, seed: int, voc
     return await run
 
 
-# The first load at a concurrency in a fresh engine runs slower: on the H200 rep 0 was 10-35%
-# below reps 1 and 2 at C = 8-64, with TTFTs up to 1.8x (results/bench-0.5.12/cells.jsonl).
+# An engine's first load at a concurrency often runs slower: on the H200, A1's rep 0 was
+# 0.64-0.92 of its reps 1-2 at every C up to 64, with TTFTs up to 1.8x
+# (results/bench-0.5.12/cells.jsonl); a short unmeasured wave absorbs it.
 WARMUP_OUT_LEN = 16
 
 
