@@ -370,6 +370,8 @@ def test_draft_kv_sync_as_a_plain_decode_step(sglang_release, monkeypatch):
     plain_backend = load_function(path, "EAGLEWorkerV2._spec_fallback_plain_attn_backend", {})
     init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_decode",
                          {"os": os, "logger": SimpleNamespace(warning=lambda *a: seen.setdefault("warned", a))})
+    env_count = load_function(path, "EAGLEWorkerV2._spec_fallback_env_count",
+                              {"os": os, "logger": SimpleNamespace(warning=lambda *a: seen.setdefault("warned", a))})
     runner = SimpleNamespace(init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "plain")
     for value, expect in ((None, 16), ("off", None), ("x", None), ("64", 64), ("1", 1)):
         if value is None:
@@ -378,6 +380,7 @@ def test_draft_kv_sync_as_a_plain_decode_step(sglang_release, monkeypatch):
             monkeypatch.setenv("SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS", value)
         w = SimpleNamespace(draft_worker=SimpleNamespace(draft_runner=runner))
         w._spec_fallback_plain_attn_backend = lambda r: plain_backend(w, r)
+        w._spec_fallback_env_count = lambda *a, _w=w: env_count(_w, *a)
         init(w)
         assert w._fallback_draft_decode_min_bs == expect
         assert w._fallback_draft_attn_backend == ("plain" if expect else None)

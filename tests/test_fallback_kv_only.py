@@ -153,6 +153,7 @@ def test_kv_only_switch_and_dispatch(sglang_release, monkeypatch):
     ns = {"os": os, "torch": torch, "logger": SimpleNamespace(warning=lambda *a: warned.append(a))}
     init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_kv_only", ns)
     unsupported = load_function(path, "EAGLEWorkerV2._spec_fallback_kv_only_unsupported", ns)
+    env_count = load_function(path, "EAGLEWorkerV2._spec_fallback_env_count", ns)
 
     def worker(eagle3=True, layers=1, mla=False):
         layer = SimpleNamespace(is_input_layer=True, self_attn=SimpleNamespace(rotary_emb=None))
@@ -162,6 +163,7 @@ def test_kv_only_switch_and_dispatch(sglang_release, monkeypatch):
                                 use_mla_backend=mla,
                                 model=SimpleNamespace(model=SimpleNamespace(layers=[layer] * layers)))))
         w._spec_fallback_kv_only_unsupported = lambda: unsupported(w)
+        w._spec_fallback_env_count = lambda *a: env_count(w, *a)
         return w
 
     for value, expect in ((None, None), ("off", None), ("x", None), ("0", 32), ("8", 40)):
@@ -169,9 +171,11 @@ def test_kv_only_switch_and_dispatch(sglang_release, monkeypatch):
             monkeypatch.delenv("SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", raising=False)
         else:
             monkeypatch.setenv("SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", value)
+        warned.clear()
         w = worker()
         init(w)
         assert w._fallback_kv_only_above == expect, value
+        assert bool(warned) == (value == "x"), "a warning only for a value that is not a number"
     monkeypatch.setenv("SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", "8")
     for kw, reason in (({"eagle3": False}, "not EAGLE-3"), ({"layers": 2}, "one layer"), ({"mla": True}, "MLA")):
         warned.clear()

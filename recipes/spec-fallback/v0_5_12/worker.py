@@ -96,17 +96,10 @@ class EAGLEWorkerV2:
         decode forward is eager, so below 16 requests the extend's CUDA graph is kept."""
         self._fallback_draft_decode_min_bs = None
         self._fallback_draft_attn_backend = None
-        raw = os.environ.get("SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS", "16").strip().lower()
-        if raw == "off":
-            return
-        try:
-            min_bs = int(raw)
-        except ValueError:
-            logger.warning(
-                "spec-fallback: SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS=%r is neither a whole "
-                "number nor 'off'; the draft KV sync stays a draft extend",
-                raw,
-            )
+        min_bs = self._spec_fallback_env_count(
+            "SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS", "16", "the draft KV sync stays a draft extend"
+        )
+        if min_bs is None:
             return
         self._fallback_draft_attn_backend = self._spec_fallback_plain_attn_backend(
             self.draft_worker.draft_runner
@@ -124,17 +117,10 @@ class EAGLEWorkerV2:
         drafts from zeros: its drafts are rejected, the tokens stay the target's, and the spec
         path's own draft extend reseeds the next draft. EAGLE-3 heads of one layer only."""
         self._fallback_kv_only_above = None
-        raw = os.environ.get("SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", "").strip().lower()
-        if raw in ("", "off"):
-            return
-        try:
-            margin = int(raw)
-        except ValueError:
-            logger.warning(
-                "spec-fallback: SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN=%r is neither a whole "
-                "number nor 'off'; the draft runs in full",
-                raw,
-            )
+        margin = self._spec_fallback_env_count(
+            "SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", "off", "the draft runs in full"
+        )
+        if margin is None:
             return
         why = self._spec_fallback_kv_only_unsupported()
         if why:
@@ -143,6 +129,23 @@ class EAGLEWorkerV2:
             )
             return
         self._fallback_kv_only_above = self._fallback_threshold + margin
+
+    def _spec_fallback_env_count(self, name, default, otherwise):
+        """A recipe switch from the environment: a whole number, or None for `off` (or for
+        anything else, with a warning that says what happens instead)."""
+        raw = os.environ.get(name, default).strip().lower()
+        if raw == "off":
+            return None
+        try:
+            return int(raw)
+        except ValueError:
+            logger.warning(
+                "spec-fallback: %s=%r is neither a whole number nor 'off'; %s",
+                name,
+                raw,
+                otherwise,
+            )
+            return None
 
     def _spec_fallback_kv_only_unsupported(self):
         """Why the KV-only sync cannot run on this draft, or None: it needs an EAGLE-3 head of
