@@ -38,3 +38,11 @@ def load_function(path: Path, qualname: str, namespace: dict):
     ns = dict(namespace)
     exec(compile(function_source(path, qualname), f"{path}:{qualname}", "exec"), ns)
     return ns[qualname.split(".")[-1]]
+
+
+def bind_methods(path: Path, cls: str, namespace: dict, obj, *names: str):
+    """The methods `cls.NAME` of file `path`, bound to `obj` (a simulated instance): the code
+    under test calls them as methods of its own object."""
+    for name in names:
+        fn = load_function(path, f"{cls}.{name}", namespace)
+        setattr(obj, name, lambda *a, _fn=fn: _fn(obj, *a))

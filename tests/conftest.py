@@ -51,3 +51,21 @@ def pytest_report_header(config):
     except ImportError:
         gpu = False
     return f"spectool: GPU {'available' if gpu else 'not available: tests marked gpu are skipped'}; cache {os.environ.get('SPECTOOL_CACHE', '~/.cache/spectool')}"
+
+
+@pytest.fixture(scope="session")
+def patched_release(sglang_release):
+    """A fetched release with every recipe applied, once per session and version, for tests
+    that only read the patched files (load the inserted functions); the apply must succeed."""
+    from spectool import api
+
+    cache = {}
+
+    def get(version: str) -> Path:
+        if version not in cache:
+            tree = sglang_release(version)
+            assert api.apply(tree).ok
+            cache[version] = tree
+        return cache[version]
+
+    return get

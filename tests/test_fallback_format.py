@@ -9,8 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from spectool import api
-from spectool.testing import load_function
+from spectool.testing import bind_methods, load_function
+
+WORKER = "sglang/srt/speculative/eagle_worker_v2.py"
 
 pytestmark = pytest.mark.network
 
@@ -23,21 +24,19 @@ class _null:
         return False
 
 
-def _bind_shared_steps(path, ns, worker):
-    """The era-independent target step and draft sync of the same patched file, bound to the
-    simulated worker (the decode step calls them as methods)."""
-    for name in ("_spec_fallback_target_decode", "_spec_fallback_as_decode", "_spec_fallback_sync_draft"):
-        fn = load_function(path, f"EAGLEWorkerV2.{name}", ns)
-        setattr(worker, name, lambda *a, _fn=fn: _fn(worker, *a))
+SHARED_STEPS = ("_spec_fallback_target_decode", "_spec_fallback_as_decode", "_spec_fallback_sync_draft")
+
+
+def bind(path, ns, worker, *names):
+    bind_methods(path, "EAGLEWorkerV2", ns, worker, *names)
 
 
 @pytest.mark.parametrize("version", ["0.5.8", "0.5.12"])
-def test_fallback_result_format(version, sglang_release, monkeypatch):
+def test_fallback_result_format(version, patched_release, monkeypatch):
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
-    tree = sglang_release(version)
-    assert api.apply(tree).ok
-    path = tree / "sglang/srt/speculative/eagle_worker_v2.py"
+    tree = patched_release(version)
+    path = tree / WORKER
     seed = version == "0.5.8"
     bonus = "verified_id" if seed else "bonus_tokens"
 
@@ -76,7 +75,7 @@ def test_fallback_result_format(version, sglang_release, monkeypatch):
         _spec_fallback_draft_extend=lambda *a: seen.setdefault("draft_extend", a),
         _fallback_early_plan=False,
     )
-    _bind_shared_steps(path, ns, worker)
+    bind(path, ns, worker, *SHARED_STEPS)
     batch = SimpleNamespace(seq_lens=torch.tensor([3, 5, 10]), seq_lens_cpu=torch.tensor([3, 5, 10]), seq_lens_sum=18,
                             req_pool_indices=torch.tensor([0, 2, 4]),
                             spec_info=DraftInput(**{bonus: torch.tensor([1, 2, 3], dtype=torch.int32)}))
@@ -104,14 +103,13 @@ def test_fallback_result_format(version, sglang_release, monkeypatch):
 
 
 @pytest.mark.parametrize("graph_fits", [True, False])
-def test_draft_kv_sync_replays_its_one_token_graph(graph_fits, sglang_release):
+def test_draft_kv_sync_replays_its_one_token_graph(graph_fits, patched_release):
     """0.5.12: the draft KV sync replays the one-token draft-extend graph when it fits the batch
     (and copies its outputs out of the shared graph pool), else runs the draft eagerly; either
     way every request counts one accepted token and zero correct drafts."""
     torch = pytest.importorskip("torch")
-    tree = sglang_release("0.5.12")
-    assert api.apply(tree).ok
-    path = tree / "sglang/srt/speculative/eagle_worker_v2.py"
+    tree = patched_release("0.5.12")
+    path = tree / WORKER
     bs, H = 3, 6
     seen = {}
 
@@ -158,14 +156,13 @@ def test_draft_kv_sync_replays_its_one_token_graph(graph_fits, sglang_release):
         assert nxt.topk_index.squeeze(1).tolist() == [4, 4, 4] and nxt.hidden_states.shape == (bs, H)
 
 
-def test_draft_extend_graph_is_captured_at_one_token(sglang_release):
+def test_draft_extend_graph_is_captured_at_one_token(patched_release):
     """The one-token graph is captured with the worker state overridden to steps 0 / 1 draft
     token; a capture failure leaves the fallback on the eager path instead of failing start-up."""
     import contextlib
 
-    tree = sglang_release("0.5.12")
-    assert api.apply(tree).ok
-    path = tree / "sglang/srt/speculative/eagle_worker_v2.py"
+    tree = patched_release("0.5.12")
+    path = tree / WORKER
     state = {"steps": 3}
     seen = {}
 
@@ -198,6 +195,7 @@ def test_draft_extend_graph_is_captured_at_one_token(sglang_release):
         build = load_function(path, "EAGLEWorkerV2._spec_fallback_build_draft_extend_graph", ns)
         worker = SimpleNamespace(topk=1, _override_worker_state=override, _fallback_draft_extend_runner=None,
                                  draft_worker=SimpleNamespace(cuda_graph_runner_for_draft_extend="spec-graph", draft_runner=None))
+        bind(path, ns, worker, "_spec_fallback_capture")
         build(worker, SimpleNamespace())
         assert seen["factory_steps"] == 0 and seen["capture"] == ("one-token-backend", 0, 0)
         assert state["steps"] == 3, "worker state restored after capture"
@@ -212,7 +210,7 @@ def test_draft_extend_graph_is_captured_at_one_token(sglang_release):
 
 
 @pytest.mark.parametrize("version,early_plan", [("0.5.12", False), ("0.5.12", True), ("0.5.8", False)])
-def test_verify_done_fires_only_after_the_new_lengths_exist(version, early_plan, sglang_release, monkeypatch):
+def test_verify_done_fires_only_after_the_new_lengths_exist(version, early_plan, patched_release, monkeypatch):
     """0.5.12's scheduler plans the next step once verify_done fires, reading new_seq_lens: the
     event must be recorded after the lengths are computed. By default (0.5.12) it is recorded
     before the target forward (the lengths do not depend on it), so the next step is planned
@@ -220,9 +218,8 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, early_plan,
     target forward, as in spec."""
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
-    tree = sglang_release(version)
-    assert api.apply(tree).ok
-    path = tree / "sglang/srt/speculative/eagle_worker_v2.py"
+    tree = patched_release(version)
+    path = tree / WORKER
     bonus = "verified_id" if version == "0.5.8" else "bonus_tokens"
     order = []
 
@@ -257,7 +254,7 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, early_plan,
         draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
         _spec_fallback_draft_extend=lambda *a: order.append("draft"),
     )
-    _bind_shared_steps(path, ns, worker)
+    bind(path, ns, worker, *SHARED_STEPS)
     lens = torch.tensor([3, 7])
     batch = SimpleNamespace(seq_lens=lens.clone().as_subclass(SeqLens), seq_lens_cpu=lens.clone(), seq_lens_sum=10,
                             req_pool_indices=torch.tensor([0, 1]), spec_info=SimpleNamespace(**{bonus: torch.tensor([1, 2])}))
@@ -272,7 +269,7 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, early_plan,
 
 
 @pytest.mark.parametrize("env,early", [(None, True), ("1", True), ("0", False)])
-def test_early_plan_is_the_default_and_can_be_turned_off(env, early, sglang_release, monkeypatch):
+def test_early_plan_is_the_default_and_can_be_turned_off(env, early, patched_release, monkeypatch):
     """The scheduler plans the next step during a fallback step unless
     SPECTOOL_FALLBACK_EARLY_PLAN=0 (the bench's A4L control arm)."""
     import os
@@ -281,23 +278,21 @@ def test_early_plan_is_the_default_and_can_be_turned_off(env, early, sglang_rele
         monkeypatch.delenv("SPECTOOL_FALLBACK_EARLY_PLAN", raising=False)
     else:
         monkeypatch.setenv("SPECTOOL_FALLBACK_EARLY_PLAN", env)
-    tree = sglang_release("0.5.12")
-    assert api.apply(tree).ok
-    build = load_function(tree / "sglang/srt/speculative/eagle_worker_v2.py",
+    tree = patched_release("0.5.12")
+    build = load_function(tree / WORKER,
                           "EAGLEWorkerV2._spec_fallback_build_decode_graph", {"os": os})
     mr = SimpleNamespace(init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "decode-backend")
-    plain = load_function(tree / "sglang/srt/speculative/eagle_worker_v2.py", "EAGLEWorkerV2._spec_fallback_plain_attn_backend", {})
     worker = SimpleNamespace(_target_worker=SimpleNamespace(model_runner=mr), _spec_fallback_init_draft_decode=lambda: None,
                              _spec_fallback_init_draft_kv_only=lambda: None)
-    worker._spec_fallback_plain_attn_backend = lambda runner: plain(worker, runner)
+    bind(tree / WORKER, {}, worker, "_spec_fallback_plain_attn_backend")
     build(worker, SimpleNamespace(disable_cuda_graph=True))
     assert worker._fallback_early_plan is early
     assert worker._fallback_attn_backend == "decode-backend"
 
 
 
-def test_draft_kv_sync_as_a_plain_decode_step(sglang_release, monkeypatch):
-    """Opt-in (SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS): from that batch size up, the draft KV
+def test_draft_kv_sync_as_a_plain_decode_step(patched_release, monkeypatch):
+    """From SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS requests up (default 16), the draft KV
     sync is a DECODE forward of the draft on its own plain attention backend: same slots and
     positions as the draft extend, metadata planned without spec_info (so triton's decode path
     reads req_to_token, not a draft tree), the target's hidden states given to the model, and
@@ -305,9 +300,8 @@ def test_draft_kv_sync_as_a_plain_decode_step(sglang_release, monkeypatch):
     import os
 
     torch = pytest.importorskip("torch")
-    tree = sglang_release("0.5.12")
-    assert api.apply(tree).ok
-    path = tree / "sglang/srt/speculative/eagle_worker_v2.py"
+    tree = patched_release("0.5.12")
+    path = tree / WORKER
     bs, H = 3, 6
     seen = {}
 
@@ -334,7 +328,6 @@ def test_draft_kv_sync_as_a_plain_decode_step(sglang_release, monkeypatch):
     ns = {"torch": torch, "EagleDraftInput": lambda **kw: SimpleNamespace(**kw), "ForwardBatch": ForwardBatch,
           "ForwardMode": SimpleNamespace(DECODE="DECODE"), "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
           "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
-    decode = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_decode", ns)
     extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
     plain = Backend()
     dr = SimpleNamespace(attn_backend="draft-extend-backend", forward=draft_forward)
@@ -342,9 +335,7 @@ def test_draft_kv_sync_as_a_plain_decode_step(sglang_release, monkeypatch):
                              _fallback_kv_only_above=None,
                              speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
                              draft_worker=SimpleNamespace(draft_runner=dr))
-    worker._spec_fallback_draft_decode = lambda *a: decode(worker, *a)
-    as_decode = load_function(path, "EAGLEWorkerV2._spec_fallback_as_decode", ns)
-    worker._spec_fallback_as_decode = lambda *a: as_decode(worker, *a)
+    bind(path, ns, worker, "_spec_fallback_draft_decode", "_spec_fallback_as_decode")
     target_hidden = torch.rand(bs, 3 * H)
     batch = SimpleNamespace(seq_lens=torch.tensor([3, 5, 10]), seq_lens_cpu=torch.tensor([3, 5, 10]), seq_lens_sum=18,
                             out_cache_loc=torch.tensor([3, 45, 90]), spec_info="stale", forward_mode="DECODE")
@@ -367,11 +358,8 @@ def test_draft_kv_sync_as_a_plain_decode_step(sglang_release, monkeypatch):
 
     # The switch: on from 16 requests by default, `off` or not a number (with a warning) turns
     # it off, a number sets the batch size.
-    plain_backend = load_function(path, "EAGLEWorkerV2._spec_fallback_plain_attn_backend", {})
-    init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_decode",
-                         {"os": os, "logger": SimpleNamespace(warning=lambda *a: seen.setdefault("warned", a))})
-    env_count = load_function(path, "EAGLEWorkerV2._spec_fallback_env_count",
-                              {"os": os, "logger": SimpleNamespace(warning=lambda *a: seen.setdefault("warned", a))})
+    switch_ns = {"os": os, "logger": SimpleNamespace(warning=lambda *a: seen.setdefault("warned", a))}
+    init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_decode", switch_ns)
     runner = SimpleNamespace(init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "plain")
     for value, expect in ((None, 16), ("off", None), ("x", None), ("64", 64), ("1", 1)):
         if value is None:
@@ -379,8 +367,7 @@ def test_draft_kv_sync_as_a_plain_decode_step(sglang_release, monkeypatch):
         else:
             monkeypatch.setenv("SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS", value)
         w = SimpleNamespace(draft_worker=SimpleNamespace(draft_runner=runner))
-        w._spec_fallback_plain_attn_backend = lambda r: plain_backend(w, r)
-        w._spec_fallback_env_count = lambda *a, _w=w: env_count(_w, *a)
+        bind(path, switch_ns, w, "_spec_fallback_plain_attn_backend", "_spec_fallback_env_count")
         init(w)
         assert w._fallback_draft_decode_min_bs == expect
         assert w._fallback_draft_attn_backend == ("plain" if expect else None)

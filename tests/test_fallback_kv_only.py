@@ -12,8 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from spectool import api
-from spectool.testing import load_function
+from spectool.testing import bind_methods, load_function
+
+WORKER = "sglang/srt/speculative/eagle_worker_v2.py"
 
 pytestmark = pytest.mark.network
 
@@ -89,10 +90,9 @@ def _eagle3_model(torch, tree, fc_norm: bool):
 
 
 @pytest.mark.parametrize("fc_norm", [False, True])
-def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sglang_release):
+def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, patched_release):
     torch = pytest.importorskip("torch")
-    tree = sglang_release("0.5.12")
-    assert api.apply(tree).ok
+    tree = patched_release("0.5.12")
     model, forward = _eagle3_model(torch, tree, fc_norm)
     tokens = torch.tensor([7, 8, 9], dtype=torch.int32)
     target_hidden = torch.randn(BS, 3 * H)
@@ -112,7 +112,7 @@ def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sglang_release):
     worker = SimpleNamespace(device="cpu", topk=1, _fallback_stats={},
                              draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(
                                  model=SimpleNamespace(model=model), token_to_kv_pool=pool)))
-    kv_only = load_function(tree / "sglang/srt/speculative/eagle_worker_v2.py",
+    kv_only = load_function(tree / WORKER,
                             "EAGLEWorkerV2._spec_fallback_draft_kv_only", {"torch": torch})
     batch = SimpleNamespace(seq_lens=pre_step.clone(), out_cache_loc=torch.tensor([3, 45, 90]))
     nxt = SimpleNamespace()
@@ -139,21 +139,18 @@ def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sglang_release):
     assert not torch.allclose(writes[0][2].reshape(BS, -1), ref["k"], atol=1e-6)
 
 
-def test_kv_only_switch_and_dispatch(sglang_release, monkeypatch):
+def test_kv_only_switch_and_dispatch(patched_release, monkeypatch):
     """Off unless SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN names a margin; refused (with the
     reason) for drafts whose K/V need more than the input layer; used only more than the
     margin above the threshold, the full draft forward below."""
     torch = pytest.importorskip("torch")
     import os
 
-    tree = sglang_release("0.5.12")
-    assert api.apply(tree).ok
-    path = tree / "sglang/srt/speculative/eagle_worker_v2.py"
+    tree = patched_release("0.5.12")
+    path = tree / WORKER
     warned = []
     ns = {"os": os, "torch": torch, "logger": SimpleNamespace(warning=lambda *a: warned.append(a))}
     init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_kv_only", ns)
-    unsupported = load_function(path, "EAGLEWorkerV2._spec_fallback_kv_only_unsupported", ns)
-    env_count = load_function(path, "EAGLEWorkerV2._spec_fallback_env_count", ns)
 
     def worker(eagle3=True, layers=1, mla=False):
         layer = SimpleNamespace(is_input_layer=True, self_attn=SimpleNamespace(rotary_emb=None))
@@ -162,8 +159,7 @@ def test_kv_only_switch_and_dispatch(sglang_release, monkeypatch):
                             draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(
                                 use_mla_backend=mla,
                                 model=SimpleNamespace(model=SimpleNamespace(layers=[layer] * layers)))))
-        w._spec_fallback_kv_only_unsupported = lambda: unsupported(w)
-        w._spec_fallback_env_count = lambda *a: env_count(w, *a)
+        bind_methods(path, "EAGLEWorkerV2", ns, w, "_spec_fallback_kv_only_unsupported", "_spec_fallback_env_count")
         return w
 
     for value, expect in ((None, None), ("off", None), ("x", None), ("0", 32), ("8", 40)):

@@ -86,6 +86,24 @@ class EAGLEWorkerV2:
             "yes" if self._fallback_graph_runner is not None else "no (eager)",
         )
 
+    def _spec_fallback_plain_attn_backend(self, runner):
+        """A second attention backend of the runner's kind with its own workspace, for plain
+        one-token DECODE steps (the runner's own backend is planned for speculative shapes)."""
+        backup_init = runner.init_new_workspace
+        try:
+            return runner._get_attention_backend(init_new_workspace=True)
+        finally:
+            runner.init_new_workspace = backup_init
+
+    def _spec_fallback_capture(self, what, otherwise, build):
+        """build() (a CUDA graph capture), or None with a warning saying what runs instead:
+        a failed capture must not stop the server, the eager step is slower but correct."""
+        try:
+            return build()
+        except Exception as exc:
+            logger.warning("spec-fallback: could not capture %s (%s); %s", what, exc, otherwise)
+            return None
+
     def _spec_fallback_should_run(self, batch):
         """Decide per decode step; identical on every TP rank (depends on the batch only)."""
         threshold = self._fallback_threshold

@@ -34,13 +34,7 @@ class EAGLEWorkerV2:
     def _spec_fallback_build_decode_graph(self, server_args):
         """A second target attention backend plus a DECODE graph runner (1 token/request)."""
         mr = self._target_worker.model_runner
-        backup_init = mr.init_new_workspace
-        try:
-            self._fallback_attn_backend = mr._get_attention_backend(
-                init_new_workspace=True
-            )
-        finally:
-            mr.init_new_workspace = backup_init
+        self._fallback_attn_backend = self._spec_fallback_plain_attn_backend(mr)
         if server_args.disable_cuda_graph:
             return
         tic = time.perf_counter()
@@ -57,14 +51,11 @@ class EAGLEWorkerV2:
             if not self.speculative_algorithm.is_standalone():
                 mr.server_args.enable_return_hidden_states = True
             mr.attn_backend = self._fallback_attn_backend
-            self._fallback_graph_runner = CudaGraphRunner(mr)
-        except Exception as exc:  # keep serving: eager fallback is slower but correct
-            logger.warning(
-                "spec-fallback: could not capture a decode CUDA graph (%s); fallback "
-                "steps will run eagerly",
-                exc,
+            self._fallback_graph_runner = self._spec_fallback_capture(
+                "a decode CUDA graph",
+                "fallback steps will run eagerly",
+                lambda: CudaGraphRunner(mr),
             )
-            self._fallback_graph_runner = None
         finally:
             (
                 mr.spec_algorithm,

@@ -66,16 +66,11 @@ class EAGLEWorkerV2:
             mr.spec_algorithm = SpeculativeAlgorithm.NONE
             if not self.speculative_algorithm.is_standalone():
                 mr.server_args.enable_return_hidden_states = True
-            self._fallback_graph_runner = CudaGraphRunner(
-                mr, attn_backend=self._fallback_attn_backend
+            self._fallback_graph_runner = self._spec_fallback_capture(
+                "a decode CUDA graph",
+                "fallback steps will run eagerly",
+                lambda: CudaGraphRunner(mr, attn_backend=self._fallback_attn_backend),
             )
-        except Exception as exc:  # keep serving: eager fallback is slower but correct
-            logger.warning(
-                "spec-fallback: could not capture a decode CUDA graph (%s); fallback "
-                "steps will run eagerly",
-                exc,
-            )
-            self._fallback_graph_runner = None
         finally:
             mr.spec_algorithm, mr.server_args.enable_return_hidden_states = saved
         self._spec_fallback_build_draft_extend_graph(server_args)
@@ -168,15 +163,6 @@ class EAGLEWorkerV2:
             return "MLA KV cache"
         return None
 
-    def _spec_fallback_plain_attn_backend(self, runner):
-        """A second attention backend of the runner's kind with its own workspace, for plain
-        one-token DECODE steps (the runner's own backend is planned for speculative shapes)."""
-        backup_init = runner.init_new_workspace
-        try:
-            return runner._get_attention_backend(init_new_workspace=True)
-        finally:
-            runner.init_new_workspace = backup_init
-
     def _spec_fallback_build_draft_extend_graph(self, server_args):
         """A DRAFT_EXTEND_V2 graph at one token per request, with its own attention backend.
 
@@ -188,21 +174,19 @@ class EAGLEWorkerV2:
         dw = self.draft_worker
         if getattr(dw, "cuda_graph_runner_for_draft_extend", None) is None:
             return
-        try:
+
+        def capture():
             with self._override_worker_state(0, 1):
                 backend = DraftBackendFactory(
                     server_args, dw.draft_runner, self.topk, 0
                 ).create_draft_extend_backend()
-                self._fallback_draft_extend_runner = EAGLEDraftExtendCudaGraphRunner(
+                return EAGLEDraftExtendCudaGraphRunner(
                     dw, draft_extend_attn_backend=backend, speculative_num_steps=0
                 )
-        except Exception as exc:  # keep serving: the eager draft extend is correct
-            logger.warning(
-                "spec-fallback: could not capture a one-token draft-extend CUDA graph "
-                "(%s); the draft KV sync will run eagerly",
-                exc,
-            )
-            self._fallback_draft_extend_runner = None
+
+        self._fallback_draft_extend_runner = self._spec_fallback_capture(
+            "a one-token draft-extend CUDA graph", "the draft KV sync will run eagerly", capture
+        )
 
     def _spec_fallback_decode(self, batch):
         """One plain decode step in the speculative result format (0.5.12: stride 1)."""
