@@ -304,7 +304,8 @@ class EAGLEWorkerV2:
         layer's K/V depend only on the token's embedding and the target's hidden states (fc
         and the two input norms), so the attention, MLP, head and top-k are skipped (about
         100 M of the 8B-shaped head's 425 M parameters are read). The next draft input is
-        zeros, right in shape for the scheduler's FutureMap (see _spec_fallback_init_draft_kv_only)."""
+        zeros, right in shape for the scheduler's FutureMap (why: the docstring of
+        _spec_fallback_init_draft_kv_only)."""
         dr = self.draft_worker.draft_runner
         model = dr.model.model
         layer = model.layers[0]
