@@ -1,4 +1,4 @@
-"""The opt-in KV-only draft sync (SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN) on the real patched
+"""The KV-only draft sync (SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN) on the real patched
 0.5.12 file: the K and V it writes must be exactly those the release's own EAGLE-3 draft
 forward computes for the same token, hidden states and position. The reference runs SGLang's
 code itself (llama_eagle3's LlamaModel.forward and LlamaDecoderLayer.forward, llama's
@@ -140,8 +140,9 @@ def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, patched_release):
 
 
 def test_kv_only_switch_and_dispatch(patched_release, monkeypatch):
-    """Off unless SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN names a margin; refused (with the
-    reason) for drafts whose K/V need more than the input layer; used only more than the
+    """On by default 8 above the threshold, SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN sets the
+    margin or `off`; refused (with the reason: a warning when asked for by name, info by
+    default) for drafts whose K/V need more than the input layer; used only more than the
     margin above the threshold, the full draft forward below."""
     torch = pytest.importorskip("torch")
     import os
@@ -149,7 +150,9 @@ def test_kv_only_switch_and_dispatch(patched_release, monkeypatch):
     tree = patched_release("0.5.12")
     path = tree / WORKER
     warned = []
-    ns = {"os": os, "torch": torch, "logger": SimpleNamespace(warning=lambda *a: warned.append(a))}
+    informed = []
+    ns = {"os": os, "torch": torch,
+          "logger": SimpleNamespace(warning=lambda *a: warned.append(a), info=lambda *a: informed.append(a))}
     init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_kv_only", ns)
 
     def worker(eagle3=True, layers=1, mla=False):
@@ -162,7 +165,7 @@ def test_kv_only_switch_and_dispatch(patched_release, monkeypatch):
         bind_methods(path, "EAGLEWorkerV2", ns, w, "_spec_fallback_kv_only_unsupported", "_spec_fallback_env_count")
         return w
 
-    for value, expect in ((None, None), ("off", None), ("x", None), ("0", 32), ("8", 40)):
+    for value, expect in ((None, 40), ("off", None), ("x", None), ("0", 32), ("3", 35)):
         if value is None:
             monkeypatch.delenv("SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", raising=False)
         else:
@@ -178,6 +181,11 @@ def test_kv_only_switch_and_dispatch(patched_release, monkeypatch):
         w = worker(**kw)
         init(w)
         assert w._fallback_kv_only_above is None and reason in warned[-1][1]
+    monkeypatch.delenv("SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN")
+    warned.clear()
+    w = worker(eagle3=False)
+    init(w)
+    assert w._fallback_kv_only_above is None and not warned and "not EAGLE-3" in informed[-1][1]
 
     extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
     taken = []

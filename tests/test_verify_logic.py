@@ -152,3 +152,16 @@ def test_golden_gpu(tmp_path):
     r = subprocess.run([sys.executable, "-m", "spectool.cli", "verify", "--sglang-dir", str(site), "--out", str(tmp_path / "v"),
                         "--golden-dir", str(REPO / "golden")], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+
+
+def test_tensor_parallel_reaches_every_engine(tmp_path):
+    """`spectool verify --tp 2` runs every engine, baselines included, with tp_size 2 (a
+    golden check at TP=2 is only meaningful if the baseline runs the same way)."""
+    from spectool.verify import runner, scenarios
+    from spectool.verify.engine_worker import engine_kwargs
+
+    models = {"target": "t", "eagle3_draft": "d"}
+    wls = scenarios.workloads()
+    for tp in (1, 2):
+        jobs, cfgs, _ = runner.plan_jobs(scenarios.configs(), wls, models, tmp_path, "0.5.12", False, tp)
+        assert len(jobs) == len(cfgs) and {engine_kwargs(j)["tp_size"] for j in jobs} == {tp}

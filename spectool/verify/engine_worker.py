@@ -48,6 +48,9 @@ def engine_kwargs(job: dict) -> dict:
         mem_fraction_static=job.get("mem_fraction", 0.85),
         max_total_tokens=job.get("max_total_tokens", 32768),
         max_running_requests=64,
+        # With tensor parallelism every rank must take the same fallback branch; a rank that
+        # did not would hang the engine or change its tokens, which the golden check shows.
+        tp_size=job.get("tp_size", 1),
         random_seed=0,
         port=job.get("port", 31000),
         log_level="info",

@@ -98,7 +98,8 @@ def run_engines(jobs: list[dict], workdir: Path, env: dict, parallel: int, timeo
 
 
 def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: bool = False, parallel: int = 4,
-           timeout: float = 420, only: list[str] | None = None, model_cache: Path | None = None, console=None) -> dict:
+           timeout: float = 420, only: list[str] | None = None, tp_size: int = 1, model_cache: Path | None = None,
+           console=None) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     env = dict(os.environ)
@@ -116,7 +117,7 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
     models = ensure_models(model_cache, spec, log=log_lines.append)
     wls = scenarios.workloads(spec)
     cfgs = [c for c in scenarios.configs() if not only or c.name in only or c.algorithm is None]
-    jobs, cfgs, skipped = plan_jobs(cfgs, wls, models, out_dir, sg_version, upstream_switch)
+    jobs, cfgs, skipped = plan_jobs(cfgs, wls, models, out_dir, sg_version, upstream_switch, tp_size)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=False) as bar:
         task = bar.add_task("engines", total=len(jobs))
@@ -128,6 +129,7 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
 
         results = run_engines(jobs, out_dir, env, parallel, timeout, tick)
     report = evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root, record, skipped)
+    report["tp_size"] = tp_size
     report["counters_from"] = "engine log (upstream's batch-size switch)" if upstream_switch else "spectool stats file"
     report["wall_seconds"] = round(time.time() - t_all, 1)
     report["model_build_log"] = log_lines
@@ -157,7 +159,7 @@ def inspect_tree(sglang_dir: str | None, env: dict) -> tuple[str, bool]:
     return str(tree.version), any(r.id == "spec-fallback" and r.status == "upstreamed" for r in chk.plan.results)
 
 
-def plan_jobs(cfgs, wls, models, out_dir: Path, sg_version: str, upstream_switch: bool):
+def plan_jobs(cfgs, wls, models, out_dir: Path, sg_version: str, upstream_switch: bool, tp_size: int = 1):
     """One job per engine configuration; (jobs, configs run, configs skipped with the reason)."""
     skipped = {}
     if upstream_switch:
@@ -173,6 +175,7 @@ def plan_jobs(cfgs, wls, models, out_dir: Path, sg_version: str, upstream_switch
             "workloads": [{"name": w, "requests": [asdict(r) for r in wls[w].requests]} for w in c.workloads],
             "stats_path": str(out_dir / f"{c.name}.stats.json") if c.algorithm else None,
             "port": 31000 + 50 * i,
+            "tp_size": tp_size,
         })
         if upstream_switch and c.algorithm:
             jobs[-1].update(observe="log", log_path=str(out_dir / f"{c.name}.log"), initial_steps=3)
@@ -254,7 +257,8 @@ def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root
 def print_report(report: dict, console) -> None:
     from rich.table import Table
 
-    t = Table(title=f"spectool verify: SGLang {report['sglang_version']} on {report['gpu']} ({report['gpu_arch']})")
+    tp = f", TP={report['tp_size']}" if report.get("tp_size", 1) > 1 else ""
+    t = Table(title=f"spectool verify: SGLang {report['sglang_version']} on {report['gpu']} ({report['gpu_arch']}){tp}")
     for col in ("scenario", "result", "equal/req", "tokens", "fallback", "spec", "accept", "acc before/after", "min margin"):
         t.add_column(col)
 
