@@ -179,3 +179,17 @@ def test_plan_resumes_and_places_the_transition_after_the_first_repetition():
     # A finished sweep whose transition is missing still runs it, at the end of A2's wave.
     only = plan_steps(arms, [1, 64], 2, 3.0, done | {("A3", C, r, 3.0) for r in range(2) for C in (1, 64)}, True)
     assert [(len(w), steps) for w, steps in only] == [(4, [None])]
+
+
+def test_transition_runs_on_a2_and_its_variants_only():
+    """A variant of A2 (e.g. a recipe switch turned off) runs the transition workload too, in
+    A2's wave, as a same-run control; `--reps 0` plans the transition alone."""
+    from spectool.bench.sweep import plan_steps, select_arms
+
+    arms = select_arms(32, 256, ["A0", "A2"], ["A2X=A2:SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN=off",
+                                               "A4L=A4:SPECTOOL_FALLBACK_EARLY_PLAN=0"])
+    assert [a.name for a in arms if a.runs_transition()] == ["A2", "A2X"]
+    a2x = next(a for a in arms if a.name == "A2X")
+    assert a2x.base == "A2" and a2x.env == {"SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN": "off"}
+    [(wave, steps)] = plan_steps([a for a in arms if a.name in ("A2", "A2X")], [4, 192], 0, 3.0, set(), True)
+    assert [a.name for a in wave] == ["A2", "A2X"] and steps == [None]

@@ -13,6 +13,10 @@ class Arm:
     threshold: int | None = None
     extra: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)  # for the engine process (recipe switches)
+    base: str | None = None  # a variant's base arm (a variant of A2 also runs the transition)
+
+    def runs_transition(self) -> bool:
+        return "A2" in (self.name, self.base)
 
 
 def arms(threshold: int, max_bs: int = 256) -> list[Arm]:
@@ -57,7 +61,7 @@ def variant(spec: str, base_arms: list[Arm]) -> Arm:
             raise ValueError(f"{item!r} is not VAR=VALUE")
         env[var.strip()] = value.strip()
     label = f"{base.label}, " + ", ".join(f"{k}={v}" for k, v in env.items())
-    return Arm(name, label, base.spec, base.threshold, dict(base.extra), {**base.env, **env})
+    return Arm(name, label, base.spec, base.threshold, dict(base.extra), {**base.env, **env}, base.name)
 
 
 def engine_kwargs(arm: Arm, models: dict, *, max_bs: int, max_total_tokens: int, port: int) -> dict:

@@ -85,8 +85,9 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
                     stopped = over_budget()
                     if stopped:
                         break
-                    if step is None:
-                        trans = {"A2": _transition(procs["A2"], out, prompt_len, out_len)}
+                    if step is None:  # A2 and its variants, each on its own engine (a same-run control)
+                        trans = {a.name: _transition(procs[a.name], out, prompt_len, out_len)
+                                 for a in wave if a.runs_transition()}
                         tpath.write_text(json.dumps(trans, indent=1))
                         continue
                     rep, C, arm = step
@@ -105,14 +106,14 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
 def plan_steps(arm_list, concurrencies, reps: int, acc_len: float, done: set, transition: bool,
                max_engines: int = MAX_ENGINES) -> list[tuple[list, list]]:
     """(wave, steps) for what is still to measure: cells (rep, C, arm) not in `done`, the arm
-    order rotated per repetition, and None where A2's wave runs the transition workload (after
-    the first repetition, so a time budget rarely cuts it off). Waves with nothing left are
-    dropped, so a resumed run starts no engine it does not need."""
+    order rotated per repetition, and None where A2's wave runs the transition workload on A2
+    and its variants (after the first repetition, so a time budget rarely cuts it off). Waves
+    with nothing left are dropped, so a resumed run starts no engine it does not need."""
     plan = []
     for wave in plan_waves(arm_list, max_engines):
         steps = [(rep, C, arm.name) for rep in range(reps) for C in concurrencies for arm in _rotated(wave, rep)
                  if (arm.name, C, rep, acc_len) not in done]
-        if transition and any(a.name == "A2" for a in wave):
+        if transition and any(a.runs_transition() for a in wave):
             steps.insert(next((i for i, t in enumerate(steps) if t[0] >= min(1, reps - 1)), len(steps)), None)
         if steps:
             plan.append((wave, steps))
@@ -312,10 +313,12 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
     }
     (out / "bench-results.json").write_text(json.dumps(report, indent=1))
     (out / "bench-table.md").write_text(analyze.markdown(m, concurrencies, [a for a in labels if any(k[0] == a for k in m)]))
-    try:
-        analyze.plot(m, concurrencies, labels, out / "bench-plot.png", f"Llama-3.1-8B shape, {gpu or '?'}, SGLang {version or '?'}, acceptance {acc_len}, T={threshold}")
-    except ImportError:
-        pass
+    title = f"Llama-3.1-8B shape, {gpu or '?'}, SGLang {version or '?'}, acceptance {acc_len}, T={threshold}"
+    if m:  # a transition-only run (--reps 0) has no cells to plot
+        try:
+            analyze.plot(m, concurrencies, labels, out / "bench-plot.png", title)
+        except ImportError:
+            pass
     return report
 
 
