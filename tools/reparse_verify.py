@@ -45,7 +45,8 @@ def main(folder: Path) -> int:
     wls = scenarios.workloads()
     models = {"meta": report["model"]}
     new = runner.evaluate(results, cfgs, wls, models, report["sglang_version"], report["gpu_arch"], report["gpu"],
-                          ROOT / "golden", False, skipped)
+                          ROOT / "golden", False, skipped,
+                          recipe_counters=not report.get("counters_from", "").startswith("engine log"))
     new["reparsed_from"] = "verify-results.json + verify-logs.tgz of the recorded run (tools/reparse_verify.py)"
     (folder / "verify-results-reparsed.json").write_text(json.dumps(new, indent=2))
     new.setdefault("wall_seconds", report.get("wall_seconds"))

@@ -55,6 +55,9 @@ class Expect:
     fallback_after_spec: bool = False
     min_acceptance: float | None = None
     resume_acceptance_not_lower: bool = False
+    # "positive" | "zero" | "any": steps on the KV-only draft sync (the recipe's counter; not
+    # checked where the switch is upstream's, which has no such path).
+    kv_only: str = "any"
 
 
 @dataclass
@@ -104,8 +107,10 @@ def workloads(spec: ModelSpec = ModelSpec(), seed: int = 1234) -> dict[str, Work
 # one-token draft extend below; the golden batches stay under 16, so two engines force the
 # decode sync: the always-fallback engine (CUDA graphs) and the eager one (with a transition).
 DRAFT_DECODE = {"SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS": "1"}
-# The opt-in KV-only draft sync (margin 0: every fallback step), through a switch in both
-# directions: the first speculative step after it drafts from zeros, and tokens stay exact.
+# The KV-only draft sync (default: more than 8 requests above T, so never at T=4 in these
+# batches) on every fallback step (margin 0), through a switch in both directions: the first
+# speculative step after it drafts from zeros, and tokens stay exact. At T=0 the default
+# margin itself is pinned: 8 requests take the full sync, 9-12 the KV-only one.
 DRAFT_KV_ONLY = {"SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN": "0"}
 
 
@@ -128,13 +133,15 @@ def configs() -> list[EngineConfig]:
 def scenarios() -> list[Scenario]:
     T = THRESHOLD
     s = [
-        Scenario("eagle3 always-fallback (T=0)", "eagle3-t0", "bs8", Expect("all"), "threshold 0, draft decode sync"),
-        Scenario("eagle3 always-fallback stagger (T=0)", "eagle3-t0", "stagger", Expect("all"),
-                 "threshold 0, draft decode sync"),
+        Scenario("eagle3 always-fallback (T=0)", "eagle3-t0", "bs8", Expect("all", kv_only="zero"),
+                 "threshold 0, draft decode sync (8 requests: within the KV-only margin)"),
+        Scenario("eagle3 always-fallback stagger (T=0)", "eagle3-t0", "stagger", Expect("all", kv_only="positive"),
+                 "threshold 0: KV-only sync above 8 requests (default margin), then draft decode"),
         Scenario("eagle3 bs=1 (always spec)", "eagle3-t4", "bs1", Expect("zero"), "threshold far above the batch"),
         Scenario(f"eagle3 bs=T-1={T-1}", "eagle3-t4", f"bs{T-1}", Expect("zero"), "below threshold"),
         Scenario(f"eagle3 bs=T={T}", "eagle3-t4", f"bs{T}", Expect("zero"), "at threshold (drafting stays on)"),
-        Scenario(f"eagle3 bs=T+1={T+1}", "eagle3-t4", f"bs{T+1}", Expect("positive"), "above threshold"),
+        Scenario(f"eagle3 bs=T+1={T+1}", "eagle3-t4", f"bs{T+1}", Expect("positive", kv_only="zero"),
+                 "above threshold, within the KV-only margin: full draft sync"),
         Scenario("eagle3 transition down", "eagle3-t4", "stagger", Expect("positive", spec_after_fallback=True),
                  "batch shrinks below T: speculation resumes mid-request"),
         Scenario("eagle3 transition up", "eagle3-t4", "arrive", Expect("positive", fallback_after_spec=True, spec_after_fallback=True),
@@ -144,12 +151,14 @@ def scenarios() -> list[Scenario]:
         Scenario("eagle3 no CUDA graph transition", "eagle3-t4-eager", "stagger", Expect("positive", spec_after_fallback=True),
                  "eager, draft decode sync, then speculation resumes"),
         Scenario("eagle3 chunked prefill long prompt", "eagle3-t4-chunked", "long", Expect("positive"), "chunked prefill (64), 180-token prompts"),
-        Scenario("eagle3 KV-only draft sync", "eagle3-t4-kv-only", f"bs{T+1}", Expect("positive"),
-                 "opt-in KV-only draft sync above T"),
-        Scenario("eagle3 KV-only transition down", "eagle3-t4-kv-only", "stagger", Expect("positive", spec_after_fallback=True),
+        Scenario("eagle3 KV-only draft sync", "eagle3-t4-kv-only", f"bs{T+1}", Expect("positive", kv_only="positive"),
+                 "KV-only draft sync above T (margin 0)"),
+        Scenario("eagle3 KV-only transition down", "eagle3-t4-kv-only", "stagger",
+                 Expect("positive", spec_after_fallback=True, kv_only="positive"),
                  "KV-only sync, then speculation resumes from zero drafts"),
         Scenario("eagle3 KV-only transition up", "eagle3-t4-kv-only", "arrive",
-                 Expect("positive", fallback_after_spec=True, spec_after_fallback=True), "KV-only sync mid-request"),
+                 Expect("positive", fallback_after_spec=True, spec_after_fallback=True, kv_only="positive"),
+                 "KV-only sync mid-request"),
         Scenario("standalone bs=1 (high acceptance)", "standalone-t4", "bs1", Expect("zero", min_acceptance=2.0), "multi-token accept path"),
         Scenario("standalone transition down", "standalone-t4", "stagger", Expect("positive", spec_after_fallback=True),
                  "batch shrinks below T: speculation resumes mid-request"),
