@@ -215,3 +215,27 @@ def test_transition_control_run_of_session5():
     assert round(max(refs) / min(refs), 2) == 1.17
     sweep = json.loads((RESULTS.parent / "bench-0.5.12" / "bench-results.json").read_text())["transition"]["A2"]
     assert [round(r["ratio"], 3) for r in sweep] == [0.989, 0.996, 0.948, 0.982, 0.866]
+
+
+def test_a_lockstep_results_folder_is_not_extended_with_staggered_cells(tmp_path):
+    """Cells measured before the staggered ramp (every committed session 1-5 folder) must not
+    share a table with new ones: `spectool bench --out` on such a folder is refused with a
+    one-paragraph error and exit code 2, before any GPU probe; a folder of staggered cells
+    resumes."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from spectool.bench.sweep import load_cells
+    from spectool.cli import main
+
+    old = tmp_path / "old"
+    old.mkdir()
+    shutil.copy(RESULTS.parent / "bench-0.5.12" / "cells.jsonl", old / "cells.jsonl")
+    res = CliRunner().invoke(main, ["bench", "--out", str(old)])
+    assert res.exit_code == 2 and "lockstep load" in res.output and "Traceback" not in res.output
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "cells.jsonl").write_text(json.dumps({"arm": "A0", "C": 4, "rep": 0, "acc_len": 3.0, "stagger": True}) + "\n")
+    cells, done = load_cells(new / "cells.jsonl", 3.0)
+    assert len(cells) == 1 and done == {("A0", 4, 0, 3.0)}

@@ -67,3 +67,66 @@ def test_first_visit_of_a_concurrency_is_warmed_up_unmeasured(tmp_path):
     finally:
         loop.close()
     assert warmed == {2, 4}
+
+
+class BatchEngine:
+    """A continuous-batching server in miniature: arrivals wait for a prefill step (decode
+    pauses for it, as in SGLang without mixed chunks), then every running request gains one
+    token per decode step."""
+
+    def __init__(self, step=0.002, prefill=0.003):
+        self.step, self.prefill = step, prefill
+        self.waiting, self.running, self.task = [], [], None
+        self.finish_steps = []  # how many requests finished at each step that finished any
+
+    async def async_generate(self, input_ids, sampling_params):
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting.append({"want": sampling_params["max_new_tokens"], "got": 0, "fut": fut})
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self._serve())
+        return await fut
+
+    async def _serve(self):
+        while self.waiting or self.running:
+            if self.waiting:
+                new, self.waiting = self.waiting, []
+                await asyncio.sleep(self.prefill)
+                self.running += new
+            else:
+                await asyncio.sleep(self.step)
+            for r in self.running:
+                r["got"] += 1
+            done = [r for r in self.running if r["got"] >= r["want"]]
+            self.running = [r for r in self.running if r["got"] < r["want"]]
+            if done:
+                self.finish_steps.append(len(done))
+            for r in done:
+                r["fut"].set_result({"output_ids": [1] * r["want"], "meta_info": {
+                    "completion_tokens": r["want"], "decode_throughput": 1 / self.step}})
+            await asyncio.sleep(0)
+
+
+def _run(coro):
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
+def test_lockstep_waves_leave_no_window_and_the_staggered_ramp_does():
+    """Equal output lengths from C clients started together finish together: every wave's
+    prefill at once and no steady window (the whole run is measured, as on the H200 from C=8
+    up). The staggered ramp spreads completions, measures a window that excludes the ramp
+    and the drain, and reaches the decode rate of C requests per step."""
+    C, out_len, n = 8, 40, 48
+    lock = BatchEngine()
+    res = _run(worker.closed_loop(lock, C, 2 * C, 4, out_len, 0, 1000, min_window_s=0.05))  # the bench's n
+    assert res["window_s"] == res["wall_s"] and max(lock.finish_steps) == C, "lockstep: whole waves"
+    stag = BatchEngine()
+    res = _run(worker.closed_loop(stag, C, n, 4, out_len, 0, 1000, stagger=True, min_window_s=0.05))
+    assert res["stagger"] and res["n"] == n
+    assert res["window_s"] < 0.8 * res["wall_s"], "ramp and drain left out"
+    assert max(stag.finish_steps[C:]) <= 2, "completions spread over the steps"
+    ideal = C / stag.step
+    assert 0.55 * ideal < res["output_tok_s"] <= 1.05 * ideal, (res["output_tok_s"], ideal)

@@ -30,9 +30,10 @@ WAVE_ORDER = ("A0", "A1", "A2", "A4", "A3")  # then the variants
 
 
 def _requests_for(C: int) -> int:
-    """Requests per cell. At C <= 8 at least 16, so the steady window spans several requests
+    """Measured requests per cell, after the staggered ramp (worker.closed_loop): two per
+    client, so the steady window spans about one request lifetime at every C; at least 16
     (4 requests at C=1 gave 0.7 s windows and +-10% cell-to-cell noise on the H200)."""
-    return max(16, 2 * C) if C <= 64 else int(1.5 * C)
+    return max(16, 2 * C)
 
 
 def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, prompt_len: int = 128,
@@ -45,19 +46,13 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
 
     max_bs = max(concurrencies)
     arm_list = select_arms(threshold, max_bs, arm_names, variants)
-    if transition and "A2" not in {a.name for a in arm_list}:
-        transition = False  # the transition workload runs on A2
+    if transition and not any(a.runs_transition() for a in arm_list):
+        transition = False  # the transition workload runs on A2 and its variants
+    cells_path = out / "cells.jsonl"
+    cells, done = load_cells(cells_path, acc_len)  # a folder it must not extend is refused first
     _, gpu = gpu_info("bench")  # a clear error (exit 2) without a GPU, before any engine starts
     t_start = time.time()
     out.mkdir(parents=True, exist_ok=True)
-    cells_path = out / "cells.jsonl"
-    done = set()
-    cells = []
-    if cells_path.exists():  # resume
-        for line in cells_path.read_text().splitlines():
-            c = json.loads(line)
-            cells.append(c)
-            done.add((c["arm"], c["C"], c["rep"], c.get("acc_len", acc_len)))
     version, env = _environment(sglang_dir, acc_len)
     tpath = out / "transition.json"
     trans = json.loads(tpath.read_text()) if tpath.exists() else None
@@ -92,7 +87,7 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
                         continue
                     rep, C, arm = step
                     res = _command(procs[arm], out, {"kind": "point", "C": C, "n": _requests_for(C), "prompt_len": prompt_len,
-                                                      "out_len": out_len, "seed": 1000 * rep + C})
+                                                      "out_len": out_len, "seed": 1000 * rep + C, "stagger": True})
                     cell = {"arm": arm, "C": C, "rep": rep, "acc_len": acc_len, **res}
                     cells.append(cell)
                     with open(cells_path, "a") as f:
@@ -101,6 +96,24 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
             if stopped:
                 break
     return summarize(out, cells, concurrencies, threshold, acc_len, trans, startup, version, gpu, arm_list)
+
+
+def load_cells(cells_path: Path, acc_len: float) -> tuple[list, set]:
+    """The cells a results folder holds and their (arm, C, rep, acc_len) keys, so a run resumes;
+    refused (a one-paragraph error) if they were measured with the lockstep load."""
+    cells, done = [], set()
+    if not cells_path.exists():
+        return cells, done
+    for line in cells_path.read_text().splitlines():
+        c = json.loads(line)
+        cells.append(c)
+        done.add((c["arm"], c["C"], c["rep"], c.get("acc_len", acc_len)))
+    if any(not c.get("stagger") for c in cells):
+        raise BadInputError(
+            f"{cells_path} holds cells measured with the lockstep load of earlier spectool versions "
+            "(C clients started together, so from C=8 up no steady window); cells now start with a "
+            "staggered ramp, and the two kinds must not share a table. Measure into a new --out folder.")
+    return cells, done
 
 
 def plan_steps(arm_list, concurrencies, reps: int, acc_len: float, done: set, transition: bool,

@@ -16,38 +16,57 @@ import time
 from ..verify.engine_worker import read_stats  # the fallback's counters file, read the same way
 
 
-async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, seed: int, vocab: int) -> dict:
-    """C requests in flight until n are done; steady state = between the first completion
-    and the last submission (warm-up and drain excluded)."""
+async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, seed: int, vocab: int,
+                      stagger: bool = False, min_window_s: float = 0.5) -> dict:
+    """C requests in flight until n are done; throughput over a steady-state window.
+
+    With equal output lengths, C clients started together move in lockstep: every wave is a
+    prefill of C prompts at once followed by pure decode, completions and submissions
+    coincide, and there is no steady window (on the H200 every cell from C=8 up fell back to
+    the whole run, ramp and drain included: results/bench-0.5.12/cells.jsonl). `stagger`
+    breaks the lockstep: client k first serves an unmeasured ramp request cut to
+    out_len * (k + 1) / C tokens, so the clients' full-length requests start spread over one
+    request lifetime, as in serving with continuous arrivals. The window then runs from the
+    last ramp completion to the last submission (drain excluded); without `stagger`, from the
+    first completion. Too short a window (under `min_window_s`) falls back to the whole run."""
     rng = random.Random(seed)
-    prompts = [[rng.randrange(10, vocab - 10) for _ in range(prompt_len)] for _ in range(n)]
-    nxt, recs = 0, []
+    ramp = [max(1, out_len * (k + 1) // C) for k in range(C)] if stagger else []
+    prompts = [[rng.randrange(10, vocab - 10) for _ in range(prompt_len)] for _ in range(n + len(ramp))]
+    nxt, recs, ramp_ends = 0, [], []
     t0 = time.perf_counter()
     last_submit = [t0]
 
-    async def client():
+    async def request(prompt, max_new_tokens) -> dict:
+        start = time.perf_counter()
+        out = await engine.async_generate(input_ids=prompt, sampling_params={
+            "temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True})
+        end = time.perf_counter()
+        m = out.get("meta_info", {})
+        tokens = m.get("completion_tokens") or len(out.get("output_ids", []))
+        dt = m.get("decode_throughput")
+        tpot = 1.0 / dt if dt else None
+        ttft = (end - start) - (tokens - 1) * tpot if tpot else None
+        return {"start": start, "end": end, "tokens": tokens, "tpot": tpot, "ttft": ttft,
+                "accept": m.get("spec_accept_length")}
+
+    async def client(k):
         nonlocal nxt
+        if stagger:
+            r = await request(prompts[n + k], ramp[k])
+            ramp_ends.append(r["end"])
+            recs.append({**r, "ramp": True})
         while nxt < n:
             i = nxt
             nxt += 1
             last_submit[0] = time.perf_counter()
-            start = last_submit[0]
-            out = await engine.async_generate(input_ids=prompts[i], sampling_params={
-                "temperature": 0.0, "max_new_tokens": out_len, "ignore_eos": True})
-            end = time.perf_counter()
-            m = out.get("meta_info", {})
-            tokens = m.get("completion_tokens") or len(out.get("output_ids", []))
-            dt = m.get("decode_throughput")
-            tpot = 1.0 / dt if dt else None
-            ttft = (end - start) - (tokens - 1) * tpot if tpot else None
-            recs.append({"start": start, "end": end, "tokens": tokens, "tpot": tpot, "ttft": ttft,
-                         "accept": m.get("spec_accept_length")})
+            recs.append(await request(prompts[i], out_len))
 
-    await asyncio.gather(*(client() for _ in range(C)))
+    await asyncio.gather(*(client(k) for k in range(C)))
     t_end = time.perf_counter()
-    first_done = min(r["end"] for r in recs)
-    w0, w1 = first_done, max(last_submit[0], first_done + 1e-3)
-    if w1 - w0 < 0.5:  # too few requests for a window: use the whole run
+    measured = [r for r in recs if not r.get("ramp")]
+    w0 = max(ramp_ends) if stagger else min((r["end"] for r in measured), default=t0)
+    w1 = last_submit[0]
+    if w1 - w0 < min_window_s:  # too few requests for a window: use the whole run
         w0, w1 = t0, t_end
     produced = 0.0
     for r in recs:  # tokens spread evenly over each request's decode time
@@ -58,13 +77,14 @@ async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, see
         overlap = max(0.0, min(b, w1) - max(a, w0))
         produced += r["tokens"] * overlap / (b - a)
     med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
-    accepts = [r["accept"] for r in recs if r["accept"]]
+    accepts = [r["accept"] for r in measured if r["accept"]]
     return {
         "C": C, "n": n, "output_tok_s": produced / (w1 - w0), "window_s": w1 - w0, "wall_s": t_end - t0,
         "overall_tok_s": sum(r["tokens"] for r in recs) / (t_end - t0),
-        "tpot_ms": (med([r["tpot"] for r in recs if r["tpot"]]) or 0) * 1e3 or None,
-        "ttft_ms": (med([r["ttft"] for r in recs if r["ttft"] is not None]) or 0) * 1e3 or None,
+        "tpot_ms": (med([r["tpot"] for r in measured if r["tpot"]]) or 0) * 1e3 or None,
+        "ttft_ms": (med([r["ttft"] for r in measured if r["ttft"] is not None]) or 0) * 1e3 or None,
         "acceptance": statistics.mean(accepts) if accepts else None,
+        "stagger": stagger,
     }
 
 
@@ -112,7 +132,8 @@ def handle(engine, cmd: dict, job: dict, loop, vocab: int, warmed: set) -> dict:
         res = loop.run_until_complete(profiled(engine, cmd["C"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab,
                                                cmd["steps"], cmd["dir"]))
     elif cmd["kind"] == "point":
-        res = loop.run_until_complete(closed_loop(engine, cmd["C"], cmd["n"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab))
+        res = loop.run_until_complete(closed_loop(engine, cmd["C"], cmd["n"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab,
+                                                  stagger=cmd.get("stagger", False)))
     else:
         res = {"phases": loop.run_until_complete(phases(engine, cmd["schedule"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab))}
     if job.get("stats_path"):
