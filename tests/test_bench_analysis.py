@@ -55,7 +55,8 @@ def test_synthetic_rule_cases():
 def test_summary_files(tmp_path):
     trans = json.loads((RESULTS / "transition.json").read_text())
     rep = summarize(tmp_path, _cells(), DEFAULT_C, 12, 3.0, trans, {})
-    assert (tmp_path / "bench-table.md").read_text().startswith("| C |")
+    table = (tmp_path / "bench-table.md").read_text()
+    assert table.startswith("| C |") and "| A4 TPOT ms | A4 TTFT ms |" in table, "throughput, then latency per arm"
     assert (tmp_path / "bench-plot.png").read_bytes()[:4] == b"\x89PNG"
     assert len(rep["transition"]["A2"]) == 5
 

@@ -93,6 +93,20 @@ def markdown(m: dict, concurrencies: list[int], arms: list[str]) -> str:
         lines.append(f"| {C} | " + " | ".join(cells) + f" | {f(row.get('E'), '{:.0f}')} | {f(row.get('A2/E'))} | "
                      f"{f(row.get('A4/A0'))} | " + "".join(f"{f(row.get(f'{a}/A0'))} | " for a in variants)
                      + f"{f(row.get('A3/A1'))} | {f(sf, '{:.2f}')} | {f(acc, '{:.2f}')} |")
+    return "\n".join(lines) + "\n\n" + latency_markdown(m, concurrencies, arms)
+
+
+def latency_markdown(m: dict, concurrencies: list[int], arms: list[str]) -> str:
+    """Per arm and C, the medians of SGLang's per-request decode time per token (TPOT) and of
+    the time to first token: where a throughput gap comes from (decode steps or prefill)."""
+    head = "| C | " + " | ".join(f"{a} TPOT ms | {a} TTFT ms" for a in arms) + " |"
+    lines = [head, "|" + "---|" * (1 + 2 * len(arms))]
+    for C in concurrencies:
+        cols = []
+        for a in arms:
+            x = m.get((a, C)) or {}
+            cols += ["-" if x.get(k) is None else f"{x[k]:.{d}f}" for k, d in (("tpot_ms", 2), ("ttft_ms", 0))]
+        lines.append(f"| {C} | " + " | ".join(cols) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -135,7 +149,12 @@ def _finish(fig, ax, ylabel: str, title: str, path) -> None:
 def medians_from_table(text: str) -> dict:
     """(arm, C) -> {median, min, max}: read back from a bench-table.md (for a run whose raw
     cells did not survive; per-cell fields such as TPOT are then unknown)."""
-    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+    lines = []
+    for ln in text.splitlines():  # the first table only (the latency table follows it)
+        if ln.startswith("|"):
+            lines.append(ln)
+        elif lines:
+            break
     head = [h.strip() for h in lines[0].strip("|").split("|")]
     arms = [h.split()[0] for h in head if h.endswith("tok/s") and h.startswith("A")]
     out = {}
