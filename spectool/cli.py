@@ -281,17 +281,20 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="results/bench", help="Results folder (resumes from cells.jsonl).")
 @click.option("--threshold", type=int, default=12, help="T for arm A2 (see --suggest-threshold).")
 @click.option("--concurrency", default="1,2,4,8,16,32,64,128,256", help="Comma-separated C values.")
-@click.option("--reps", type=int, default=3)
+@click.option("--reps", type=click.IntRange(min=0), default=3,
+              help="Repetitions per arm and C (arm order rotated); 0 runs only the transition workload.")
 @click.option("--acc-len", default="3.0",
               help="SGLANG_SIMULATE_ACC_LEN for the spec arms; several (e.g. 2.0,3.0) sweep each into OUT/acc-X.")
 @click.option("--prompt-len", type=int, default=128)
 @click.option("--out-len", type=int, default=128)
 @click.option("--budget", type=float, default=540, help="Stop measuring after this many seconds (resume later).")
-@click.option("--no-transition", is_flag=True)
+@click.option("--no-transition", is_flag=True,
+              help="Skip the transition workload (alternating C=4 and C=192 on A2 and its variants).")
 @click.option("--arms", "arm_names", default="A0,A1,A2,A3,A4",
               help="Comma-separated arms (A0 no spec, A1 EAGLE-3, A2 threshold T, A3 threshold above any batch, A4 T=0).")
 @click.option("--variant", "variants", multiple=True, metavar="NAME=BASE:VAR=VALUE[;VAR=VALUE]",
-              help="An extra arm: BASE with environment for its engine, e.g. A4L=A4:SPECTOOL_FALLBACK_EARLY_PLAN=0. Repeatable.")
+              help="An extra arm: BASE with environment for its engine, e.g. A4L=A4:SPECTOOL_FALLBACK_EARLY_PLAN=0 "
+                   "(a variant of A2 also runs the transition workload, as a same-run control). Repeatable.")
 @click.option("--max-engines", type=int, default=MAX_ENGINES, show_default=True,
               help="Engines on the GPU at once; more arms run in waves (an 8B-shaped engine takes ~28 GiB).")
 @click.option("--suggest-threshold", "suggest", is_flag=True, help="Only print T from the recorded results in --out.")
