@@ -301,10 +301,13 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
 @click.option("--profile", "profile_steps", type=int, default=0,
               help="Instead of the sweep: profile this many steady-state decode steps per arm and C (SGLang's profiler), "
                    "and report ms/step against GPU-busy ms/step (profile.md).")
+@click.option("--profile-load", type=click.Choice(["wave", "staggered"]), default="wave", show_default=True,
+              help="wave: decode steps of one wave of 1024-token requests; staggered: the sweep's steady load at "
+                   "--out-len, the prefills of arriving requests included.")
 @_json_opt
 @guarded
 def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, arm_names,
-          variants, max_engines, suggest, profile_steps, as_json):
+          variants, max_engines, suggest, profile_steps, profile_load, as_json):
     """Throughput sweep (GPU): no-spec, EAGLE-3, and the patched fallback, per concurrency."""
     import json as _json
 
@@ -328,7 +331,8 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
 
         rows = profile(Path(out_dir), threshold=threshold, concurrencies=cs, arm_names=[x for x in arm_names.split(",") if x],
                        variants=variants, steps=profile_steps, prompt_len=prompt_len, acc_len=accs[0], sglang_dir=sglang_dir,
-                       max_engines=max_engines, console=_console())
+                       max_engines=max_engines, load=profile_load, console=_console(),
+                       **({"out_len": out_len} if profile_load == "staggered" else {}))
         click.echo(to_json(rows) if as_json else (Path(out_dir) / "profile.md").read_text())
         return
     reports = {}

@@ -130,3 +130,26 @@ def test_lockstep_waves_leave_no_window_and_the_staggered_ramp_does():
     assert max(stag.finish_steps[C:]) <= 2, "completions spread over the steps"
     ideal = C / stag.step
     assert 0.55 * ideal < res["output_tok_s"] <= 1.05 * ideal, (res["output_tok_s"], ideal)
+
+
+def test_staggered_profile_starts_when_the_ramp_is_done():
+    """`--profile-load staggered`: SGLang's profiler is started once, when the last ramp request
+    completes, while the measured requests still run, so the profiled steps are the steady
+    serving mix (decode steps and the prefills of arriving requests)."""
+    from types import SimpleNamespace
+
+    eng = BatchEngine()
+    calls = []
+
+    async def start_profile(**kw):
+        calls.append((asyncio.get_running_loop().time(), len(eng.running), kw))
+
+    eng.tokenizer_manager = SimpleNamespace(start_profile=start_profile)
+    loop = asyncio.new_event_loop()
+    try:
+        res = loop.run_until_complete(worker.profiled(eng, 8, 4, 40, 0, 1000, 30, "/tmp/x", stagger=True))
+    finally:
+        loop.close()
+    assert len(calls) == 1 and calls[0][2]["num_steps"] == 30 and calls[0][2]["output_dir"] == "/tmp/x"
+    assert calls[0][1] >= 6, "started while the load is still at (about) C in flight"
+    assert res["stagger"] and res["n"] == 16

@@ -234,9 +234,13 @@ def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int)
 
 def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"), variants=(), steps: int = 30,
             prompt_len: int = 128, out_len: int = 1024, acc_len: float = 3.0, sglang_dir: str | None = None,
-            max_engines: int = MAX_ENGINES, console=None) -> dict:
-    """Profile `steps` steady-state decode steps per arm and C with SGLang's own profiler and
-    reduce each trace (bench/profile.py): profile.json and profile.md in `out`."""
+            max_engines: int = MAX_ENGINES, load: str = "wave", console=None) -> dict:
+    """Profile `steps` steady-state steps per arm and C with SGLang's own profiler and reduce
+    each trace (bench/profile.py): profile.json and profile.md in `out`. `load`: "wave" (decode
+    steps of one wave of long requests) or "staggered" (the sweep's steady load at `out_len`,
+    prefills of arriving requests included)."""
+    if load not in ("wave", "staggered"):
+        raise BadInputError(f"--profile-load {load!r}: use wave or staggered.")
     from ..verify.runner import gpu_info
     from . import profile as prof
 
@@ -254,7 +258,8 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
             for arm in arm_list:
                 tdir = out / "traces" / f"{arm.name}-C{C}"
                 res = _command(procs[arm.name], out, {"kind": "profile", "C": C, "n": C, "prompt_len": prompt_len,
-                                                       "out_len": out_len, "seed": C, "steps": steps, "dir": str(tdir)})
+                                                       "out_len": out_len, "seed": C, "steps": steps, "dir": str(tdir),
+                                                       "stagger": load == "staggered"})
                 traces = sorted(tdir.glob("*TP-0*.trace.json*")) or sorted(tdir.glob("*.trace.json*"))
                 summary = prof.summarize(prof.load_events(traces[0]), steps) if traces else {"error": "no trace written"}
                 summary["output_tok_s"] = res.get("output_tok_s")
@@ -264,7 +269,7 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
                     console.print(f"profiled {arm.name} at C={C}: {summary.get('step_ms', 0):.2f} ms/step, "
                                   f"GPU busy {summary.get('gpu_busy_ms', 0):.2f} ms")
     (out / "profile.json").write_text(json.dumps({"sglang_version": version, "threshold": threshold, "steps": steps,
-                                                  "rows": raw}, indent=1))
+                                                  "load": load, "out_len": out_len, "rows": raw}, indent=1))
     (out / "profile.md").write_text(prof.markdown(rows))
     return raw
 

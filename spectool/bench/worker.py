@@ -17,7 +17,7 @@ from ..verify.engine_worker import read_stats  # the fallback's counters file, r
 
 
 async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, seed: int, vocab: int,
-                      stagger: bool = False, min_window_s: float = 0.5) -> dict:
+                      stagger: bool = False, min_window_s: float = 0.5, on_steady=None) -> dict:
     """C requests in flight until n are done; throughput over a steady-state window.
 
     With equal output lengths, C clients started together move in lockstep: every wave is a
@@ -28,11 +28,12 @@ async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, see
     out_len * (k + 1) / C tokens, so the clients' full-length requests start spread over one
     request lifetime, as in serving with continuous arrivals. The window then runs from the
     last ramp completion to the last submission (drain excluded); without `stagger`, from the
-    first completion. Too short a window (under `min_window_s`) falls back to the whole run."""
+    first completion. Too short a window (under `min_window_s`) falls back to the whole run.
+    `on_steady` (a coroutine function) is started when the last ramp request completes."""
     rng = random.Random(seed)
     ramp = [max(1, out_len * (k + 1) // C) for k in range(C)] if stagger else []
     prompts = [[rng.randrange(10, vocab - 10) for _ in range(prompt_len)] for _ in range(n + len(ramp))]
-    nxt, recs, ramp_ends = 0, [], []
+    nxt, recs, ramp_ends, steady = 0, [], [], []
     t0 = time.perf_counter()
     last_submit = [t0]
 
@@ -55,6 +56,8 @@ async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, see
             r = await request(prompts[n + k], ramp[k])
             ramp_ends.append(r["end"])
             recs.append({**r, "ramp": True})
+            if on_steady is not None and len(ramp_ends) == C:
+                steady.append(asyncio.ensure_future(on_steady()))
         while nxt < n:
             i = nxt
             nxt += 1
@@ -63,6 +66,7 @@ async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, see
 
     await asyncio.gather(*(client(k) for k in range(C)))
     t_end = time.perf_counter()
+    await asyncio.gather(*steady)
     measured = [r for r in recs if not r.get("ramp")]
     w0 = max(ramp_ends) if stagger else min((r["end"] for r in measured), default=t0)
     w1 = last_submit[0]
@@ -97,13 +101,22 @@ async def phases(engine, schedule: list[dict], prompt_len: int, out_len: int, se
 
 
 async def profiled(engine, C: int, prompt_len: int, out_len: int, seed: int, vocab: int, steps: int, out_dir: str,
-                   warmup_s: float = 2.0) -> dict:
-    """One wave of C long requests; once their prefills are done (after `warmup_s`), SGLang's
-    own profiler records `steps` decode steps (CPU and GPU activity) into `out_dir`."""
+                   warmup_s: float = 2.0, stagger: bool = False) -> dict:
+    """SGLang's own profiler records `steps` forward steps (CPU and GPU activity) into
+    `out_dir`. Default: one wave of C long requests, profiled once their prefills are done
+    (after `warmup_s`): decode steps only. `stagger`: the sweep's steady load (closed_loop's
+    ramp, 2C requests), profiled from the end of the ramp: decode steps and the prefills of
+    arriving requests in their serving mix."""
+
+    def start():
+        return engine.tokenizer_manager.start_profile(output_dir=out_dir, num_steps=steps, activities=["CPU", "GPU"],
+                                                      with_stack=False, record_shapes=False)
+
+    if stagger:
+        return await closed_loop(engine, C, 2 * C, prompt_len, out_len, seed, vocab, stagger=True, on_steady=start)
     run = asyncio.ensure_future(closed_loop(engine, C, C, prompt_len, out_len, seed, vocab))
     await asyncio.sleep(warmup_s)
-    await engine.tokenizer_manager.start_profile(output_dir=out_dir, num_steps=steps, activities=["CPU", "GPU"],
-                                                 with_stack=False, record_shapes=False)
+    await start()
     return await run
 
 
@@ -130,7 +143,7 @@ def handle(engine, cmd: dict, job: dict, loop, vocab: int, warmed: set) -> dict:
     before = read_stats(job.get("stats_path"))
     if cmd["kind"] == "profile":
         res = loop.run_until_complete(profiled(engine, cmd["C"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab,
-                                               cmd["steps"], cmd["dir"]))
+                                               cmd["steps"], cmd["dir"], stagger=cmd.get("stagger", False)))
     elif cmd["kind"] == "point":
         res = loop.run_until_complete(closed_loop(engine, cmd["C"], cmd["n"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab,
                                                   stagger=cmd.get("stagger", False)))
