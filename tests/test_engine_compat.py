@@ -40,3 +40,20 @@ def test_0517_names_are_mapped(sglang_release):
 def test_unknown_argument_is_an_error(sglang_release):
     with pytest.raises(KeyError, match="does not exist"):
         adapt({"speculative_disable_batch_size_threshold": 4}, _fields(sglang_release("0.5.17")))
+
+
+def test_every_bench_arm_starts_on_both_releases(sglang_release):
+    """The bench's engine settings (sleep_on_idle included) exist, under some name, in the
+    ServerArgs of both patched releases, for every arm."""
+    from spectool import api
+    from spectool.bench.arms import engine_kwargs
+    from spectool.bench.sweep import select_arms
+
+    for version in ("0.5.12", "0.5.17"):
+        tree = sglang_release(version)
+        api.apply(tree)
+        fields = _fields(tree)
+        for arm in select_arms(32, 256, None):
+            kw = engine_kwargs(arm, {"target": "t", "draft": "d"}, max_bs=256, max_total_tokens=1000, port=1)
+            assert kw["sleep_on_idle"] is True
+            assert adapt(kw, fields)["sleep_on_idle"] is True, (version, arm.name)

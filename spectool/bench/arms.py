@@ -71,6 +71,12 @@ def engine_kwargs(arm: Arm, models: dict, *, max_bs: int, max_total_tokens: int,
         cuda_graph_max_bs=max_bs, max_running_requests=max_bs, disable_piecewise_cuda_graph=True,
         mem_fraction_static=0.9, max_total_tokens=max_total_tokens, random_seed=0, port=port,
         enable_metrics=True, log_level="warning",
+        # Up to four engines share the machine and are measured one at a time. An idle
+        # SGLang scheduler polls its sockets without blocking (0.5.12 scheduler.py,
+        # event_loop_overlap; IdleSleeper only with sleep_on_idle), pinning a core each, next
+        # to the measured engine's host-bound steps at low C. Sleeping on idle wakes on the
+        # next request, the same for every arm.
+        sleep_on_idle=True,
     )
     if arm.spec:
         kw.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=models["draft"],
