@@ -309,8 +309,6 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
 def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, arm_names,
           variants, max_engines, suggest, profile_steps, profile_load, as_json):
     """Throughput sweep (GPU): no-spec, EAGLE-3, and the patched fallback, per concurrency."""
-    import json as _json
-
     from .bench import analyze
     from .bench.sweep import run
 
@@ -322,8 +320,10 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
     folders = {a: Path(out_dir) if len(accs) == 1 else Path(out_dir) / f"acc-{a:g}" for a in accs}
     if suggest:
         for a, folder in folders.items():
-            cells = [_json.loads(l) for l in (folder / "cells.jsonl").read_text().splitlines()]
-            res = analyze.suggest_threshold(analyze.medians([c for c in cells if c.get("acc_len", a) == a]), cs)
+            if not (folder / "cells.jsonl").exists():
+                raise BadInputError(f"--suggest-threshold: {folder} has no cells.jsonl; measure there first "
+                                    "(spectool bench --out with the same folder).")
+            res = analyze.suggest_threshold(analyze.load_medians(folder, a), cs)
             click.echo(to_json(res) if as_json else f"acceptance {a:g}: suggested threshold {res['threshold']} ({res['why']})")
         return
     if profile_steps:

@@ -69,3 +69,15 @@ def patched_release(sglang_release):
         return cache[version]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def reparse_verify():
+    """tools/reparse_verify.py as a module: re-evaluates a recorded verify run (no GPU)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "tools/reparse_verify.py"
+    spec = importlib.util.spec_from_file_location("reparse_verify", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -154,3 +154,5 @@ def test_bench_suggest_threshold_per_acceptance(tmp_path):
     r = run("bench", "--out", tmp_path, "--acc-len", "2.0,3.0", "--suggest-threshold", "--concurrency", "1,4,16,64,256")
     assert r.exit_code == 0, r.output
     assert "acceptance 2: suggested threshold 4" in r.output and "acceptance 3: suggested threshold 16" in r.output
+    r = run("bench", "--out", tmp_path / "empty", "--suggest-threshold")
+    assert r.exit_code == 2 and "has no cells.jsonl" in r.output and "Traceback" not in r.output

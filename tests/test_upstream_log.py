@@ -83,11 +83,10 @@ def test_switch_right_after_a_prefill_counts_the_next_line_as_the_new_tier():
     assert compare.check_expectations({"fallback_steps": "all"}, st) == []
 
 
-def test_recorded_0517_run_reevaluates_to_the_recipes_counters(tmp_path):
+def test_recorded_0517_run_reevaluates_to_the_recipes_counters(tmp_path, reparse_verify):
     """tools/reparse_verify.py on the committed 0.5.17 run: tokens equal plain decoding and the
     path counters equal the 0.5.12 recipe's, scenario by scenario, T=0 included (it failed to
     start in session 2's run, before the mapping fix); the STANDALONE ones stay skipped."""
-    import importlib.util
     import json
     import shutil
     from pathlib import Path
@@ -95,10 +94,7 @@ def test_recorded_0517_run_reevaluates_to_the_recipes_counters(tmp_path):
     root = Path(__file__).resolve().parent.parent
     for f in ("verify-results.json", "verify-logs.tgz"):
         shutil.copy(root / "results/verify-0.5.17" / f, tmp_path / f)
-    spec = importlib.util.spec_from_file_location("reparse", root / "tools/reparse_verify.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert mod.main(tmp_path) == 0
+    assert reparse_verify.main(tmp_path) == 0
     rows = {r["scenario"]: r for r in json.loads((tmp_path / "verify-results-reparsed.json").read_text())["scenarios"]}
     recipe = {r["scenario"]: r for r in json.loads((root / "results/verify-0.5.12/verify-results.json").read_text())["scenarios"]}
     for name, r in rows.items():

@@ -167,27 +167,23 @@ def test_tensor_parallel_reaches_every_engine(tmp_path):
         assert len(jobs) == len(cfgs) and {engine_kwargs(j)["tp_size"] for j in jobs} == {tp}
 
 
-def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path):
+def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, reparse_verify):
     """The scenarios that claim the KV-only draft sync (and those that claim it stays off)
     are checked against the recipe's counter: the run on 85503b5 (default margin 8) passes
     every claim; the run on 609b3ff, where the sync was still opt-in, fails exactly the
     scenario that pins the default margin (12 requests at T=0), so the check can fail."""
-    import importlib.util
     import json
     import shutil
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("reparse", root / "tools/reparse_verify.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     failed = {}
     for run in ("verify-0.5.12", "verify-0.5.12/session5-609b3ff"):
         folder = tmp_path / run.replace("/", "-")
         folder.mkdir()
         for f in ("verify-results.json", "verify-logs.tgz"):
             shutil.copy(root / "results" / run / f, folder / f)
-        assert mod.main(folder) == 0
+        assert reparse_verify.main(folder) == 0
         rows = json.loads((folder / "verify-results-reparsed.json").read_text())["scenarios"]
         failed[run] = {r["scenario"]: r["failures"] for r in rows if not r["ok"]}
         if run == "verify-0.5.12":

@@ -10,11 +10,13 @@ from pathlib import Path
 from .arms import DEFAULT_ARMS as BUILT_IN  # the rest are variants
 
 
-def medians(cells: list[dict]) -> dict:
-    """(arm, C) -> {median, min, max, reps, tpot_ms, ttft_ms, acceptance, spec_fraction}."""
+def medians(cells: list[dict], acc_len: float | None = None) -> dict:
+    """(arm, C) -> {median, min, max, reps, tpot_ms, ttft_ms, acceptance, spec_fraction}, of the
+    cells at acceptance `acc_len` when given (cells without the field count as that one)."""
     groups = defaultdict(list)
     for c in cells:
-        groups[(c["arm"], c["C"])].append(c)
+        if acc_len is None or c.get("acc_len", acc_len) == acc_len:
+            groups[(c["arm"], c["C"])].append(c)
     out = {}
     for key, cs in groups.items():
         vals = [c["output_tok_s"] for c in cs]
@@ -171,12 +173,13 @@ def medians_from_table(text: str) -> dict:
     return out
 
 
-def load_medians(folder) -> dict:
-    """Medians of a results folder: from its cells.jsonl, else from its bench-table.md."""
+def load_medians(folder, acc_len: float | None = None) -> dict:
+    """Medians of a results folder: from its cells.jsonl (at `acc_len` when given), else from
+    its bench-table.md."""
     folder = Path(folder)
     cells = folder / "cells.jsonl"
     if cells.exists():
-        return medians([json.loads(ln) for ln in cells.read_text().splitlines() if ln.strip()])
+        return medians([json.loads(ln) for ln in cells.read_text().splitlines() if ln.strip()], acc_len)
     return medians_from_table((folder / "bench-table.md").read_text())
 
 

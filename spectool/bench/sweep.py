@@ -321,7 +321,7 @@ def _command(proc, out, cmd):
 
 def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startup, version=None, gpu=None,
               arm_list=()) -> dict:
-    m = analyze.medians([c for c in cells if c.get("acc_len", acc_len) == acc_len])
+    m = analyze.medians(cells, acc_len)
     labels = {a.name: a.label for a in [*make_arms(threshold, max(concurrencies)), *arm_list]}
     labels.update({a: a for a, _ in m if a not in labels})  # variants of an earlier run
     report = {

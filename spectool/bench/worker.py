@@ -13,7 +13,8 @@ import statistics
 import sys
 import time
 
-from ..verify.engine_worker import read_stats  # the fallback's counters file, read the same way
+from ..verify.compare import stats_window  # the fallback's counters, read and differenced as verify does
+from ..verify.engine_worker import read_stats
 
 
 async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, seed: int, vocab: int,
@@ -153,8 +154,8 @@ def handle(engine, cmd: dict, job: dict, loop, vocab: int, warmed: set) -> dict:
         time.sleep(0.6)  # stats are published at most every 0.5 s
     after = read_stats(job.get("stats_path"))
     if before or after:
-        fb = after.get("fallback_steps", 0) - before.get("fallback_steps", 0)
-        sp = after.get("spec_steps", 0) - before.get("spec_steps", 0)
+        window = stats_window(before, after)
+        fb, sp = window["fallback_steps"], window["spec_steps"]
         res["fallback_steps"], res["spec_steps"] = fb, sp
         res["spec_fraction"] = sp / (fb + sp) if fb + sp else None
     return res
