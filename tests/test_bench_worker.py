@@ -121,7 +121,7 @@ def test_lockstep_waves_leave_no_window_and_the_staggered_ramp_does():
     and the drain, and reaches the decode rate of C requests per step."""
     C, out_len, n = 8, 40, 48
     lock = BatchEngine()
-    res = _run(worker.closed_loop(lock, C, 2 * C, 4, out_len, 0, 1000, min_window_s=0.05))  # the bench's n
+    res = _run(worker.closed_loop(lock, C, 2 * C, 4, out_len, 0, 1000, min_window_s=0.05))
     assert res["window_s"] == res["wall_s"] and max(lock.finish_steps) == C, "lockstep: whole waves"
     stag = BatchEngine()
     res = _run(worker.closed_loop(stag, C, n, 4, out_len, 0, 1000, stagger=True, min_window_s=0.05))
@@ -130,6 +130,19 @@ def test_lockstep_waves_leave_no_window_and_the_staggered_ramp_does():
     assert max(stag.finish_steps[C:]) <= 2, "completions spread over the steps"
     ideal = C / stag.step
     assert 0.55 * ideal < res["output_tok_s"] <= 1.05 * ideal, (res["output_tok_s"], ideal)
+
+
+def test_the_bench_cell_measures_about_two_request_lifetimes():
+    """The sweep's requests per cell give a steady window of about two request lifetimes at
+    every C, ramp and drain left out (at 2C it was 1.2-1.6)."""
+    from spectool.bench.sweep import _requests_for
+
+    out_len, step = 40, 0.002
+    for C in (16, 64):
+        res = _run(worker.closed_loop(BatchEngine(step=step), C, _requests_for(C), 4, out_len, 0, 1000,
+                                      stagger=True, min_window_s=0.05))
+        lifetimes = res["window_s"] / (out_len * step)
+        assert 1.8 < lifetimes < 4, (C, lifetimes)
 
 
 def test_staggered_profile_starts_when_the_ramp_is_done():

@@ -33,10 +33,11 @@ WAVE_ORDER = ("A0", "A1", "A2", "A4", "A3")  # then the variants
 
 
 def _requests_for(C: int) -> int:
-    """Measured requests per cell, after the staggered ramp (worker.closed_loop): two per
-    client, so the steady window spans about one request lifetime at every C; at least 16
-    (4 requests at C=1 gave 0.7 s windows and +-10% cell-to-cell noise on the H200)."""
-    return max(16, 2 * C)
+    """Measured requests per cell, after the staggered ramp (worker.closed_loop): three per
+    client, so the steady window spans about two request lifetimes at every C (two per client
+    gave windows of 1.2-1.6 lifetimes on tests/test_bench_worker.py's miniature server); at
+    least 16 (4 requests at C=1 gave 0.7 s windows and +-10% cell-to-cell noise on the H200)."""
+    return max(16, 3 * C)
 
 
 def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, prompt_len: int = 128,
