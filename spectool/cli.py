@@ -301,13 +301,16 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
 @click.option("--profile", "profile_steps", type=int, default=0,
               help="Instead of the sweep: profile this many steady-state decode steps per arm and C (SGLang's profiler), "
                    "and report ms/step against GPU-busy ms/step (profile.md).")
+@click.option("--load", type=click.Choice(["lockstep", "staggered"]), default="lockstep", show_default=True,
+              help="lockstep: C clients start together (waves of C); staggered: an unmeasured ramp spreads their "
+                   "starts over one request lifetime (docs/performance.md says why lockstep is the default).")
 @click.option("--profile-load", type=click.Choice(["wave", "staggered"]), default="wave", show_default=True,
               help="wave: decode steps of one wave of 1024-token requests; staggered: the sweep's steady load at "
                    "--out-len, the prefills of arriving requests included.")
 @_json_opt
 @guarded
 def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, arm_names,
-          variants, max_engines, suggest, profile_steps, profile_load, as_json):
+          variants, max_engines, suggest, load, profile_steps, profile_load, as_json):
     """Throughput sweep (GPU): no-spec, EAGLE-3, and the patched fallback, per concurrency."""
     from .bench import analyze
     from .bench.sweep import run
@@ -340,7 +343,7 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
         reports[a] = run(folder, threshold=threshold, concurrencies=cs, reps=reps, prompt_len=prompt_len, out_len=out_len,
                          acc_len=a, transition=not no_transition, budget_s=budget, sglang_dir=sglang_dir,
                          arm_names=[x for x in arm_names.split(",") if x], variants=variants, max_engines=max_engines,
-                         console=_console())
+                         load=load, console=_console())
     if as_json:
         click.echo(to_json(reports[accs[0]] if len(accs) == 1 else {f"{a:g}": r for a, r in reports.items()}))
     else:

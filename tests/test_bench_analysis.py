@@ -218,11 +218,10 @@ def test_transition_control_run_of_session5():
     assert [round(r["ratio"], 3) for r in sweep] == [0.989, 0.996, 0.948, 0.982, 0.866]
 
 
-def test_a_lockstep_results_folder_is_not_extended_with_staggered_cells(tmp_path):
-    """Cells measured before the staggered ramp (every committed session 1-5 folder) must not
-    share a table with new ones: `spectool bench --out` on such a folder is refused with a
-    one-paragraph error and exit code 2, before any GPU probe; a folder of staggered cells
-    resumes."""
+def test_a_results_folder_is_never_extended_with_the_other_load(tmp_path):
+    """Lockstep cells (every committed sweep) and staggered cells must not share a table:
+    `spectool bench --out` on a folder of the other kind is refused with a one-paragraph error
+    and exit code 2, before any GPU probe; a folder of the same kind resumes."""
     import shutil
 
     from click.testing import CliRunner
@@ -233,10 +232,14 @@ def test_a_lockstep_results_folder_is_not_extended_with_staggered_cells(tmp_path
     old = tmp_path / "old"
     old.mkdir()
     shutil.copy(RESULTS.parent / "bench-0.5.12" / "cells.jsonl", old / "cells.jsonl")
-    res = CliRunner().invoke(main, ["bench", "--out", str(old)])
+    res = CliRunner().invoke(main, ["bench", "--out", str(old), "--load", "staggered"])
     assert res.exit_code == 2 and "lockstep load" in res.output and "Traceback" not in res.output
+    cells, done = load_cells(old / "cells.jsonl", 3.0)  # the default load resumes it
+    assert ("A2", 256, 4, 3.0) in done
     new = tmp_path / "new"
     new.mkdir()
-    (new / "cells.jsonl").write_text(json.dumps({"arm": "A0", "C": 4, "rep": 0, "acc_len": 3.0, "stagger": True}) + "\n")
-    cells, done = load_cells(new / "cells.jsonl", 3.0)
-    assert len(cells) == 1 and done == {("A0", 4, 0, 3.0)}
+    shutil.copy(RESULTS.parent / "bench-0.5.12-staggered-probe" / "cells.jsonl", new / "cells.jsonl")
+    res = CliRunner().invoke(main, ["bench", "--out", str(new)])
+    assert res.exit_code == 2 and "staggered load" in res.output and "Traceback" not in res.output
+    cells, done = load_cells(new / "cells.jsonl", 3.0, "staggered")
+    assert len(cells) == 36 and ("A0", 256, 0, 3.0) in done

@@ -132,14 +132,14 @@ def test_lockstep_waves_leave_no_window_and_the_staggered_ramp_does():
     assert 0.55 * ideal < res["output_tok_s"] <= 1.05 * ideal, (res["output_tok_s"], ideal)
 
 
-def test_the_bench_cell_measures_about_two_request_lifetimes():
-    """The sweep's requests per cell give a steady window of about two request lifetimes at
+def test_a_staggered_cell_measures_about_two_request_lifetimes():
+    """--load staggered: the requests per cell give a steady window of about two request lifetimes at
     every C, ramp and drain left out (at 2C it was 1.2-1.6)."""
     from spectool.bench.sweep import _requests_for
 
     out_len, step = 40, 0.002
     for C in (16, 64):
-        res = _run(worker.closed_loop(BatchEngine(step=step), C, _requests_for(C), 4, out_len, 0, 1000,
+        res = _run(worker.closed_loop(BatchEngine(step=step), C, _requests_for(C, "staggered"), 4, out_len, 0, 1000,
                                       stagger=True, min_window_s=0.05))
         lifetimes = res["window_s"] / (out_len * step)
         assert 1.8 < lifetimes < 4, (C, lifetimes)

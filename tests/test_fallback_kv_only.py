@@ -21,8 +21,10 @@ pytestmark = pytest.mark.network
 BS, H, V, HEADS, KV_HEADS, HEAD_DIM = 3, 8, 50, 2, 1, 4
 
 
-def _modules(torch, fc_norm: bool):
-    """A one-layer EAGLE-3 head in miniature; the attention records the K/V its forward makes."""
+def _modules(torch, fc_norm: bool, sliced: bool = False):
+    """A one-layer EAGLE-3 head in miniature; the attention records the K/V its forward makes.
+    `sliced`: qkv_proj is an unquantized linear layer with a weight (the KV-only sync then
+    multiplies only its K and V rows), else an opaque callable (it runs the whole projection)."""
     torch.manual_seed(0)
 
     class RMS(torch.nn.Module):
@@ -44,10 +46,19 @@ def _modules(torch, fc_norm: bool):
         angle = positions[:, None].float() * 0.37
         return q * torch.cos(angle), k * torch.cos(angle) + torch.sin(angle)
 
+    class UnquantizedLinearMethod:  # the name SGLang's unquantized layers carry
+        pass
+
+    class QKV:
+        weight, bias, quant_method = w_qkv, None, UnquantizedLinearMethod()
+
+        def __call__(self, x):
+            return x @ w_qkv.T, None
+
     class Attention:
         def __init__(self, prepare):
             self.q_size, self.kv_size = q_size, kv_size
-            self.qkv_proj = lambda x: (x @ w_qkv.T, None)
+            self.qkv_proj = QKV() if sliced else (lambda x: (x @ w_qkv.T, None))
             self.rotary_emb = rope
             self.attn = SimpleNamespace(tp_k_head_num=KV_HEADS, qk_head_dim=HEAD_DIM, tp_v_head_num=KV_HEADS,
                                         v_head_dim=HEAD_DIM, k_scale=None, v_scale=None)
@@ -62,8 +73,8 @@ def _modules(torch, fc_norm: bool):
     return RMS, Attention
 
 
-def _eagle3_model(torch, tree, fc_norm: bool):
-    RMS, Attention = _modules(torch, fc_norm)
+def _eagle3_model(torch, tree, fc_norm: bool, sliced: bool = False):
+    RMS, Attention = _modules(torch, fc_norm, sliced)
     models = tree / "sglang/srt/models"
     typing_ns = {"torch": torch, "Optional": typing.Optional, "Tuple": typing.Tuple,
                  "ForwardBatch": object, "PPProxyTensors": object}
@@ -89,11 +100,11 @@ def _eagle3_model(torch, tree, fc_norm: bool):
     return model, lambda *a, **kw: model_forward(model, *a, **kw)
 
 
-@pytest.mark.parametrize("fc_norm", [False, True])
-def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, patched_release):
+@pytest.mark.parametrize("fc_norm,sliced", [(False, False), (True, False), (False, True), (True, True)])
+def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sliced, patched_release):
     torch = pytest.importorskip("torch")
     tree = patched_release("0.5.12")
-    model, forward = _eagle3_model(torch, tree, fc_norm)
+    model, forward = _eagle3_model(torch, tree, fc_norm, sliced)
     tokens = torch.tensor([7, 8, 9], dtype=torch.int32)
     target_hidden = torch.randn(BS, 3 * H)
     pre_step = torch.tensor([3, 5, 10])
@@ -114,6 +125,8 @@ def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, patched_release):
                                  model=SimpleNamespace(model=model), token_to_kv_pool=pool)))
     kv_only = load_function(tree / WORKER,
                             "EAGLEWorkerV2._spec_fallback_draft_kv_only", {"torch": torch})
+    bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker,
+                 "_spec_fallback_kv_only_replay", "_spec_fallback_kv_only_write")  # no graphs: eager
     batch = SimpleNamespace(seq_lens=pre_step.clone(), out_cache_loc=torch.tensor([3, 45, 90]))
     nxt = SimpleNamespace()
     with torch.no_grad():
@@ -137,6 +150,43 @@ def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, patched_release):
     with torch.no_grad():
         kv_only(worker, batch, tokens, target_hidden, SimpleNamespace())
     assert not torch.allclose(writes[0][2].reshape(BS, -1), ref["k"], atol=1e-6)
+
+
+def test_kv_only_graph_replay_pads_to_a_captured_size(patched_release):
+    """The KV-only sync's CUDA graphs: a batch replays the smallest captured size that holds
+    it, its inputs copied into the static buffers and the padding rows sent to the KV pool's
+    dummy slot 0 at position 0 with token 0; a larger batch, or hidden states of another
+    width, run eagerly (False). The graphs are stand-ins that record the buffers they see
+    (capture itself needs a GPU: `spectool verify` runs it)."""
+    torch = pytest.importorskip("torch")
+    tree = patched_release("0.5.12")
+    replay = load_function(tree / WORKER, "EAGLEWorkerV2._spec_fallback_kv_only_replay", {"torch": torch})
+    bufs = {"tokens": torch.full((16,), 9, dtype=torch.int32), "hidden": torch.ones(16, 6),
+            "positions": torch.full((16,), 9), "loc": torch.full((16,), 9)}
+    seen = []
+
+    class Graph:
+        def __init__(self, size):
+            self.size = size
+
+        def replay(self):
+            seen.append((self.size, {k: v.clone() for k, v in bufs.items()}))
+
+    worker = SimpleNamespace(_fallback_kv_only_graphs={"sizes": [8, 16], "graphs": {8: Graph(8), 16: Graph(16)},
+                                                       "bufs": bufs})
+    tokens, hidden = torch.tensor([1, 2, 3, 4, 5], dtype=torch.int32), torch.full((5, 6), 2.0)
+    positions, loc = torch.tensor([10, 11, 12, 13, 14]), torch.tensor([40, 41, 42, 43, 44])
+    assert replay(worker, tokens, hidden, positions, loc) is True
+    (size, b), = seen
+    assert size == 8
+    assert b["tokens"][:8].tolist() == [1, 2, 3, 4, 5, 0, 0, 0]
+    assert b["positions"][:8].tolist() == [10, 11, 12, 13, 14, 0, 0, 0]
+    assert b["loc"][:8].tolist() == [40, 41, 42, 43, 44, 0, 0, 0]
+    assert (b["hidden"][:5] == 2).all() and b["loc"][8:].tolist() == [9] * 8, "rows past the size untouched"
+    assert replay(worker, torch.zeros(17, dtype=torch.int32), torch.zeros(17, 6), torch.zeros(17), torch.zeros(17)) is False
+    assert replay(worker, tokens, torch.zeros(5, 4), positions, loc) is False
+    assert replay(SimpleNamespace(_fallback_kv_only_graphs=None), tokens, hidden, positions, loc) is False
+    assert len(seen) == 1
 
 
 def test_kv_only_switch_and_dispatch(patched_release, monkeypatch):

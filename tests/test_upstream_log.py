@@ -96,7 +96,7 @@ def test_recorded_0517_run_reevaluates_to_the_recipes_counters(tmp_path, reparse
         shutil.copy(root / "results/verify-0.5.17" / f, tmp_path / f)
     assert reparse_verify.main(tmp_path) == 0
     rows = {r["scenario"]: r for r in json.loads((tmp_path / "verify-results-reparsed.json").read_text())["scenarios"]}
-    recipe = {r["scenario"]: r for r in json.loads((root / "results/verify-0.5.12/verify-results.json").read_text())["scenarios"]}
+    recipe = {r["scenario"]: r for r in json.loads((root / "results/verify-0.5.12/session5-85503b5/verify-results.json").read_text())["scenarios"]}
     for name, r in rows.items():
         if r.get("skipped"):
             assert name.startswith("standalone")

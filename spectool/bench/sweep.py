@@ -32,18 +32,29 @@ TRANSITION = [LOW, HIGH, LOW, HIGH, LOW]
 WAVE_ORDER = ("A0", "A1", "A2", "A4", "A3")  # then the variants
 
 
-def _requests_for(C: int) -> int:
-    """Measured requests per cell, after the staggered ramp (worker.closed_loop): three per
-    client, so the steady window spans about two request lifetimes at every C (two per client
-    gave windows of 1.2-1.6 lifetimes on tests/test_bench_worker.py's miniature server); at
-    least 16 (4 requests at C=1 gave 0.7 s windows and +-10% cell-to-cell noise on the H200)."""
-    return max(16, 3 * C)
+LOADS = ("lockstep", "staggered")
+
+
+def _requests_for(C: int, load: str = "lockstep") -> int:
+    """Measured requests per cell.
+
+    lockstep (the default): C clients start together, so with equal output lengths each wave
+    of C requests prefills at once and decodes together; the whole run is measured, after an
+    unmeasured warm-up wave (worker.handle). At least 16 requests (4 at C=1 gave 0.7 s windows
+    and +-10% cell-to-cell noise on the H200); 1.5 waves above C=64, as in every committed sweep.
+
+    staggered: after worker.closed_loop's ramp, three requests per client, so the steady
+    window spans about two request lifetimes (two per client gave 1.2-1.6 on
+    tests/test_bench_worker.py's miniature server)."""
+    if load == "staggered":
+        return max(16, 3 * C)
+    return max(16, 2 * C) if C <= 64 else int(1.5 * C)
 
 
 def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, prompt_len: int = 128,
         out_len: int = 128, acc_len: float = 3.0, transition: bool = True, budget_s: float = 540,
         sglang_dir: str | None = None, arm_names: list[str] | None = None, variants=(), max_engines: int = MAX_ENGINES,
-        console=None) -> dict:
+        load: str = "lockstep", console=None) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..verify.runner import gpu_info
@@ -53,7 +64,9 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
     if transition and not any(a.runs_transition() for a in arm_list):
         transition = False  # the transition workload runs on A2 and its variants
     cells_path = out / "cells.jsonl"
-    cells, done = load_cells(cells_path, acc_len)  # a folder it must not extend is refused first
+    if load not in LOADS:
+        raise BadInputError(f"--load {load!r}: use lockstep or staggered.")
+    cells, done = load_cells(cells_path, acc_len, load)  # a folder it must not extend is refused first
     _, gpu = gpu_info("bench")  # a clear error (exit 2) without a GPU, before any engine starts
     t_start = time.time()
     out.mkdir(parents=True, exist_ok=True)
@@ -90,8 +103,9 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
                         tpath.write_text(json.dumps(trans, indent=1))
                         continue
                     rep, C, arm = step
-                    res = _command(procs[arm], out, {"kind": "point", "C": C, "n": _requests_for(C), "prompt_len": prompt_len,
-                                                      "out_len": out_len, "seed": 1000 * rep + C, "stagger": True})
+                    res = _command(procs[arm], out, {"kind": "point", "C": C, "n": _requests_for(C, load), "prompt_len": prompt_len,
+                                                      "out_len": out_len, "seed": 1000 * rep + C,
+                                                      "stagger": load == "staggered"})
                     cell = {"arm": arm, "C": C, "rep": rep, "acc_len": acc_len, **res}
                     cells.append(cell)
                     with open(cells_path, "a") as f:
@@ -99,12 +113,13 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
                     bar.advance(task)
             if stopped:
                 break
-    return summarize(out, cells, concurrencies, threshold, acc_len, trans, startup, version, gpu, arm_list)
+    return summarize(out, cells, concurrencies, threshold, acc_len, trans, startup, version, gpu, arm_list, load)
 
 
-def load_cells(cells_path: Path, acc_len: float) -> tuple[list, set]:
+def load_cells(cells_path: Path, acc_len: float, load: str = "lockstep") -> tuple[list, set]:
     """The cells a results folder holds and their (arm, C, rep, acc_len) keys, so a run resumes;
-    refused (a one-paragraph error) if they were measured with the lockstep load."""
+    refused (a one-paragraph error) if they were measured with the other load: the two kinds
+    must not share a table."""
     cells, done = [], set()
     if not cells_path.exists():
         return cells, done
@@ -112,11 +127,12 @@ def load_cells(cells_path: Path, acc_len: float) -> tuple[list, set]:
         c = json.loads(line)
         cells.append(c)
         done.add((c["arm"], c["C"], c["rep"], c.get("acc_len", acc_len)))
-    if any(not c.get("stagger") for c in cells):
+    held = {"staggered" if c.get("stagger") else "lockstep" for c in cells}
+    if held - {load}:
         raise BadInputError(
-            f"{cells_path} holds cells measured with the lockstep load of earlier spectool versions "
-            "(C clients started together, so from C=8 up no steady window); cells now start with a "
-            "staggered ramp, and the two kinds must not share a table. Measure into a new --out folder.")
+            f"{cells_path} holds cells measured with the {' and '.join(sorted(held))} load, and this run asks "
+            f"for --load {load}; the two kinds must not share a table. Rerun with --load {held.pop()}, "
+            "or measure into a new --out folder.")
     return cells, done
 
 
@@ -321,12 +337,13 @@ def _command(proc, out, cmd):
 
 
 def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startup, version=None, gpu=None,
-              arm_list=()) -> dict:
+              arm_list=(), load="lockstep") -> dict:
     m = analyze.medians(cells, acc_len)
     labels = {a.name: a.label for a in [*make_arms(threshold, max(concurrencies)), *arm_list]}
     labels.update({a: a for a, _ in m if a not in labels})  # variants of an earlier run
     report = {
         "sglang_version": version, "gpu": gpu, "threshold": threshold, "acc_len": acc_len, "concurrencies": concurrencies,
+        "load": load,
         "cells": {f"{a}@{C}": v for (a, C), v in sorted(m.items(), key=lambda kv: (kv[0][0], kv[0][1]))},
         "ratios": {str(C): v for C, v in analyze.ratios(m, concurrencies).items()},
         "suggested_threshold": analyze.suggest_threshold(m, concurrencies),
@@ -335,7 +352,7 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
     }
     (out / "bench-results.json").write_text(json.dumps(report, indent=1))
     (out / "bench-table.md").write_text(analyze.markdown(m, concurrencies, [a for a in labels if any(k[0] == a for k in m)]))
-    title = f"Llama-3.1-8B shape, {gpu or '?'}, SGLang {version or '?'}, acceptance {acc_len}, T={threshold}"
+    title = f"Llama-3.1-8B shape, {gpu or '?'}, SGLang {version or '?'}, acceptance {acc_len}, T={threshold}, {load} load"
     if m:  # a transition-only run (--reps 0) has no cells to plot
         try:
             analyze.plot(m, concurrencies, labels, out / "bench-plot.png", title)

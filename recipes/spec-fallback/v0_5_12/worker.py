@@ -74,8 +74,9 @@ class EAGLEWorkerV2:
         finally:
             mr.spec_algorithm, mr.server_args.enable_return_hidden_states = saved
         self._spec_fallback_build_draft_extend_graph(server_args)
+        self._spec_fallback_build_kv_only_graphs(server_args)
         logger.info(
-            "spec-fallback: decode and one-token draft-extend CUDA graphs captured in %.1f s",
+            "spec-fallback: decode, one-token draft-extend and KV-only sync CUDA graphs captured in %.1f s",
             time.perf_counter() - tic,
         )
 
@@ -192,6 +193,59 @@ class EAGLEWorkerV2:
             "a one-token draft-extend CUDA graph", "the draft KV sync will run eagerly", capture
         )
 
+    def _spec_fallback_build_kv_only_graphs(self, server_args):
+        """CUDA graphs of the KV-only draft sync, one per decode-graph batch size above the
+        KV-only threshold, replayed on inputs copied into static buffers (padding rows write
+        to the KV pool's dummy slot 0, as padded decode-graph rows do). Eager, the sync is
+        29 small kernels per step: on the H200 about 0.1 ms of the fallback step's 0.27 ms
+        extra at C=64 (results/profile-0.5.12-kv-only). One GPU per engine only (the draft's
+        embedding all-reduces under tensor parallelism); SPECTOOL_FALLBACK_KV_ONLY_GRAPH=0
+        keeps the sync eager (a same-run control)."""
+        self._fallback_kv_only_graphs = None
+        above = self._fallback_kv_only_above
+        runner = getattr(self, "_fallback_graph_runner", None)
+        if (
+            above is None
+            or runner is None
+            or server_args.tp_size != 1
+            or os.environ.get("SPECTOOL_FALLBACK_KV_ONLY_GRAPH", "1") == "0"
+        ):
+            return
+        sizes = sorted(bs for bs in runner.capture_bs if bs > above)
+        if not sizes:
+            return
+        model = self.draft_worker.draft_runner.model.model
+        max_bs, device = sizes[-1], self.device
+        bufs = {
+            "tokens": torch.zeros(max_bs, dtype=torch.int32, device=device),
+            "hidden": torch.zeros(
+                (max_bs, model.fc.in_features), dtype=model.fc.weight.dtype, device=device
+            ),
+            "positions": torch.zeros(max_bs, dtype=torch.int64, device=device),
+            "loc": torch.zeros(max_bs, dtype=torch.int64, device=device),
+        }
+
+        def capture():
+            graphs, pool = {}, None
+            stream = torch.cuda.Stream()
+            for bs in reversed(sizes):  # largest first, so the smaller share its pool
+                args = [bufs[k][:bs] for k in ("tokens", "hidden", "positions", "loc")]
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):  # warm-up outside capture (writes slot 0)
+                    self._spec_fallback_kv_only_write(*args)
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    self._spec_fallback_kv_only_write(*args)
+                pool = graph.pool()
+                graphs[bs] = graph
+            torch.cuda.synchronize()
+            return {"sizes": sizes, "graphs": graphs, "bufs": bufs}
+
+        self._fallback_kv_only_graphs = self._spec_fallback_capture(
+            "the KV-only draft sync's CUDA graphs", "the KV-only sync will run eagerly", capture
+        )
+
     def _spec_fallback_decode(self, batch):
         """One plain decode step in the speculative result format (0.5.12: stride 1)."""
         device = self.device
@@ -303,15 +357,59 @@ class EAGLEWorkerV2:
         next_draft_input.hidden_states = draft_logits.hidden_states
 
     def _spec_fallback_draft_kv_only(self, batch, tokens, hidden_states, next_draft_input):
-        """Write the draft layer's K and V for the token the target produced, as its forward
+        """The draft sync of K and V only (_spec_fallback_kv_only_write), replayed from a
+        CUDA graph where one was captured for this batch size, else eager. The next draft
+        input is zeros, right in shape for the scheduler's FutureMap (why: the docstring of
+        _spec_fallback_init_draft_kv_only)."""
+        args = (tokens, hidden_states, batch.seq_lens, batch.out_cache_loc)
+        stats = self._fallback_stats
+        if self._spec_fallback_kv_only_replay(*args):
+            stats["draft_kv_only_graph_steps"] = stats.get("draft_kv_only_graph_steps", 0) + 1
+        else:
+            self._spec_fallback_kv_only_write(*args)
+        bs = len(batch.seq_lens)
+        embed = self.draft_worker.draft_runner.model.model.embed_tokens.weight
+        next_draft_input.topk_p = torch.zeros(
+            (bs, self.topk), dtype=torch.float32, device=self.device
+        )
+        next_draft_input.topk_index = torch.zeros(
+            (bs, self.topk), dtype=torch.int64, device=self.device
+        )
+        next_draft_input.hidden_states = torch.zeros(
+            (bs, embed.shape[-1]), dtype=embed.dtype, device=self.device
+        )
+        stats["draft_kv_only_steps"] = stats.get("draft_kv_only_steps", 0) + 1
+
+    def _spec_fallback_kv_only_replay(self, tokens, hidden_states, positions, out_cache_loc):
+        """Replay the smallest captured KV-only graph that fits the batch; False if none does
+        (no graphs, a larger batch, or hidden states of another width)."""
+        captured = getattr(self, "_fallback_kv_only_graphs", None)
+        bs = len(positions)
+        if captured is None or hidden_states.shape[-1] != captured["bufs"]["hidden"].shape[-1]:
+            return False
+        size = next((s for s in captured["sizes"] if s >= bs), None)
+        if size is None:
+            return False
+        bufs = captured["bufs"]
+        bufs["tokens"][:bs].copy_(tokens)
+        bufs["hidden"][:bs].copy_(hidden_states)
+        bufs["positions"][:bs].copy_(positions)
+        bufs["loc"][:bs].copy_(out_cache_loc)
+        if size > bs:  # padding rows: token 0 at position 0, written to the dummy slot 0
+            bufs["tokens"][bs:size].zero_()
+            bufs["positions"][bs:size].zero_()
+            bufs["loc"][bs:size].zero_()
+        captured["graphs"][size].replay()
+        return True
+
+    def _spec_fallback_kv_only_write(self, tokens, hidden_states, positions, out_cache_loc):
+        """Write the draft layer's K and V for the tokens the target produced, as its forward
         would (same slot, position = the pre-step length), and nothing else: the input
         layer's K/V depend only on the token's embedding and the target's hidden states (fc
         and the two input norms), so the attention, MLP, head and top-k are skipped (about
-        100 M of the 8B-shaped head's 425 M parameters are read). The next draft input is
-        zeros, right in shape for the scheduler's FutureMap (why: the docstring of
-        _spec_fallback_init_draft_kv_only)."""
-        dr = self.draft_worker.draft_runner
-        model = dr.model.model
+        100 M of the 8B-shaped head's 425 M parameters are read). With an unquantized
+        qkv_proj only its K and V rows are multiplied (RoPE then rotates a scratch query)."""
+        model = self.draft_worker.draft_runner.model.model
         layer = model.layers[0]
         attn = layer.self_attn
         embeds = model.embed_tokens(tokens.to(torch.int64))
@@ -325,25 +423,31 @@ class EAGLEWorkerV2:
         layer_input = torch.cat(
             [layer.input_layernorm(embeds), layer.hidden_norm(hidden_states)], dim=-1
         )
-        qkv, _ = attn.qkv_proj(layer_input)
-        q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
-        _, k = attn.rotary_emb(batch.seq_lens.to(torch.int64), q, k)
+        proj = attn.qkv_proj
+        weight = getattr(proj, "weight", None)
+        if (
+            weight is not None
+            and weight.dtype == layer_input.dtype
+            and type(getattr(proj, "quant_method", None)).__name__ == "UnquantizedLinearMethod"
+        ):
+            bias = getattr(proj, "bias", None)
+            kv = torch.nn.functional.linear(
+                layer_input,
+                weight[attn.q_size :],
+                None if bias is None else bias[attn.q_size :],
+            )
+            k, v = kv.split([attn.kv_size, attn.kv_size], dim=-1)
+            q = torch.empty_like(k)
+        else:
+            qkv, _ = proj(layer_input)
+            q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+        _, k = attn.rotary_emb(positions.to(torch.int64), q, k)
         radix = attn.attn
-        dr.token_to_kv_pool.set_kv_buffer(
+        self.draft_worker.draft_runner.token_to_kv_pool.set_kv_buffer(
             radix,
-            batch.out_cache_loc,
+            out_cache_loc,
             k.reshape(-1, radix.tp_k_head_num, radix.qk_head_dim),
             v.reshape(-1, radix.tp_v_head_num, radix.v_head_dim),
             radix.k_scale,
             radix.v_scale,
         )
-        bs = len(batch.seq_lens)
-        next_draft_input.topk_p = torch.zeros(
-            (bs, self.topk), dtype=torch.float32, device=self.device
-        )
-        next_draft_input.topk_index = torch.zeros(
-            (bs, self.topk), dtype=torch.int64, device=self.device
-        )
-        next_draft_input.hidden_states = embeds.new_zeros((bs, embeds.shape[-1]))
-        stats = self._fallback_stats
-        stats["draft_kv_only_steps"] = stats.get("draft_kv_only_steps", 0) + 1
