@@ -169,28 +169,33 @@ def test_tensor_parallel_reaches_every_engine(tmp_path):
 
 def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, reparse_verify):
     """The scenarios that claim the KV-only draft sync (and those that claim it stays off)
-    are checked against the recipe's counters. The run on 85503b5 (default margin 8, the sync
-    still eager) passes every claim but the two that the sync replays its CUDA graph; the run
-    on 609b3ff, where the sync was still opt-in, also fails the scenario that pins the default
-    margin (12 requests at T=0). So each check can fail."""
+    are checked against the recipe's counters. The run on the recipes as they are (80f522d,
+    the sync replayed from CUDA graphs) passes every claim; the run on 85503b5 (default
+    margin 8, the sync still eager) fails exactly the two claims that the sync replays its
+    graphs; the run on 609b3ff, where the sync was still opt-in, also fails the scenario that
+    pins the default margin (12 requests at T=0). So each check can fail."""
     import json
     import shutil
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
     failed = {}
-    for run in ("session5-85503b5", "session5-609b3ff"):
-        folder = tmp_path / run
+    for run in (".", "session5-85503b5", "session5-609b3ff"):
+        folder = tmp_path / run.replace(".", "session6")
         folder.mkdir()
         for f in ("verify-results.json", "verify-logs.tgz"):
             shutil.copy(root / "results/verify-0.5.12" / run / f, folder / f)
         assert reparse_verify.main(folder) == 0
         rows = json.loads((folder / "verify-results-reparsed.json").read_text())["scenarios"]
         failed[run] = {r["scenario"]: r["failures"] for r in rows if not r["ok"]}
-        if run == "session5-85503b5":
-            kv = {r["scenario"]: r["kv_only_steps"] for r in rows}
-            assert kv["eagle3 always-fallback (T=0)"] == 0 and kv["eagle3 always-fallback stagger (T=0)"] == 40
-            assert kv["eagle3 KV-only draft sync"] == 63 and kv["eagle3 bs=T+1=5"] == 0
+        kv = {r["scenario"]: r["kv_only_steps"] for r in rows}
+        if run != "session5-609b3ff":
+            assert kv["eagle3 always-fallback (T=0)"] == 0 and kv["eagle3 always-fallback stagger (T=0)"] == 40, run
+            assert kv["eagle3 KV-only draft sync"] == 63 and kv["eagle3 bs=T+1=5"] == 0, run
+        if run == ".":
+            graphed = {r["scenario"]: r["kv_only_graph_steps"] for r in rows}
+            assert graphed["eagle3 KV-only draft sync"] == 63 and graphed["eagle3 always-fallback stagger (T=0)"] == 40
+    assert failed["."] == {}
     no_graph = "expected every KV-only draft sync replayed from its CUDA graph, got 0 of {}"
     assert failed["session5-85503b5"] == {"eagle3 always-fallback stagger (T=0)": [no_graph.format(40)],
                                           "eagle3 KV-only draft sync": [no_graph.format(63)]}
