@@ -245,3 +245,46 @@ def test_kv_only_switch_and_dispatch(patched_release, monkeypatch):
     for bs in (41, 40, 33):
         extend(w, SimpleNamespace(seq_lens=torch.zeros(bs)), None, None, None)
     assert taken == ["kv_only", "decode", "decode"]
+
+
+def test_kv_only_graphs_are_built_only_where_they_can_replay(patched_release, monkeypatch):
+    """Graphs are captured for the decode-graph batch sizes above the KV-only threshold, on one
+    GPU per engine (the draft's embedding all-reduces under TP), with buffers of the width
+    and dtype of the draft's fc input; none without the KV-only sync, without the decode
+    graph runner, at TP > 1, or with SPECTOOL_FALLBACK_KV_ONLY_GRAPH=0. The capture itself
+    needs a GPU (`spectool verify` checks that every KV-only step replayed a graph)."""
+    torch = pytest.importorskip("torch")
+    import os
+
+    tree = patched_release("0.5.12")
+    build = load_function(tree / WORKER, "EAGLEWorkerV2._spec_fallback_build_kv_only_graphs",
+                          {"torch": torch, "os": os})
+    fc = torch.nn.Linear(3 * H, H, bias=False).to(torch.bfloat16)
+    captured = []
+
+    def worker(above=12, runner=True):
+        return SimpleNamespace(
+            _fallback_kv_only_above=above, device="cpu",
+            _fallback_graph_runner=SimpleNamespace(capture_bs=[1, 2, 4, 8, 12, 16, 24, 32]) if runner else None,
+            draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(model=SimpleNamespace(model=SimpleNamespace(fc=fc)))),
+            _spec_fallback_capture=lambda what, otherwise, fn: captured.append((what, fn)) or "graphs")
+
+    monkeypatch.delenv("SPECTOOL_FALLBACK_KV_ONLY_GRAPH", raising=False)
+    w = worker()
+    build(w, SimpleNamespace(tp_size=1))
+    assert w._fallback_kv_only_graphs == "graphs" and len(captured) == 1
+    cells = captured[0][1].__closure__
+    sizes = next(c.cell_contents for c in cells if isinstance(c.cell_contents, list))
+    bufs = next(c.cell_contents for c in cells if isinstance(c.cell_contents, dict))
+    assert sizes == [16, 24, 32], "only sizes above the KV-only threshold"
+    assert bufs["hidden"].shape == (32, 3 * H) and bufs["hidden"].dtype == torch.bfloat16
+    assert bufs["tokens"].shape == bufs["positions"].shape == bufs["loc"].shape == (32,)
+    for kw, tp in (({"above": None}, 1), ({"runner": False}, 1), ({}, 2), ({"above": 32}, 1)):
+        captured.clear()
+        w = worker(**kw)
+        build(w, SimpleNamespace(tp_size=tp))
+        assert w._fallback_kv_only_graphs is None and not captured, (kw, tp)
+    monkeypatch.setenv("SPECTOOL_FALLBACK_KV_ONLY_GRAPH", "0")
+    w = worker()
+    build(w, SimpleNamespace(tp_size=1))
+    assert w._fallback_kv_only_graphs is None and not captured

@@ -21,16 +21,18 @@ async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, see
                       stagger: bool = False, min_window_s: float = 0.5, on_steady=None) -> dict:
     """C requests in flight until n are done; throughput over a steady-state window.
 
-    With equal output lengths, C clients started together move in lockstep: every wave is a
-    prefill of C prompts at once followed by pure decode, completions and submissions
-    coincide, and there is no steady window (on the H200 every cell from C=8 up fell back to
-    the whole run, ramp and drain included: results/bench-0.5.12/cells.jsonl). `stagger`
-    breaks the lockstep: client k first serves an unmeasured ramp request cut to
+    Lockstep (the default): with equal output lengths, C clients started together move in
+    waves: a prefill of C prompts at once, then pure decode; completions and submissions
+    coincide, so there is no steady window and the whole run is measured (on the H200 every
+    cell from C=8 up: results/bench-0.5.12-session4-89a1cd9/cells.jsonl). `stagger` breaks
+    the lockstep: client k first serves an unmeasured ramp request cut to
     out_len * (k + 1) / C tokens, so the clients' full-length requests start spread over one
-    request lifetime, as in serving with continuous arrivals. The window then runs from the
-    last ramp completion to the last submission (drain excluded); without `stagger`, from the
-    first completion. Too short a window (under `min_window_s`) falls back to the whole run.
-    `on_steady` (a coroutine function) is started when the last ramp request completes."""
+    request lifetime, as in serving with continuous arrivals (on SGLang 0.5.12 that puts a
+    small eager prefill between nearly every two decode steps: docs/performance.md). The
+    window then runs from the last ramp completion to the last submission (drain excluded);
+    without `stagger`, from the first completion. Too short a window (under `min_window_s`)
+    falls back to the whole run. `on_steady` (a coroutine function) is started when the last
+    ramp request completes."""
     rng = random.Random(seed)
     ramp = [max(1, out_len * (k + 1) // C) for k in range(C)] if stagger else []
     prompts = [[rng.randrange(10, vocab - 10) for _ in range(prompt_len)] for _ in range(n + len(ramp))]
@@ -123,7 +125,7 @@ async def profiled(engine, C: int, prompt_len: int, out_len: int, seed: int, voc
 
 # An engine's first load at a concurrency often runs slower: on the H200, A1's rep 0 was
 # 0.64-0.92 of its reps 1-2 at every C up to 64, with TTFTs up to 1.8x
-# (results/bench-0.5.12/cells.jsonl); a short unmeasured wave absorbs it.
+# (results/bench-0.5.12-session4-89a1cd9/cells.jsonl); a short unmeasured wave absorbs it.
 WARMUP_OUT_LEN = 16
 
 
