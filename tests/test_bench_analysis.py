@@ -121,6 +121,33 @@ def test_transition_phases_are_compared_with_their_own_reference(tmp_path):
     assert rep["transition"]["A2"][0]["steady"] == m[("A2", 4)]["median"]
 
 
+def test_transition_reference_brackets_the_schedule(tmp_path, monkeypatch):
+    """The transition's reference for each phase load is measured before and after the
+    schedule (their mean; both kept, so drift shows), each run with prompts of its own, so no
+    run finds another's prompts in the radix cache."""
+    from spectool.bench import sweep
+
+    sent = []
+
+    def command(proc, out, cmd):
+        sent.append(cmd)
+        if cmd["kind"] == "phases":
+            return {"phases": [{"C": ph["C"], "output_tok_s": 900.0} for ph in cmd["schedule"]]}
+        return {"output_tok_s": 1000.0 if len(sent) < 4 else 1200.0}
+
+    monkeypatch.setattr(sweep, "_command", command)
+    res = sweep._transition(None, tmp_path, 128, 128)
+    assert [c["kind"] for c in sent] == ["point", "point", "phases", "point", "point"]
+    assert [c["C"] for c in sent if c["kind"] == "point"] == [4, 192, 4, 192]
+    assert all(c["n"] == {4: 64, 192: 384}[c["C"]] for c in sent if c["kind"] == "point")
+    phase_seeds = {sent[2]["seed"] + i for i in range(len(sweep.TRANSITION))}  # phases() seeds seed + i
+    ref_seeds = [c["seed"] for c in sent if c["kind"] == "point"]
+    assert len(set(ref_seeds)) == 4 and not phase_seeds & set(ref_seeds)
+    assert res["reference"] == {"4": 1100.0, "192": 1100.0} and res["reference_runs"]["4"] == [1000.0, 1200.0]
+    rows = summarize(tmp_path, _cells(), DEFAULT_C, 12, 3.0, {"A2": res}, {})["transition"]["A2"]
+    assert [round(r["ratio"], 3) for r in rows] == [0.818] * 5 and rows[0]["reference_runs"] == [1000.0, 1200.0]
+
+
 def test_arms_run_in_waves_that_fit_the_gpu():
     """Five 8B-shaped engines ran out of memory on the H200 (results/bench-0.5.12-acc2/
     device-run.log): arms are split into waves of at most --max-engines, the goal comparisons

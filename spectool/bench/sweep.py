@@ -20,8 +20,9 @@ from .models import write_models
 
 DEFAULT_C = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 # Alternating low and high load (closed loop): switches must cost nothing visible. Each phase
-# is compared with the same (C, n) run on its own right before (the reference), so ramp and
-# drain count alike on both sides. Low phases are 16 waves: at 8 (32 requests, about 2 s) the
+# is compared with the same (C, n) run on its own, once right before the schedule and once
+# right after (the reference is their mean, so an engine that drifts shows as a spread, not
+# as a slow phase), so ramp and drain count alike on both sides. Low phases are 16 waves: at 8 (32 requests, about 2 s) the
 # references of identical engines differed by 17% on the H200 (results/bench-0.5.12-transition),
 # more than the 5% a phase may lose.
 LOW, HIGH = {"C": 4, "n": 64}, {"C": 192, "n": 384}
@@ -164,15 +165,20 @@ def plan_waves(arm_list, max_engines: int = MAX_ENGINES) -> list[list]:
 
 
 def _transition(proc, out: Path, prompt_len: int, out_len: int) -> dict:
-    """The alternating schedule on one engine, after one standalone run of each distinct
-    phase (same C, n and prompts: the steady-state reference)."""
-    reference = {}
-    for i, ph in enumerate(TRANSITION):
-        if str(ph["C"]) not in reference:
-            reference[str(ph["C"])] = _command(proc, out, {"kind": "point", "C": ph["C"], "n": ph["n"], "prompt_len": prompt_len,
-                                                           "out_len": out_len, "seed": 77 + i})["output_tok_s"]
+    """The alternating schedule on one engine, bracketed by standalone runs of each distinct
+    phase (same C and n) before and after it: the steady-state reference is their mean.
+    Every run has prompts of its own (seeds), so none finds another's in the radix cache."""
+
+    def references(seed):
+        return {str(ph["C"]): _command(proc, out, {"kind": "point", "C": ph["C"], "n": ph["n"], "prompt_len": prompt_len,
+                                                   "out_len": out_len, "seed": seed + ph["C"]})["output_tok_s"]
+                for ph in (LOW, HIGH)}
+
+    before = references(1077)
     res = _command(proc, out, {"kind": "phases", "schedule": TRANSITION, "prompt_len": prompt_len, "out_len": out_len, "seed": 77})
-    return {**res, "reference": reference}
+    after = references(2077)
+    return {**res, "reference": {C: (before[C] + after[C]) / 2 for C in before},
+            "reference_runs": {C: [before[C], after[C]] for C in before}}
 
 
 def select_arms(threshold: int, max_bs: int, arm_names, variants=()) -> list:
@@ -369,7 +375,8 @@ def _transition_summary(trans, m):
         for ph in res["phases"]:
             steady = ref.get(str(ph["C"])) or m.get((arm, ph["C"]), {}).get("median") or _interp(m, arm, ph["C"])
             rows.append({"C": ph["C"], "tok_s": ph["output_tok_s"], "steady": steady,
-                         "ratio": ph["output_tok_s"] / steady if steady else None})
+                         "ratio": ph["output_tok_s"] / steady if steady else None,
+                         "reference_runs": res.get("reference_runs", {}).get(str(ph["C"]))})
         out[arm] = rows
     return out
 
