@@ -282,3 +282,9 @@ def test_a_results_folder_is_never_extended_with_the_other_load(tmp_path):
     assert res.exit_code == 2 and "staggered load" in res.output and "Traceback" not in res.output
     cells, done = load_cells(new / "cells.jsonl", 3.0, "staggered")
     assert len(cells) == 36 and ("A0", 256, 0, 3.0) in done
+    from spectool.errors import BadInputError
+
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text((new / "cells.jsonl").read_text() + (old / "cells.jsonl").read_text())
+    with pytest.raises(BadInputError, match="lockstep and staggered load.*cannot be resumed"):
+        load_cells(mixed, 3.0, "staggered")

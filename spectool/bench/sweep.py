@@ -22,9 +22,9 @@ DEFAULT_C = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 # Alternating low and high load (closed loop): switches must cost nothing visible. Each phase
 # is compared with the same (C, n) run on its own, once right before the schedule and once
 # right after (the reference is their mean, so an engine that drifts shows as a spread, not
-# as a slow phase), so ramp and drain count alike on both sides. Low phases are 16 waves: at 8 (32 requests, about 2 s) the
-# references of identical engines differed by 17% on the H200 (results/bench-0.5.12-transition),
-# more than the 5% a phase may lose.
+# as a slow phase), so ramp and drain count alike on both sides. Low phases are 16 waves: at
+# 8 (32 requests, about 2 s) the references of identical engines differed by 17% on the H200
+# (results/bench-0.5.12-transition), more than the 5% a phase may lose.
 LOW, HIGH = {"C": 4, "n": 64}, {"C": 192, "n": 384}
 TRANSITION = [LOW, HIGH, LOW, HIGH, LOW]
 
@@ -130,10 +130,11 @@ def load_cells(cells_path: Path, acc_len: float, load: str = "lockstep") -> tupl
         done.add((c["arm"], c["C"], c["rep"], c.get("acc_len", acc_len)))
     held = {"staggered" if c.get("stagger") else "lockstep" for c in cells}
     if held - {load}:
+        kinds = sorted(held)
+        fix = f"Rerun with --load {kinds[0]}, or" if len(kinds) == 1 else "It cannot be resumed;"
         raise BadInputError(
-            f"{cells_path} holds cells measured with the {' and '.join(sorted(held))} load, and this run asks "
-            f"for --load {load}; the two kinds must not share a table. Rerun with --load {held.pop()}, "
-            "or measure into a new --out folder.")
+            f"{cells_path} holds cells measured with the {' and '.join(kinds)} load, and this run asks "
+            f"for --load {load}; the two kinds must not share a table. {fix} measure into a new --out folder.")
     return cells, done
 
 
