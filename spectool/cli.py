@@ -12,6 +12,7 @@ from rich.console import Console
 
 from . import __version__, api
 from .bench.arms import MAX_ENGINES
+from .bench.sweep import LOADS, PROFILE_LOADS
 from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, BadInputError, SpectoolError
 from .report import print_outcome, to_json  # noqa: F401
 
@@ -301,10 +302,10 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
 @click.option("--profile", "profile_steps", type=int, default=0,
               help="Instead of the sweep: profile this many steady-state decode steps per arm and C (SGLang's profiler), "
                    "and report ms/step against GPU-busy ms/step (profile.md).")
-@click.option("--load", type=click.Choice(["lockstep", "staggered"]), default="lockstep", show_default=True,
+@click.option("--load", type=click.Choice(LOADS), default="lockstep", show_default=True,
               help="lockstep: C clients start together (waves of C); staggered: an unmeasured ramp spreads their "
                    "starts over one request lifetime (docs/performance.md says why lockstep is the default).")
-@click.option("--profile-load", type=click.Choice(["wave", "staggered"]), default="wave", show_default=True,
+@click.option("--profile-load", type=click.Choice(PROFILE_LOADS), default="wave", show_default=True,
               help="wave: decode steps of one wave of 1024-token requests; staggered: the sweep's steady load at "
                    "--out-len, the prefills of arriving requests included.")
 @_json_opt

@@ -160,7 +160,7 @@ def test_staggered_profile_starts_when_the_ramp_is_done():
     eng.tokenizer_manager = SimpleNamespace(start_profile=start_profile)
     loop = asyncio.new_event_loop()
     try:
-        res = loop.run_until_complete(worker.profiled(eng, 8, 4, 40, 0, 1000, 30, "/tmp/x", stagger=True))
+        res = loop.run_until_complete(worker.profiled(eng, 8, 16, 4, 40, 0, 1000, 30, "/tmp/x", stagger=True))
     finally:
         loop.close()
     assert len(calls) == 1 and calls[0][2]["num_steps"] == 30 and calls[0][2]["output_dir"] == "/tmp/x"

@@ -33,7 +33,8 @@ TRANSITION = [LOW, HIGH, LOW, HIGH, LOW]
 WAVE_ORDER = ("A0", "A1", "A2", "A4", "A3")  # then the variants
 
 
-LOADS = ("lockstep", "staggered")
+LOADS = ("lockstep", "staggered")  # the sweep's (`_requests_for`)
+PROFILE_LOADS = ("wave", "staggered")  # the profile's: one wave of long requests, or the staggered load
 
 
 def _requests_for(C: int, load: str = "lockstep") -> int:
@@ -66,7 +67,7 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
         transition = False  # the transition workload runs on A2 and its variants
     cells_path = out / "cells.jsonl"
     if load not in LOADS:
-        raise BadInputError(f"--load {load!r}: use lockstep or staggered.")
+        raise BadInputError(f"--load {load!r}: use {' or '.join(LOADS)}.")
     cells, done = load_cells(cells_path, acc_len, load)  # a folder it must not extend is refused first
     _, gpu = gpu_info("bench")  # a clear error (exit 2) without a GPU, before any engine starts
     t_start = time.time()
@@ -263,8 +264,8 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
     each trace (bench/profile.py): profile.json and profile.md in `out`. `load`: "wave" (decode
     steps of one wave of long requests) or "staggered" (the sweep's steady load at `out_len`,
     prefills of arriving requests included)."""
-    if load not in ("wave", "staggered"):
-        raise BadInputError(f"--profile-load {load!r}: use wave or staggered.")
+    if load not in PROFILE_LOADS:
+        raise BadInputError(f"--profile-load {load!r}: use {' or '.join(PROFILE_LOADS)}.")
     from ..verify.runner import gpu_info
     from . import profile as prof
 
@@ -281,7 +282,8 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
         for C in concurrencies:
             for arm in arm_list:
                 tdir = out / "traces" / f"{arm.name}-C{C}"
-                res = _command(procs[arm.name], out, {"kind": "profile", "C": C, "n": C, "prompt_len": prompt_len,
+                n = _requests_for(C, "staggered") if load == "staggered" else C
+                res = _command(procs[arm.name], out, {"kind": "profile", "C": C, "n": n, "prompt_len": prompt_len,
                                                        "out_len": out_len, "seed": C, "steps": steps, "dir": str(tdir),
                                                        "stagger": load == "staggered"})
                 traces = sorted(tdir.glob("*TP-0*.trace.json*")) or sorted(tdir.glob("*.trace.json*"))

@@ -103,21 +103,21 @@ async def phases(engine, schedule: list[dict], prompt_len: int, out_len: int, se
     return out
 
 
-async def profiled(engine, C: int, prompt_len: int, out_len: int, seed: int, vocab: int, steps: int, out_dir: str,
-                   warmup_s: float = 2.0, stagger: bool = False) -> dict:
+async def profiled(engine, C: int, n: int, prompt_len: int, out_len: int, seed: int, vocab: int, steps: int,
+                   out_dir: str, warmup_s: float = 2.0, stagger: bool = False) -> dict:
     """SGLang's own profiler records `steps` forward steps (CPU and GPU activity) into
-    `out_dir`. Default: one wave of C long requests, profiled once their prefills are done
-    (after `warmup_s`): decode steps only. `stagger`: the sweep's steady load (closed_loop's
-    ramp, 2C requests), profiled from the end of the ramp: decode steps and the prefills of
-    arriving requests in their serving mix."""
+    `out_dir`, during a closed loop of `n` requests. Default: one wave of long requests,
+    profiled once their prefills are done (after `warmup_s`): decode steps only. `stagger`:
+    closed_loop's staggered load, profiled from the end of its ramp: decode steps and the
+    prefills of arriving requests in their serving mix."""
 
     def start():
         return engine.tokenizer_manager.start_profile(output_dir=out_dir, num_steps=steps, activities=["CPU", "GPU"],
                                                       with_stack=False, record_shapes=False)
 
     if stagger:
-        return await closed_loop(engine, C, 2 * C, prompt_len, out_len, seed, vocab, stagger=True, on_steady=start)
-    run = asyncio.ensure_future(closed_loop(engine, C, C, prompt_len, out_len, seed, vocab))
+        return await closed_loop(engine, C, n, prompt_len, out_len, seed, vocab, stagger=True, on_steady=start)
+    run = asyncio.ensure_future(closed_loop(engine, C, n, prompt_len, out_len, seed, vocab))
     await asyncio.sleep(warmup_s)
     await start()
     return await run
@@ -145,8 +145,8 @@ def handle(engine, cmd: dict, job: dict, loop, vocab: int, warmed: set) -> dict:
         time.sleep(0.6)
     before = read_stats(job.get("stats_path"))
     if cmd["kind"] == "profile":
-        res = loop.run_until_complete(profiled(engine, cmd["C"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab,
-                                               cmd["steps"], cmd["dir"], stagger=cmd.get("stagger", False)))
+        res = loop.run_until_complete(profiled(engine, cmd["C"], cmd["n"], cmd["prompt_len"], cmd["out_len"], cmd["seed"],
+                                               vocab, cmd["steps"], cmd["dir"], stagger=cmd.get("stagger", False)))
     elif cmd["kind"] == "point":
         res = loop.run_until_complete(closed_loop(engine, cmd["C"], cmd["n"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab,
                                                   stagger=cmd.get("stagger", False)))
