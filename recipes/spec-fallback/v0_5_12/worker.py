@@ -324,11 +324,7 @@ class EAGLEWorkerV2:
         draft_logits = dw.draft_runner.forward(
             forward_batch, skip_attn_backend_init=True
         ).logits_output
-        probs = torch.softmax(draft_logits.next_token_logits, dim=-1)
-        next_draft_input.topk_p, next_draft_input.topk_index = fast_topk(
-            probs, self.topk, dim=-1
-        )
-        next_draft_input.hidden_states = draft_logits.hidden_states
+        self._spec_fallback_next_draft_input(draft_logits, next_draft_input)
 
     def _spec_fallback_draft_decode(self, batch, tokens, hidden_states, next_draft_input):
         """The draft KV sync as one plain DECODE step of the draft model (eager): the token
@@ -350,6 +346,11 @@ class EAGLEWorkerV2:
         finally:
             dr.attn_backend = saved
             batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = pre_step
+        self._spec_fallback_next_draft_input(draft_logits, next_draft_input)
+
+    def _spec_fallback_next_draft_input(self, draft_logits, next_draft_input):
+        """The next draft's input from an eager draft forward of the sync, as the spec path's
+        own draft extend makes it: top-k of the softmax, and the draft's hidden states."""
         probs = torch.softmax(draft_logits.next_token_logits, dim=-1)
         next_draft_input.topk_p, next_draft_input.topk_index = fast_topk(
             probs, self.topk, dim=-1
@@ -407,7 +408,8 @@ class EAGLEWorkerV2:
         would (same slot, position = the pre-step length), and nothing else: the input
         layer's K/V depend only on the token's embedding and the target's hidden states (fc
         and the two input norms), so the attention, MLP, head and top-k are skipped (about
-        100 M of the 8B-shaped head's 425 M parameters are read). With an unquantized
+        67 M of the 8B-shaped head's 425 M parameters are read: fc and qkv_proj's K/V
+        rows, plus one embedding row per token). With an unquantized
         qkv_proj only its K and V rows are multiplied (RoPE then rotates a scratch query)."""
         model = self.draft_worker.draft_runner.model.model
         layer = model.layers[0]
