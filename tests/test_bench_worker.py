@@ -18,14 +18,23 @@ class TimedEngine:
         self.in_flight = self.peak = 0
         self.requests = []
 
-    async def async_generate(self, input_ids, sampling_params):
+    async def async_generate(self, input_ids, sampling_params, stream=False):
+        """As SGLang streams with an interval past the output length: the first token after
+        ttft, then the finished request (non-streamed requests are not what the worker sends)."""
+        assert stream and sampling_params["stream_interval"] > sampling_params["max_new_tokens"]
         self.requests.append((len(input_ids), sampling_params["max_new_tokens"]))
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
         n = sampling_params["max_new_tokens"]
-        await asyncio.sleep(self.ttft + n * self.tpot)
-        self.in_flight -= 1
-        return {"output_ids": [1] * n, "meta_info": {"completion_tokens": n, "decode_throughput": 1 / self.tpot}}
+
+        async def chunks():
+            await asyncio.sleep(self.ttft)
+            yield {"output_ids": [1], "meta_info": {"completion_tokens": 1}}
+            await asyncio.sleep((n - 1) * self.tpot)
+            self.in_flight -= 1
+            yield {"output_ids": [1] * n, "meta_info": {"completion_tokens": n}}
+
+        return chunks()
 
     def generate(self, input_ids, sampling_params):
         self.requests.append(("flush", sampling_params["max_new_tokens"]))
@@ -41,7 +50,20 @@ def test_closed_loop_keeps_c_in_flight_and_measures_the_rate():
     assert eng.peak == 4 and len(eng.requests) == 12 and res["n"] == 12
     # 4 streams of one token per 2 ms: about 2000 tokens/s, whatever the window.
     assert 1500 < res["output_tok_s"] < 2100, res
-    assert abs(res["tpot_ms"] - 2.0) < 1e-6
+    # Clocked from the two streamed chunks: 10 ms to the first token, then 2 ms per token.
+    assert 1.95 < res["tpot_ms"] < 2.4 and 9.5 < res["ttft_ms"] < 14, res
+
+
+def test_ttft_and_tpot_are_clocked_from_the_first_chunk():
+    """A slow first token shows as TTFT, not as TPOT: SGLang's own decode_throughput (timed
+    from whichever chunk it sent first) read TPOT 0.6x too short for non-streamed requests."""
+    eng = TimedEngine(tpot=0.001, ttft=0.08)
+    loop = asyncio.new_event_loop()
+    try:
+        res = loop.run_until_complete(worker.closed_loop(eng, 2, 4, 8, 40, 0, 1000))
+    finally:
+        loop.close()
+    assert 78 < res["ttft_ms"] < 95 and 0.95 < res["tpot_ms"] < 1.4, res
 
 
 def test_first_visit_of_a_concurrency_is_warmed_up_unmeasured(tmp_path):
@@ -79,12 +101,19 @@ class BatchEngine:
         self.waiting, self.running, self.task = [], [], None
         self.finish_steps = []  # how many requests finished at each step that finished any
 
-    async def async_generate(self, input_ids, sampling_params):
-        fut = asyncio.get_running_loop().create_future()
-        self.waiting.append({"want": sampling_params["max_new_tokens"], "got": 0, "fut": fut})
+    async def async_generate(self, input_ids, sampling_params, stream=False):
+        assert stream, "the worker streams: the first token and the finished request"
+        loop = asyncio.get_running_loop()
+        req = {"want": sampling_params["max_new_tokens"], "got": 0, "first": loop.create_future(), "fut": loop.create_future()}
+        self.waiting.append(req)
         if self.task is None or self.task.done():
             self.task = asyncio.ensure_future(self._serve())
-        return await fut
+
+        async def chunks():
+            yield await req["first"]
+            yield await req["fut"]
+
+        return chunks()
 
     async def _serve(self):
         while self.waiting or self.running:
@@ -96,13 +125,14 @@ class BatchEngine:
                 await asyncio.sleep(self.step)
             for r in self.running:
                 r["got"] += 1
+                if r["got"] == 1:
+                    r["first"].set_result({"output_ids": [1], "meta_info": {"completion_tokens": 1}})
             done = [r for r in self.running if r["got"] >= r["want"]]
             self.running = [r for r in self.running if r["got"] < r["want"]]
             if done:
                 self.finish_steps.append(len(done))
             for r in done:
-                r["fut"].set_result({"output_ids": [1] * r["want"], "meta_info": {
-                    "completion_tokens": r["want"], "decode_throughput": 1 / self.step}})
+                r["fut"].set_result({"output_ids": [1] * r["want"], "meta_info": {"completion_tokens": r["want"]}})
             await asyncio.sleep(0)
 
 

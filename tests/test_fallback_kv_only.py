@@ -126,7 +126,8 @@ def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sliced, patched_rele
     kv_only = load_function(tree / WORKER,
                             "EAGLEWorkerV2._spec_fallback_draft_kv_only", {"torch": torch})
     bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker,
-                 "_spec_fallback_kv_only_replay", "_spec_fallback_kv_only_write")  # no graphs: eager
+                 "_spec_fallback_kv_only_replay", "_spec_fallback_kv_only_write",
+                 "_spec_fallback_zero_draft_input")  # no graphs: eager
     batch = SimpleNamespace(seq_lens=pre_step.clone(), out_cache_loc=torch.tensor([3, 45, 90]))
     nxt = SimpleNamespace()
     with torch.no_grad():
@@ -288,3 +289,102 @@ def test_kv_only_graphs_are_built_only_where_they_can_replay(patched_release, mo
     w = worker()
     build(w, SimpleNamespace(tp_size=1))
     assert w._fallback_kv_only_graphs is None and not captured
+
+
+EXTEND = SimpleNamespace(is_idle=lambda: False)  # ForwardMode.EXTEND, as both functions read it
+
+
+def _prefill_batch(torch):
+    """Three prompts as a ModelWorkerBatch carries them: 4 new tokens, 2 after a cached
+    prefix of 3, 5 new; each request's slots and the token the target produced."""
+    torch.manual_seed(1)
+    ext, prefix = [4, 2, 5], [0, 3, 0]
+    return SimpleNamespace(
+        input_ids=torch.randint(1, V, (sum(ext),), dtype=torch.int32), extend_seq_lens=ext, extend_prefix_lens=prefix,
+        seq_lens=torch.tensor([p + e for p, e in zip(prefix, ext)]), out_cache_loc=torch.arange(20, 20 + sum(ext)),
+        forward_mode=EXTEND, has_grammar=False, return_logprob=False, return_hidden_states=False,
+        multimodal_inputs=[None, None, None], spec_info=None), torch.tensor([41, 42, 43])
+
+
+def _init_new(torch):
+    """ForwardBatch.init_new in miniature: positions continue each request's cached prefix."""
+    def init_new(batch, runner):
+        positions = torch.cat([torch.arange(p, p + e) for p, e in zip(batch.extend_prefix_lens, batch.extend_seq_lens)])
+        return SimpleNamespace(input_ids=batch.input_ids, positions=positions, out_cache_loc=batch.out_cache_loc,
+                               spec_info=batch.spec_info, mm_input_embeds=None, contains_mm_inputs=lambda: False,
+                               forward_mode=SimpleNamespace(is_extend=lambda: True,
+                                                            is_draft_extend=lambda include_v2=False: False))
+    return SimpleNamespace(init_new=init_new)
+
+
+@pytest.mark.parametrize("sliced", [False, True])
+def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_release):
+    """The KV-only draft prefill against the release's own _draft_extend_for_prefill (run over
+    the same miniature EAGLE-3 head): the same shifted ids, the same K/V at the same slots, and
+    the next draft input in the release's shapes, zeros."""
+    torch = pytest.importorskip("torch")
+    tree = patched_release("0.5.12")
+    path = tree / WORKER
+    model, forward = _eagle3_model(torch, tree, fc_norm=False, sliced=sliced)
+    ns = {"torch": torch, "EagleDraftInput": lambda **kw: SimpleNamespace(**kw), "ForwardBatch": _init_new(torch),
+          "ForwardMode": SimpleNamespace(EXTEND=EXTEND), "maybe_detect_nan": lambda *a: None,
+          "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
+    target_hidden = torch.randn(11, 3 * H)
+
+    def runner_forward(fb):
+        forward(fb.input_ids.to(torch.int64), fb.positions, fb)
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=torch.rand(3, V), hidden_states=torch.rand(3, H)))
+
+    release = load_function(path, "EagleDraftWorker._draft_extend_for_prefill", ns)
+    ref_batch, tokens = _prefill_batch(torch)
+    with torch.no_grad():
+        ref_out = release(SimpleNamespace(topk=1, draft_runner=SimpleNamespace(forward=runner_forward)),
+                          ref_batch, target_hidden, tokens)
+    ref = model.layers[0].self_attn.seen
+
+    writes = []
+    pool = SimpleNamespace(set_kv_buffer=lambda *a: writes.append(a))
+    dw = SimpleNamespace(draft_runner=SimpleNamespace(model=SimpleNamespace(model=model), token_to_kv_pool=pool),
+                         _draft_extend_for_prefill=lambda *a: pytest.fail("the full draft prefill ran"))
+    worker = SimpleNamespace(device="cpu", topk=1, draft_worker=dw, _fallback_kv_only_above=2, _fallback_kv_only_prefill=True,
+                             _fallback_active=False, _fallback_stats={"last_batch_size": 0})
+    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_kv_only_prefill_applies", "_spec_fallback_kv_only_write",
+                 "_spec_fallback_zero_draft_input")
+    prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
+    batch, _ = _prefill_batch(torch)
+    with torch.no_grad():
+        out = prefill(worker, batch, target_hidden, tokens, None)
+
+    assert batch.input_ids.tolist() == ref_batch.input_ids.tolist(), "ids shifted as the release shifts them"
+    (layer, loc, k, v, _, _), = writes
+    assert loc.tolist() == list(range(20, 31))
+    assert torch.allclose(k.reshape(11, -1), ref["k"], atol=1e-6) and torch.allclose(v.reshape(11, -1), ref["v"], atol=1e-6)
+    assert out.bonus_tokens is tokens and out.new_seq_lens is batch.seq_lens and batch.spec_info is out
+    for name in ("topk_p", "topk_index", "hidden_states"):
+        got, want = getattr(out, name), getattr(ref_out, name)
+        assert got.shape == want.shape and got.dtype == want.dtype and not got.any(), name
+    assert worker._fallback_stats["draft_kv_only_prefills"] == 1
+
+
+def test_kv_only_prefill_only_when_the_steps_after_it_fall_back(patched_release):
+    """More than the margin above T, counting the running batch only while the fallback is
+    on; never for grammars, logprobs, multimodal inputs, or with the switch off."""
+    torch = pytest.importorskip("torch")
+    path = patched_release("0.5.12") / WORKER
+    applies = load_function(path, "EAGLEWorkerV2._spec_fallback_kv_only_prefill_applies",
+                            {"ForwardMode": SimpleNamespace(EXTEND="EXTEND")})
+
+    def case(n=3, above=2, active=False, last=0, switch=True, mm=None, **flags):
+        batch = SimpleNamespace(seq_lens=torch.zeros(n), forward_mode="EXTEND", has_grammar=False, return_logprob=False,
+                                multimodal_inputs=[None] * n)
+        for k, val in flags.items():
+            setattr(batch, k, val)
+        w = SimpleNamespace(_fallback_kv_only_above=above, _fallback_kv_only_prefill=switch, _fallback_active=active,
+                            _fallback_stats={"last_batch_size": last})
+        return applies(w, batch, mm)
+
+    assert case() and not case(n=2)
+    assert case(n=2, active=True, last=1) and not case(n=2, active=False, last=9)
+    assert not case(above=None) and not case(switch=False) and not case(mm=object())
+    assert not case(has_grammar=True) and not case(return_logprob=True) and not case(return_hidden_states=True)
+    assert not case(forward_mode="MIXED") and not case(multimodal_inputs=[None, object(), None])

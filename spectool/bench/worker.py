@@ -41,15 +41,25 @@ async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, see
     last_submit = [t0]
 
     async def request(prompt, max_new_tokens) -> dict:
+        # Streamed with an interval past the output length, so SGLang sends exactly two
+        # chunks: the first token (len(output_ids) % interval == 1) and the finished request.
+        # TTFT and TPOT are then clocked here. (meta_info's decode_throughput times decode from
+        # the first chunk SGLang happens to send; a request that is not streamed is first sent
+        # at token SGLANG_FORCE_STREAM_INTERVAL, 50, so it read TPOT about 0.6x too short and
+        # TTFT too long, and at a spec step's stride rather than per token.)
         start = time.perf_counter()
-        out = await engine.async_generate(input_ids=prompt, sampling_params={
-            "temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True})
+        chunks = await engine.async_generate(input_ids=prompt, stream=True, sampling_params={
+            "temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True,
+            "stream_interval": max_new_tokens + 1})
+        first, out = None, {}
+        async for out in chunks:
+            if first is None:
+                first = time.perf_counter()
         end = time.perf_counter()
         m = out.get("meta_info", {})
         tokens = m.get("completion_tokens") or len(out.get("output_ids", []))
-        dt = m.get("decode_throughput")
-        tpot = 1.0 / dt if dt else None
-        ttft = (end - start) - (tokens - 1) * tpot if tpot else None
+        ttft = (first or end) - start
+        tpot = (end - first) / (tokens - 1) if first is not None and tokens > 1 and end > first else None
         return {"start": start, "end": end, "tokens": tokens, "tpot": tpot, "ttft": ttft,
                 "accept": m.get("spec_accept_length")}
 

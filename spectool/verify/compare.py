@@ -13,7 +13,7 @@ GOLDEN_SCHEMA = 1
 def stats_window(before: dict, after: dict) -> dict:
     """Counter deltas and the phases that ran between two snapshots of the stats file."""
     keys = ("fallback_steps", "spec_steps", "switches_to_fallback", "switches_to_spec", "fallback_requests",
-            "draft_kv_only_steps", "draft_kv_only_graph_steps")
+            "draft_kv_only_steps", "draft_kv_only_graph_steps", "draft_kv_only_prefills")
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in keys}
     prev = {p["id"]: p for p in before.get("phases", [])}
     phases = []
@@ -67,6 +67,9 @@ def check_expectations(expect: dict, window: dict) -> list[str]:
     graphed = window.get("draft_kv_only_graph_steps", 0)
     if want_kv == "graph" and kv_only > 0 and graphed != kv_only:
         fails.append(f"expected every KV-only draft sync replayed from its CUDA graph, got {graphed} of {kv_only}")
+    prefills, want_pre = window.get("draft_kv_only_prefills", 0), expect.get("kv_only_prefill", "any")
+    if want_pre == "positive" and prefills <= 0:
+        fails.append("expected prefills on the KV-only draft path, got none")
     tr = transitions(window.get("phases", []))
     if expect.get("spec_after_fallback") and not tr["spec_after_fallback"]:
         fails.append("expected speculative steps after a fallback phase, saw none")

@@ -243,12 +243,14 @@ def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root
         expect = asdict(s.expect)
         if not recipe_counters:
             expect.pop("kv_only")
+            expect.pop("kv_only_prefill")
         fails += compare.check_expectations(expect, window)
         tr = compare.transitions(window["phases"])
         row.update(
             ok=not fails, failures=fails, requests=cmp.requests, equal=cmp.equal, tokens=cmp.tokens,
             mismatches=cmp.mismatches, fallback_steps=window["fallback_steps"], spec_steps=window["spec_steps"],
             kv_only_steps=window["draft_kv_only_steps"], kv_only_graph_steps=window["draft_kv_only_graph_steps"],
+            kv_only_prefills=window["draft_kv_only_prefills"],
             acceptance=compare.acceptance(window["phases"]), acceptance_before=tr["acceptance_before"],
             acceptance_after=tr["acceptance_after"], min_baseline_margin=compare.min_margin(basew["requests"]),
             seconds=cand["seconds"],

@@ -59,6 +59,9 @@ class Expect:
     # checked where the switch is upstream's, which has no such path); "graph": positive, and
     # every one of them replayed from the sync's CUDA graphs.
     kv_only: str = "any"
+    # "positive" | "any": prefills that wrote only the draft's K/V (the recipe's counter), where
+    # the running batch makes them certain whatever the order the requests arrive in.
+    kv_only_prefill: str = "any"
 
 
 @dataclass
@@ -136,8 +139,8 @@ def scenarios() -> list[Scenario]:
     s = [
         Scenario("eagle3 always-fallback (T=0)", "eagle3-t0", "bs8", Expect("all", kv_only="zero"),
                  "threshold 0, draft decode sync (8 requests: within the KV-only margin)"),
-        Scenario("eagle3 always-fallback stagger (T=0)", "eagle3-t0", "stagger", Expect("all", kv_only="graph"),
-                 "threshold 0: KV-only sync (CUDA graph) above 8 requests (default margin), then draft decode"),
+        Scenario("eagle3 always-fallback stagger (T=0)", "eagle3-t0", "stagger", Expect("all", kv_only="graph", kv_only_prefill="positive"),
+                 "threshold 0: KV-only prefill and sync (CUDA graph) above 8 requests (default margin), then draft decode"),
         Scenario("eagle3 bs=1 (always spec)", "eagle3-t4", "bs1", Expect("zero"), "threshold far above the batch"),
         Scenario(f"eagle3 bs=T-1={T-1}", "eagle3-t4", f"bs{T-1}", Expect("zero"), "below threshold"),
         Scenario(f"eagle3 bs=T={T}", "eagle3-t4", f"bs{T}", Expect("zero"), "at threshold (drafting stays on)"),
@@ -155,8 +158,8 @@ def scenarios() -> list[Scenario]:
         Scenario("eagle3 KV-only draft sync", "eagle3-t4-kv-only", f"bs{T+1}", Expect("positive", kv_only="graph"),
                  "KV-only draft sync above T (margin 0), replayed from its CUDA graph padded to a captured size"),
         Scenario("eagle3 KV-only transition down", "eagle3-t4-kv-only", "stagger",
-                 Expect("positive", spec_after_fallback=True, kv_only="positive"),
-                 "KV-only sync, then speculation resumes from zero drafts"),
+                 Expect("positive", spec_after_fallback=True, kv_only="positive", kv_only_prefill="positive"),
+                 "KV-only prefill and sync, then speculation resumes from zero drafts over that draft KV"),
         Scenario("eagle3 KV-only transition up", "eagle3-t4-kv-only", "arrive",
                  Expect("positive", fallback_after_spec=True, spec_after_fallback=True, kv_only="positive"),
                  "KV-only sync mid-request"),

@@ -43,6 +43,11 @@ from sglang.srt.utils.common import fast_topk
 logger = logging.getLogger(__name__)
 
 
+def draft_prefill_call(SELF, BATCH, HIDDEN, TOKENS, MM):
+    # forward_batch_generation's prefill branch: the draft's half goes through the fallback.
+    return SELF._spec_fallback_draft_prefill(BATCH, HIDDEN, TOKENS, MM)
+
+
 class EAGLEWorkerV2:
     def _spec_fallback_build_decode_graph(self, server_args):
         """A second target attention backend plus a DECODE graph runner (1 token/request)."""
@@ -115,6 +120,9 @@ class EAGLEWorkerV2:
         drafts from zeros: its drafts are rejected, the tokens stay the target's, and the spec
         path's own draft extend reseeds the next draft. EAGLE-3 heads of one layer only."""
         self._fallback_kv_only_above = None
+        self._fallback_kv_only_prefill = (
+            os.environ.get("SPECTOOL_FALLBACK_KV_ONLY_PREFILL", "1") != "0"
+        )
         margin = self._spec_fallback_env_count(
             "SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", "8", "the draft runs in full"
         )
@@ -368,7 +376,12 @@ class EAGLEWorkerV2:
             stats["draft_kv_only_graph_steps"] = stats.get("draft_kv_only_graph_steps", 0) + 1
         else:
             self._spec_fallback_kv_only_write(*args)
-        bs = len(batch.seq_lens)
+        self._spec_fallback_zero_draft_input(next_draft_input, len(batch.seq_lens))
+        stats["draft_kv_only_steps"] = stats.get("draft_kv_only_steps", 0) + 1
+
+    def _spec_fallback_zero_draft_input(self, next_draft_input, bs):
+        """The next draft's input after a KV-only sync: zeros of the shapes and dtypes the
+        draft forward would give (top-k of one, the draft's hidden size)."""
         embed = self.draft_worker.draft_runner.model.model.embed_tokens.weight
         next_draft_input.topk_p = torch.zeros(
             (bs, self.topk), dtype=torch.float32, device=self.device
@@ -379,7 +392,6 @@ class EAGLEWorkerV2:
         next_draft_input.hidden_states = torch.zeros(
             (bs, embed.shape[-1]), dtype=embed.dtype, device=self.device
         )
-        stats["draft_kv_only_steps"] = stats.get("draft_kv_only_steps", 0) + 1
 
     def _spec_fallback_kv_only_replay(self, tokens, hidden_states, positions, out_cache_loc):
         """Replay the smallest captured KV-only graph that fits the batch; False if none does
@@ -453,3 +465,71 @@ class EAGLEWorkerV2:
             radix.k_scale,
             radix.v_scale,
         )
+
+    def _spec_fallback_draft_prefill(
+        self, batch, target_hidden_states, next_token_ids, mm_input_embeds=None
+    ):
+        """The draft's half of a prefill (in place of the release's
+        _draft_extend_for_prefill). When the decode steps after it will fall back far above
+        the threshold (_spec_fallback_kv_only_prefill_applies), only the draft layer's K and
+        V are written for the prompt tokens (_spec_fallback_kv_only_write, eager), from the
+        inputs the release builds: each request's ids shifted left by one and ended by the
+        token the target produced, at the prompt's positions and slots. The next draft input
+        is zeros, as after a KV-only decode sync. Otherwise the release's full draft extend.
+        Why: the fallback arms' time to first token was 3-5% above plain decoding's at
+        C = 64..256 (docs/performance.md), the draft's full prefill (attention, MLP, head) on
+        every prompt."""
+        dw = self.draft_worker
+        if not self._spec_fallback_kv_only_prefill_applies(batch, mm_input_embeds):
+            return dw._draft_extend_for_prefill(
+                batch, target_hidden_states, next_token_ids, mm_input_embeds
+            )
+        # The release's per-request shift, vectorised: position j takes token j + 1, and
+        # each request's last position the token the target produced.
+        ids = batch.input_ids
+        ends = torch.tensor(batch.extend_seq_lens, dtype=torch.int64).cumsum(0) - 1
+        shifted = torch.empty_like(ids)
+        shifted[:-1] = ids[1:]
+        shifted[ends.to(ids.device)] = next_token_ids.to(ids.dtype)
+        ids.copy_(shifted)
+        next_draft_input = EagleDraftInput(
+            hidden_states=target_hidden_states,
+            bonus_tokens=next_token_ids,
+            new_seq_lens=batch.seq_lens,
+            num_tokens_per_req=1,
+            num_tokens_for_logprob_per_req=1,
+        )
+        batch.spec_info = next_draft_input
+        forward_batch = ForwardBatch.init_new(batch, dw.draft_runner)
+        self._spec_fallback_kv_only_write(
+            forward_batch.input_ids,
+            target_hidden_states,
+            forward_batch.positions,
+            forward_batch.out_cache_loc,
+        )
+        self._spec_fallback_zero_draft_input(next_draft_input, len(batch.seq_lens))
+        stats = self._fallback_stats
+        stats["draft_kv_only_prefills"] = stats.get("draft_kv_only_prefills", 0) + 1
+        return next_draft_input
+
+    def _spec_fallback_kv_only_prefill_applies(self, batch, mm_input_embeds):
+        """Whether a prefill takes the KV-only draft path: the KV-only sync is on
+        (SPECTOOL_FALLBACK_KV_ONLY_PREFILL=0 turns only this part off), the batch is a plain
+        text EXTEND (no multimodal inputs) without grammars, logprobs or hidden-state return, and its requests plus
+        the running batch (while the fallback is on: the last decode step's size) are more
+        than the margin above T. Depends on the batch and on state every TP rank updates
+        alike. A guess too high (the running requests finished meanwhile) costs one
+        speculative step drafting from zeros, never a wrong token, as for the decode sync."""
+        above = self._fallback_kv_only_above
+        if above is None or not self._fallback_kv_only_prefill or mm_input_embeds is not None:
+            return False
+        if any(getattr(batch, "multimodal_inputs", None) or ()):
+            return False
+        if batch.forward_mode != ForwardMode.EXTEND or (
+            batch.has_grammar
+            or batch.return_logprob
+            or getattr(batch, "return_hidden_states", False)
+        ):
+            return False
+        running = self._fallback_stats["last_batch_size"] if self._fallback_active else 0
+        return len(batch.seq_lens) + running > above
