@@ -168,20 +168,21 @@ def test_tensor_parallel_reaches_every_engine(tmp_path):
 
 
 def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, reparse_verify):
-    """The scenarios that claim the KV-only draft sync (and those that claim it stays off)
-    are checked against the recipe's counters. The run on the recipes as they are (80f522d,
-    the sync replayed from CUDA graphs) passes every claim; the run on 85503b5 (default
-    margin 8, the sync still eager) fails exactly the two claims that the sync replays its
-    graphs; the run on 609b3ff, where the sync was still opt-in, also fails the scenario that
-    pins the default margin (12 requests at T=0). So each check can fail."""
+    """The scenarios that claim the KV-only draft paths (and those that claim the sync stays
+    off) are checked against the recipe's counters. The run on d7cba07 (KV-only prefill
+    counted, on by default there) passes every claim. The earlier runs, re-evaluated, fail
+    exactly what they lacked: no KV-only prefill before this session (0574c06, 80f522d); the
+    sync not yet replayed from graphs (85503b5); the sync still opt-in (609b3ff, which fails
+    the scenario that pins the default margin, 12 requests at T=0). So each check can fail."""
     import json
     import shutil
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
     failed = {}
-    for run in (".", "session5-85503b5", "session5-609b3ff"):
-        folder = tmp_path / run.replace(".", "session6")
+    runs = (".", "session7-0574c06", "session6-80f522d", "session5-85503b5", "session5-609b3ff")
+    for run in runs:
+        folder = tmp_path / run.replace(".", "latest")
         folder.mkdir()
         for f in ("verify-results.json", "verify-logs.tgz"):
             shutil.copy(root / "results/verify-0.5.12" / run / f, folder / f)
@@ -192,13 +193,20 @@ def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, rep
         if run != "session5-609b3ff":
             assert kv["eagle3 always-fallback (T=0)"] == 0 and kv["eagle3 always-fallback stagger (T=0)"] == 40, run
             assert kv["eagle3 KV-only draft sync"] == 63 and kv["eagle3 bs=T+1=5"] == 0, run
-        if run == ".":
+        if run != "session5-85503b5" and run != "session5-609b3ff":
             graphed = {r["scenario"]: r["kv_only_graph_steps"] for r in rows}
             assert graphed["eagle3 KV-only draft sync"] == 63 and graphed["eagle3 always-fallback stagger (T=0)"] == 40
+    prefills = {r["scenario"]: r["kv_only_prefills"]
+                for r in json.loads((tmp_path / "latest/verify-results-reparsed.json").read_text())["scenarios"]}
+    assert prefills["eagle3 always-fallback stagger (T=0)"] == 2 and prefills["eagle3 KV-only transition down"] == 2
     assert failed["."] == {}
     no_graph = "expected every KV-only draft sync replayed from its CUDA graph, got 0 of {}"
-    assert failed["session5-85503b5"] == {"eagle3 always-fallback stagger (T=0)": [no_graph.format(40)],
-                                          "eagle3 KV-only draft sync": [no_graph.format(63)]}
+    no_prefill = "expected prefills on the KV-only draft path, got none"
+    before_prefill = {"eagle3 always-fallback stagger (T=0)": [no_prefill], "eagle3 KV-only transition down": [no_prefill]}
+    assert failed["session7-0574c06"] == before_prefill and failed["session6-80f522d"] == before_prefill
+    assert failed["session5-85503b5"] == {"eagle3 always-fallback stagger (T=0)": [no_graph.format(40), no_prefill],
+                                          "eagle3 KV-only draft sync": [no_graph.format(63)],
+                                          "eagle3 KV-only transition down": [no_prefill]}
     assert failed["session5-609b3ff"] == {
-        "eagle3 always-fallback stagger (T=0)": ["expected fallback steps with the KV-only draft sync, got none"],
-        "eagle3 KV-only draft sync": [no_graph.format(63)]}
+        "eagle3 always-fallback stagger (T=0)": ["expected fallback steps with the KV-only draft sync, got none", no_prefill],
+        "eagle3 KV-only draft sync": [no_graph.format(63)], "eagle3 KV-only transition down": [no_prefill]}

@@ -99,8 +99,9 @@ def markdown(m: dict, concurrencies: list[int], arms: list[str]) -> str:
 
 
 def latency_markdown(m: dict, concurrencies: list[int], arms: list[str]) -> str:
-    """Per arm and C, the medians of SGLang's per-request decode time per token (TPOT) and of
-    the time to first token: where a throughput gap comes from (decode steps or prefill)."""
+    """Per arm and C, the medians of the per-request decode time per token (TPOT) and of the
+    time to first token, clocked from the first and last streamed chunk: where a throughput
+    gap comes from (decode steps or prefill)."""
     head = "| C | " + " | ".join(f"{a} TPOT ms | {a} TTFT ms" for a in arms) + " |"
     lines = [head, "|" + "---|" * (1 + 2 * len(arms))]
     for C in concurrencies:
@@ -109,6 +110,24 @@ def latency_markdown(m: dict, concurrencies: list[int], arms: list[str]) -> str:
             x = m.get((a, C)) or {}
             cols += ["-" if x.get(k) is None else f"{x[k]:.{d}f}" for k, d in (("tpot_ms", 2), ("ttft_ms", 0))]
         lines.append(f"| {C} | " + " | ".join(cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def transition_markdown(summary: dict) -> str:
+    """The transition workload per arm: each phase's throughput against its steady state (the
+    mean of the standalone runs before and after the schedule, both listed)."""
+    lines = ["| arm | phase | C | tok/s | steady tok/s (runs) | phase/steady |", "|---|---|---|---|---|---|"]
+    for arm, rows in summary.items():
+        for i, r in enumerate(rows, 1):
+            runs = r.get("reference_runs")
+            steady = "-" if r.get("steady") is None else f"{r['steady']:.0f}"
+            if runs:
+                steady += " (" + " / ".join(f"{x:.0f}" for x in runs) + ")"
+            ratio = "-" if r.get("ratio") is None else f"{r['ratio']:.3f}"
+            lines.append(f"| {arm} | {i} | {r['C']} | {r['tok_s']:.0f} | {steady} | {ratio} |")
+    worst = [r["ratio"] for rows in summary.values() for r in rows if r.get("ratio") is not None]
+    if worst:
+        lines.append(f"\nLowest phase/steady: {min(worst):.3f} (goal: no phase more than 5% below, >= 0.950).")
     return "\n".join(lines) + "\n"
 
 

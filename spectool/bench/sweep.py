@@ -360,7 +360,11 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
         "startup_s": startup,
     }
     (out / "bench-results.json").write_text(json.dumps(report, indent=1))
-    (out / "bench-table.md").write_text(analyze.markdown(m, concurrencies, [a for a in labels if any(k[0] == a for k in m)]))
+    parts = [analyze.markdown(m, concurrencies, [a for a in labels if any(k[0] == a for k in m)])] if m else []
+    if report["transition"]:
+        parts.append("Transition workload (alternating C=4 and C=192, closed loop):\n\n"
+                     + analyze.transition_markdown(report["transition"]))
+    (out / "bench-table.md").write_text("\n".join(parts))
     title = f"Llama-3.1-8B shape, {gpu or '?'}, SGLang {version or '?'}, acceptance {acc_len}, T={threshold}, {load} load"
     if m:  # a transition-only run (--reps 0) has no cells to plot
         try:

@@ -116,6 +116,10 @@ DRAFT_DECODE = {"SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS": "1"}
 # speculative step after it drafts from zeros, and tokens stay exact. At T=0 the default
 # margin itself is pinned: 8 requests take the full sync, 9-12 the KV-only one.
 DRAFT_KV_ONLY = {"SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN": "0"}
+# The KV-only draft prefill (opt-in) on the engines above that claim it: 12 requests at T=0
+# (the default margin) and at T=4 with margin 0, then speculation resumes over the draft KV
+# it wrote (T=4). Exact on the H200 on d7cba07, where it was on by default.
+KV_ONLY_PREFILL = {"SPECTOOL_FALLBACK_KV_ONLY_PREFILL": "1"}
 
 
 def configs() -> list[EngineConfig]:
@@ -125,11 +129,12 @@ def configs() -> list[EngineConfig]:
         EngineConfig("base-eager", None, cuda_graph=False, workloads=[f"bs{T+1}", "stagger"]),
         EngineConfig("base-chunked", None, chunked_prefill=64, workloads=["long"]),
         EngineConfig("eagle3-t4", "EAGLE3", T, workloads=["bs1", f"bs{T-1}", f"bs{T}", f"bs{T+1}", "stagger", "arrive"]),
-        EngineConfig("eagle3-t0", "EAGLE3", 0, workloads=["bs8", "stagger"], env=DRAFT_DECODE),
+        EngineConfig("eagle3-t0", "EAGLE3", 0, workloads=["bs8", "stagger"], env={**DRAFT_DECODE, **KV_ONLY_PREFILL}),
         EngineConfig("eagle3-t4-eager", "EAGLE3", T, cuda_graph=False, workloads=[f"bs{T+1}", "stagger"],
                      env=DRAFT_DECODE),
         EngineConfig("eagle3-t4-chunked", "EAGLE3", T, chunked_prefill=64, workloads=["long"]),
-        EngineConfig("eagle3-t4-kv-only", "EAGLE3", T, workloads=[f"bs{T+1}", "stagger", "arrive"], env=DRAFT_KV_ONLY),
+        EngineConfig("eagle3-t4-kv-only", "EAGLE3", T, workloads=[f"bs{T+1}", "stagger", "arrive"],
+                     env={**DRAFT_KV_ONLY, **KV_ONLY_PREFILL}),
         EngineConfig("standalone-t4", "STANDALONE", T, workloads=["bs1", "stagger", "arrive"]),
     ]
 

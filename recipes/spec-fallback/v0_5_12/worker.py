@@ -120,8 +120,10 @@ class EAGLEWorkerV2:
         drafts from zeros: its drafts are rejected, the tokens stay the target's, and the spec
         path's own draft extend reseeds the next draft. EAGLE-3 heads of one layer only."""
         self._fallback_kv_only_above = None
+        # Opt-in (SPECTOOL_FALLBACK_KV_ONLY_PREFILL=1) until measured without the stream
+        # sync its first H200 run had: _spec_fallback_draft_prefill.
         self._fallback_kv_only_prefill = (
-            os.environ.get("SPECTOOL_FALLBACK_KV_ONLY_PREFILL", "1") != "0"
+            os.environ.get("SPECTOOL_FALLBACK_KV_ONLY_PREFILL", "0") == "1"
         )
         margin = self._spec_fallback_env_count(
             "SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", "8", "the draft runs in full"
@@ -476,9 +478,13 @@ class EAGLEWorkerV2:
         inputs the release builds: each request's ids shifted left by one and ended by the
         token the target produced, at the prompt's positions and slots. The next draft input
         is zeros, as after a KV-only decode sync. Otherwise the release's full draft extend.
-        Why: the fallback arms' time to first token was 3-5% above plain decoding's at
-        C = 64..256 (docs/performance.md), the draft's full prefill (attention, MLP, head) on
-        every prompt."""
+        Why: at C=128 the fallback's time to first token is 23 ms (10%) above plain
+        decoding's, most of its throughput gap: the draft's full prefill (attention, MLP,
+        head) on every prompt (results/bench-0.5.12-kv-prefill-ab, docs/performance.md).
+        Opt-in: its first H200 run copied `ends` to the GPU with a blocking copy, a stream
+        sync that held the overlap scheduler behind each prefill (TTFT 421 against 245 ms at
+        C=128); the copy is now non-blocking, as SGLang's own ForwardBatch.init_new does,
+        and is still to be measured. Exact either way: verify 17/17 with it on."""
         dw = self.draft_worker
         if not self._spec_fallback_kv_only_prefill_applies(batch, mm_input_embeds):
             return dw._draft_extend_for_prefill(
@@ -490,7 +496,8 @@ class EAGLEWorkerV2:
         ends = torch.tensor(batch.extend_seq_lens, dtype=torch.int64).cumsum(0) - 1
         shifted = torch.empty_like(ids)
         shifted[:-1] = ids[1:]
-        shifted[ends.to(ids.device)] = next_token_ids.to(ids.dtype)
+        # non_blocking: a blocking host-to-device copy syncs the stream (see the docstring).
+        shifted[ends.to(ids.device, non_blocking=True)] = next_token_ids.to(ids.dtype)
         ids.copy_(shifted)
         next_draft_input = EagleDraftInput(
             hidden_states=target_hidden_states,
@@ -513,8 +520,8 @@ class EAGLEWorkerV2:
         return next_draft_input
 
     def _spec_fallback_kv_only_prefill_applies(self, batch, mm_input_embeds):
-        """Whether a prefill takes the KV-only draft path: the KV-only sync is on
-        (SPECTOOL_FALLBACK_KV_ONLY_PREFILL=0 turns only this part off), the batch is a plain
+        """Whether a prefill takes the KV-only draft path: the KV-only sync is on and
+        SPECTOOL_FALLBACK_KV_ONLY_PREFILL=1 asks for it here too, the batch is a plain
         text EXTEND (no multimodal inputs) without grammars, logprobs or hidden-state return, and its requests plus
         the running batch (while the fallback is on: the last decode step's size) are more
         than the margin above T. Depends on the batch and on state every TP rank updates
