@@ -478,13 +478,11 @@ class EAGLEWorkerV2:
         inputs the release builds: each request's ids shifted left by one and ended by the
         token the target produced, at the prompt's positions and slots. The next draft input
         is zeros, as after a KV-only decode sync. Otherwise the release's full draft extend.
-        Why: at C=128 the fallback's time to first token is 23 ms (10%) above plain
-        decoding's, most of its throughput gap: the draft's full prefill (attention, MLP,
-        head) on every prompt (results/bench-0.5.12-kv-prefill-ab, docs/performance.md).
-        Opt-in: its first H200 run copied `ends` to the GPU with a blocking copy, a stream
-        sync that held the overlap scheduler behind each prefill (TTFT 421 against 245 ms at
-        C=128); the copy is now non-blocking, as SGLang's own ForwardBatch.init_new does,
-        and is still to be measured. Exact either way: verify 17/17 with it on."""
+        Why: at C=128 the fallback's time to first token is 23 ms above plain decoding's,
+        most of its throughput gap (results/bench-0.5.12-kv-prefill-ab). Opt-in until
+        measured again: its first H200 run, exact (verify 17/17), copied `ends` with a
+        blocking copy, whose stream sync held the overlap scheduler behind each prefill
+        (TTFT 421 against 245 ms at C=128)."""
         dw = self.draft_worker
         if not self._spec_fallback_kv_only_prefill_applies(batch, mm_input_embeds):
             return dw._draft_extend_for_prefill(
@@ -521,12 +519,12 @@ class EAGLEWorkerV2:
 
     def _spec_fallback_kv_only_prefill_applies(self, batch, mm_input_embeds):
         """Whether a prefill takes the KV-only draft path: the KV-only sync is on and
-        SPECTOOL_FALLBACK_KV_ONLY_PREFILL=1 asks for it here too, the batch is a plain
-        text EXTEND (no multimodal inputs) without grammars, logprobs or hidden-state return, and its requests plus
-        the running batch (while the fallback is on: the last decode step's size) are more
-        than the margin above T. Depends on the batch and on state every TP rank updates
-        alike. A guess too high (the running requests finished meanwhile) costs one
-        speculative step drafting from zeros, never a wrong token, as for the decode sync."""
+        SPECTOOL_FALLBACK_KV_ONLY_PREFILL=1 asks for it here too; the batch is a plain text
+        EXTEND without grammars, logprobs or hidden-state return; and its requests plus the
+        running batch (while the fallback is on: the last decode step's size) are more than
+        the margin above T. Depends on the batch and on state every TP rank updates alike.
+        A guess too high (the running requests finished meanwhile) costs one speculative
+        step drafting from zeros, never a wrong token, as for the decode sync."""
         above = self._fallback_kv_only_above
         if above is None or not self._fallback_kv_only_prefill or mm_input_embeds is not None:
             return False
