@@ -173,8 +173,7 @@ def test_kv_only_graph_replay_pads_to_a_captured_size(patched_release):
         def replay(self):
             seen.append((self.size, {k: v.clone() for k, v in bufs.items()}))
 
-    worker = SimpleNamespace(_fallback_kv_only_graphs={"sizes": [8, 16], "graphs": {8: Graph(8), 16: Graph(16)},
-                                                       "bufs": bufs})
+    worker = SimpleNamespace(_fallback_kv_only_graphs={"graphs": {8: Graph(8), 16: Graph(16)}, "bufs": bufs})
     tokens, hidden = torch.tensor([1, 2, 3, 4, 5], dtype=torch.int32), torch.full((5, 6), 2.0)
     positions, loc = torch.tensor([10, 11, 12, 13, 14]), torch.tensor([40, 41, 42, 43, 44])
     assert replay(worker, tokens, hidden, positions, loc) is True
@@ -355,7 +354,7 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_
     worker = SimpleNamespace(device="cpu", topk=1, draft_worker=dw, _fallback_kv_only_above=2, _fallback_kv_only_prefill=True,
                              _fallback_active=False, _fallback_stats={"last_batch_size": 0})
     bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_kv_only_prefill_applies", "_spec_fallback_kv_only_write",
-                 "_spec_fallback_zero_draft_input")
+                 "_spec_fallback_zero_draft_input", "_spec_fallback_eligible")
     prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
     batch, _ = _prefill_batch(torch)
     with torch.no_grad():
@@ -377,8 +376,8 @@ def test_kv_only_prefill_only_when_the_steps_after_it_fall_back(patched_release)
     on; never for grammars, logprobs, multimodal inputs, or with the switch off."""
     torch = pytest.importorskip("torch")
     path = patched_release("0.5.12") / WORKER
-    applies = load_function(path, "EAGLEWorkerV2._spec_fallback_kv_only_prefill_applies",
-                            {"ForwardMode": SimpleNamespace(EXTEND="EXTEND")})
+    ns = {"ForwardMode": SimpleNamespace(EXTEND="EXTEND")}
+    applies = load_function(path, "EAGLEWorkerV2._spec_fallback_kv_only_prefill_applies", ns)
 
     def case(n=3, above=2, active=False, last=0, switch=True, mm=None, **flags):
         batch = SimpleNamespace(seq_lens=torch.zeros(n), forward_mode="EXTEND", has_grammar=False, return_logprob=False,
@@ -387,6 +386,7 @@ def test_kv_only_prefill_only_when_the_steps_after_it_fall_back(patched_release)
             setattr(batch, k, val)
         w = SimpleNamespace(_fallback_kv_only_above=above, _fallback_kv_only_prefill=switch, _fallback_active=active,
                             _fallback_stats={"last_batch_size": last})
+        bind_methods(path, "EAGLEWorkerV2", ns, w, "_spec_fallback_eligible")  # the decode steps' rule
         return applies(w, batch, mm)
 
     assert case() and not case(n=2)

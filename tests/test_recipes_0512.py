@@ -123,6 +123,7 @@ def _worker(patched, threshold=4, hysteresis=0):
                                          "switches_to_spec": 0, "fallback_requests": 0, "last_batch_size": 0,
                                          "phases": [], "phase_count": 0},
                         _fallback_modes=collections.deque(), _fallback_stats_path=None)
+    w._spec_fallback_eligible = load_function(patched / WORKER, "EAGLEWorkerV2._spec_fallback_eligible", ns).__get__(w)
     w.should = load_function(patched / WORKER, "EAGLEWorkerV2._spec_fallback_should_run", ns).__get__(w)
     w.on_verify = load_function(patched / WORKER, "EAGLEWorkerV2._spec_fallback_on_verify", ns).__get__(w)
     return w

@@ -104,6 +104,15 @@ class EAGLEWorkerV2:
             logger.warning("spec-fallback: could not capture %s (%s); %s", what, exc, otherwise)
             return None
 
+    def _spec_fallback_eligible(self, batch):
+        """The stated rule, for decode steps and prefills alike: batches with grammars, that
+        return logprobs or hidden states stay on the speculative path."""
+        return not (
+            batch.has_grammar
+            or batch.return_logprob
+            or getattr(batch, "return_hidden_states", False)
+        )
+
     def _spec_fallback_should_run(self, batch):
         """Decide per decode step; identical on every TP rank (depends on the batch only)."""
         threshold = self._fallback_threshold
@@ -118,12 +127,7 @@ class EAGLEWorkerV2:
             active = bs > threshold - self._fallback_hysteresis
         else:
             active = bs > threshold
-        eligible = not (
-            batch.has_grammar
-            or batch.return_logprob
-            or getattr(batch, "return_hidden_states", False)
-        )
-        take = active and eligible
+        take = active and self._spec_fallback_eligible(batch)
         stats = self._fallback_stats
         mode = "fallback" if take else "spec"
         phases = stats["phases"]

@@ -250,7 +250,8 @@ class EAGLEWorkerV2:
                 pool = graph.pool()
                 graphs[bs] = graph
             torch.cuda.synchronize()
-            return {"sizes": sizes, "graphs": graphs, "bufs": bufs}
+            # Smallest first: a replay takes the first size that fits the batch.
+            return {"graphs": dict(sorted(graphs.items())), "bufs": bufs}
 
         self._fallback_kv_only_graphs = self._spec_fallback_capture(
             "the KV-only draft sync's CUDA graphs", "the KV-only sync will run eagerly", capture
@@ -402,7 +403,7 @@ class EAGLEWorkerV2:
         bs = len(positions)
         if captured is None or hidden_states.shape[-1] != captured["bufs"]["hidden"].shape[-1]:
             return False
-        size = next((s for s in captured["sizes"] if s >= bs), None)
+        size = next((s for s in captured["graphs"] if s >= bs), None)
         if size is None:
             return False
         bufs = captured["bufs"]
@@ -520,9 +521,9 @@ class EAGLEWorkerV2:
     def _spec_fallback_kv_only_prefill_applies(self, batch, mm_input_embeds):
         """Whether a prefill takes the KV-only draft path: the KV-only sync is on and
         SPECTOOL_FALLBACK_KV_ONLY_PREFILL=1 asks for it here too; the batch is a plain text
-        EXTEND without grammars, logprobs or hidden-state return; and its requests plus the
-        running batch (while the fallback is on: the last decode step's size) are more than
-        the margin above T. Depends on the batch and on state every TP rank updates alike.
+        EXTEND that the stated rule lets fall back (_spec_fallback_eligible); and its
+        requests plus the running batch (while the fallback is on: the last decode step's
+        size) are more than the margin above T. Depends on the batch and on state every TP rank updates alike.
         A guess too high (the running requests finished meanwhile) costs one speculative
         step drafting from zeros, never a wrong token, as for the decode sync."""
         above = self._fallback_kv_only_above
@@ -530,11 +531,7 @@ class EAGLEWorkerV2:
             return False
         if any(getattr(batch, "multimodal_inputs", None) or ()):
             return False
-        if batch.forward_mode != ForwardMode.EXTEND or (
-            batch.has_grammar
-            or batch.return_logprob
-            or getattr(batch, "return_hidden_states", False)
-        ):
+        if batch.forward_mode != ForwardMode.EXTEND or not self._spec_fallback_eligible(batch):
             return False
         running = self._fallback_stats["last_batch_size"] if self._fallback_active else 0
         return len(batch.seq_lens) + running > above
