@@ -192,13 +192,18 @@ def medians_from_table(text: str) -> dict:
     return out
 
 
+def read_cells(path) -> list[dict]:
+    """The cells of a cells.jsonl (one JSON object per line, as the sweep appends them)."""
+    return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]
+
+
 def load_medians(folder, acc_len: float | None = None) -> dict:
     """Medians of a results folder: from its cells.jsonl (at `acc_len` when given), else from
     its bench-table.md."""
     folder = Path(folder)
     cells = folder / "cells.jsonl"
     if cells.exists():
-        return medians([json.loads(ln) for ln in cells.read_text().splitlines() if ln.strip()], acc_len)
+        return medians(read_cells(cells), acc_len)
     return medians_from_table((folder / "bench-table.md").read_text())
 
 

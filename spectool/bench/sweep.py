@@ -122,13 +122,10 @@ def load_cells(cells_path: Path, acc_len: float, load: str = "lockstep") -> tupl
     """The cells a results folder holds and their (arm, C, rep, acc_len) keys, so a run resumes;
     refused (a one-paragraph error) if they were measured with the other load: the two kinds
     must not share a table."""
-    cells, done = [], set()
     if not cells_path.exists():
-        return cells, done
-    for line in cells_path.read_text().splitlines():
-        c = json.loads(line)
-        cells.append(c)
-        done.add((c["arm"], c["C"], c["rep"], c.get("acc_len", acc_len)))
+        return [], set()
+    cells = analyze.read_cells(cells_path)
+    done = {(c["arm"], c["C"], c["rep"], c.get("acc_len", acc_len)) for c in cells}
     held = {"staggered" if c.get("stagger") else "lockstep" for c in cells}
     if held - {load}:
         kinds = sorted(held)

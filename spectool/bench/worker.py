@@ -137,6 +137,9 @@ async def profiled(engine, C: int, n: int, prompt_len: int, out_len: int, seed: 
 # 0.64-0.92 of its reps 1-2 at every C up to 64, with TTFTs up to 1.8x
 # (results/bench-0.5.12-session4-89a1cd9/cells.jsonl); a short unmeasured wave absorbs it.
 WARMUP_OUT_LEN = 16
+# The fallback rewrites its stats file at most every 0.5 s (SPECTOOL_FALLBACK_STATS_INTERVAL's
+# default): wait a little longer before reading it.
+STATS_SETTLE_S = 0.6
 
 
 def handle(engine, cmd: dict, job: dict, loop, vocab: int, warmed: set) -> dict:
@@ -152,7 +155,7 @@ def handle(engine, cmd: dict, job: dict, loop, vocab: int, warmed: set) -> dict:
         # short request first, so they are not counted in this command.
         engine.generate(input_ids=[11, 12, 13], sampling_params={"temperature": 0.0, "max_new_tokens": 3,
                                                                  "ignore_eos": True})
-        time.sleep(0.6)
+        time.sleep(STATS_SETTLE_S)
     before = read_stats(job.get("stats_path"))
     if cmd["kind"] == "profile":
         res = loop.run_until_complete(profiled(engine, cmd["C"], cmd["n"], cmd["prompt_len"], cmd["out_len"], cmd["seed"],
@@ -163,7 +166,7 @@ def handle(engine, cmd: dict, job: dict, loop, vocab: int, warmed: set) -> dict:
     else:
         res = {"phases": loop.run_until_complete(phases(engine, cmd["schedule"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab))}
     if job.get("stats_path"):
-        time.sleep(0.6)  # stats are published at most every 0.5 s
+        time.sleep(STATS_SETTLE_S)
     after = read_stats(job.get("stats_path"))
     if before or after:
         window = stats_window(before, after)

@@ -64,6 +64,10 @@ class Expect:
     kv_only_prefill: str = "any"
 
 
+# The claims checked on the recipe's own counters (not where the switch is upstream's).
+RECIPE_COUNTER_CLAIMS = ("kv_only", "kv_only_prefill")
+
+
 @dataclass
 class Scenario:
     name: str
