@@ -6,5 +6,10 @@ OUT=${OUT:-/tmp/out}
 SITE=/tmp/site-$SGLANG_VERSION
 mkdir -p "$SITE" "$OUT"
 [ -d "$SITE/sglang" ] || tar xJf ".device-cache/sglang-$SGLANG_VERSION-site.tar.xz" -C "$SITE"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+# Once per machine: a second script in the same call (e.g. one per GPU) must not reinstall the
+# wheels under a process that is importing them.
+if [ ! -f "$SITE/.spectool-wheels" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+  touch "$SITE/.spectool-wheels"
+fi
 export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1
