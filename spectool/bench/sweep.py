@@ -22,10 +22,12 @@ DEFAULT_C = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 # Alternating low and high load (closed loop): switches must cost nothing visible. Each phase
 # is compared with the same (C, n) run on its own, once right before the schedule and once
 # right after (the reference is their mean, so an engine that drifts shows as a spread, not
-# as a slow phase), so ramp and drain count alike on both sides. Low phases are 16 waves: at
+# as a slow phase), so ramp and drain count alike on both sides. Low phases are 32 waves: at
 # 8 (32 requests, about 2 s) the references of identical engines differed by 17% on the H200
-# (results/bench-0.5.12-transition), more than the 5% a phase may lose.
-LOW, HIGH = {"C": 4, "n": 64}, {"C": 192, "n": 384}
+# (results/bench-0.5.12-transition), at 16 one engine's two references still differed by 7%
+# while other engines on the same GPU ran their C=192 phases
+# (results/bench-0.5.12-transition-bracketed): a clean run has the GPU to itself.
+LOW, HIGH = {"C": 4, "n": 128}, {"C": 192, "n": 384}
 TRANSITION = [LOW, HIGH, LOW, HIGH, LOW]
 
 # The comparisons the goals are about share a wave when the arms must be split: A2 and A4

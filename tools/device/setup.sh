@@ -3,7 +3,7 @@
 # the machine stays warm), add the carried wheels spectool needs (libcst, pyflakes), and put
 # both on PYTHONPATH. Carry the archive and .whl (one archive per call: 64 MiB limit).
 OUT=${OUT:-/tmp/out}
-SITE=/tmp/site-$SGLANG_VERSION
+SITE=${SITE:-/tmp/site-$SGLANG_VERSION}  # one per GPU when two scripts run in one call
 mkdir -p "$SITE" "$OUT"
 [ -d "$SITE/sglang" ] || tar xJf ".device-cache/sglang-$SGLANG_VERSION-site.tar.xz" -C "$SITE"
 # Once per machine: a second script in the same call (e.g. one per GPU) must not reinstall the
