@@ -225,11 +225,11 @@ def test_kv_only_switch_and_dispatch(patched_release, monkeypatch):
         init(w)
         assert w._fallback_kv_only_above == expect, value
         assert bool(warned) == (value == "x"), "a warning only for a value that is not a number"
-        assert w._fallback_kv_only_prefill is False, "the KV-only prefill is opt-in"
-    monkeypatch.setenv("SPECTOOL_FALLBACK_KV_ONLY_PREFILL", "1")
+        assert w._fallback_kv_only_prefill is True, "the KV-only prefill is on by default"
+    monkeypatch.setenv("SPECTOOL_FALLBACK_KV_ONLY_PREFILL", "0")
     w = worker()
     init(w)
-    assert w._fallback_kv_only_prefill is True
+    assert w._fallback_kv_only_prefill is False, "SPECTOOL_FALLBACK_KV_ONLY_PREFILL=0 turns it off"
     monkeypatch.delenv("SPECTOOL_FALLBACK_KV_ONLY_PREFILL")
     monkeypatch.setenv("SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", "8")
     for kw, reason in (({"eagle3": False}, "not EAGLE-3"), ({"layers": 2}, "one layer"), ({"mla": True}, "MLA")):

@@ -120,10 +120,11 @@ class EAGLEWorkerV2:
         drafts from zeros: its drafts are rejected, the tokens stay the target's, and the spec
         path's own draft extend reseeds the next draft. EAGLE-3 heads of one layer only."""
         self._fallback_kv_only_above = None
-        # Opt-in (SPECTOOL_FALLBACK_KV_ONLY_PREFILL=1) until measured without the stream
-        # sync its first H200 run had: _spec_fallback_draft_prefill.
+        # On by default since its non-blocking copy measured 1-2 points above the full draft
+        # prefill (results/bench-0.5.12-kv-prefill-fixed); SPECTOOL_FALLBACK_KV_ONLY_PREFILL=0
+        # turns it off: _spec_fallback_draft_prefill.
         self._fallback_kv_only_prefill = (
-            os.environ.get("SPECTOOL_FALLBACK_KV_ONLY_PREFILL", "0") == "1"
+            os.environ.get("SPECTOOL_FALLBACK_KV_ONLY_PREFILL", "1") != "0"
         )
         margin = self._spec_fallback_env_count(
             "SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", "8", "the draft runs in full"
