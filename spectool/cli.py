@@ -258,9 +258,11 @@ def fetch(version, dest, as_json):
 @click.option("--tp", "tp_size", type=click.IntRange(min=1), default=1, show_default=True,
               help="Tensor parallelism of every engine, baselines included (needs that many GPUs).")
 @click.option("--model-cache", type=click.Path(file_okay=False), default=None, help="Where the trained golden model is kept.")
+@click.option("--port-base", type=click.IntRange(1024, 65000), default=31000, show_default=True,
+              help="First engine port (engine i takes PORT_BASE + 50*i); two verify runs at once need their own.")
 @_json_opt
 @guarded
-def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, model_cache, as_json):
+def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, model_cache, port_base, as_json):
     """Golden GPU tests: the patched SGLang must give the no-speculation tokens exactly."""
     from .verify.runner import print_report, verify as run_verify
 
@@ -269,7 +271,8 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
         golden_dir = here if here.is_dir() else Path(__file__).resolve().parent.parent / "golden"
     report = run_verify(sglang_dir, Path(out_dir), golden_root=Path(golden_dir), record=record, parallel=parallel,
                         only=[x for x in only.split(",") if x] or None, tp_size=tp_size,
-                        model_cache=Path(model_cache) if model_cache else None, console=_console())
+                        model_cache=Path(model_cache) if model_cache else None, port_base=port_base,
+                        console=_console())
     if as_json:
         click.echo(to_json(report))
     else:

@@ -167,6 +167,38 @@ def test_tensor_parallel_reaches_every_engine(tmp_path):
         assert len(jobs) == len(cfgs) and {engine_kwargs(j)["tp_size"] for j in jobs} == {tp}
 
 
+def test_golden_model_for_tensor_parallel():
+    """TP=2 gets the nearest model its ranks can hold (each rank's MLP share in whole 16-byte
+    vectors: 344 split in two failed CUDA graph capture on the H200); TP=1 keeps the model
+    the golden files were recorded with; a TP the two heads cannot split is refused."""
+    base = ModelSpec()
+    assert base.for_tp(1) is base
+    tp2 = base.for_tp(2)
+    assert tp2.intermediate == 352 and (tp2.intermediate // 2) % 8 == 0 and tp2.key() != base.key()
+    with pytest.raises(ValueError, match="2 attention heads"):
+        base.for_tp(4)
+
+
+def test_golden_files_speak_only_for_their_model(tmp_path):
+    """A TP=2 run (its own model) is not failed against golden files of the TP=1 model; the
+    report says which files it left out. With the recorded model both files are checked."""
+    from pathlib import Path
+
+    from spectool.verify import runner
+
+    root = Path(__file__).resolve().parent.parent / "golden"
+    for spec, skipped in ((ModelSpec(), 0), (ModelSpec().for_tp(2), 2)):
+        models = {"meta": {"key": spec.key()}}
+        report = runner.evaluate({}, [], {}, models, "0.5.12", "sm90", "NVIDIA H200", root, False)
+        assert report["ok"] and not report["golden_problems"], spec
+        assert len(report["golden_skipped"]) == skipped, report["golden_skipped"]
+    models = {"meta": {"key": ModelSpec().for_tp(2).key()}}
+    report = runner.evaluate({}, [], {}, models, "0.5.99", "sm90", "NVIDIA H200", root, False)
+    assert report["ok"] and any("no golden file" in p for p in report["golden_skipped"])
+    report = runner.evaluate({}, [], {}, {"meta": {"key": ModelSpec().key()}}, "0.5.99", "sm90", "H200", root, False)
+    assert not report["ok"] and "record one with --record" in report["golden_problems"][0]
+
+
 def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, reparse_verify):
     """The scenarios that claim the KV-only draft paths (and those that claim the sync stays
     off) are checked against the recipe's counters. The run on d7cba07 (KV-only prefill

@@ -19,8 +19,11 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+
+
+VECTOR_ELEMS = 8  # bf16 values in one 16-byte vector of SGLang's elementwise kernels
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,19 @@ class ModelSpec:
     eps: float = 1e-5
     init_std: float = 0.0  # 0: PyTorch's default init (learns the copy task much faster)
     warmup: int = 100
+
+    def for_tp(self, tp_size: int) -> "ModelSpec":
+        """This spec, or the nearest one every rank of `tp_size` can hold: SGLang's fused
+        activation kernel needs each rank's share of the MLP in whole 16-byte vectors (8 bf16
+        values), and each rank whole attention heads. 344 splits for TP=1 only (172 per rank
+        failed CUDA graph capture at TP=2 on the H200), so TP>1 trains a model of its own,
+        with no golden file of its own: the run compares each engine with its baseline."""
+        if tp_size < 1 or self.heads % tp_size:
+            raise ValueError(f"the golden model has {self.heads} attention heads, which TP={tp_size} cannot split")
+        unit = VECTOR_ELEMS * tp_size
+        if self.intermediate % unit == 0:
+            return self
+        return replace(self, intermediate=-(-self.intermediate // unit) * unit)
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]

@@ -99,7 +99,7 @@ def run_engines(jobs: list[dict], workdir: Path, env: dict, parallel: int, timeo
 
 def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: bool = False, parallel: int = 4,
            timeout: float = 420, only: list[str] | None = None, tp_size: int = 1, model_cache: Path | None = None,
-           console=None) -> dict:
+           port_base: int = 31000, console=None) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     env = dict(os.environ)
@@ -107,7 +107,13 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
     arch, gpu_name = gpu_info()
     out_dir.mkdir(parents=True, exist_ok=True)
     t_all = time.time()
-    spec = ModelSpec()
+    try:
+        spec = ModelSpec().for_tp(tp_size)
+    except ValueError as exc:
+        raise BadInputError(f"spectool verify --tp {tp_size}: {exc}; use --tp 1 or 2.") from None
+    if record and spec != ModelSpec():
+        raise BadInputError(f"spectool verify --record --tp {tp_size}: golden files are recorded with the TP=1 model "
+                            f"(TP={tp_size} needs a model of its own, whose tokens no golden file holds); record at --tp 1.")
     log_lines = []
     # The committed golden model (golden/models) is used when it matches the spec; otherwise
     # it is trained here (about a minute on a GPU) and cached in the output folder.
@@ -117,7 +123,7 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
     models = ensure_models(model_cache, spec, log=log_lines.append)
     wls = scenarios.workloads(spec)
     cfgs = [c for c in scenarios.configs() if not only or c.name in only or c.algorithm is None]
-    jobs, cfgs, skipped = plan_jobs(cfgs, wls, models, out_dir, sg_version, upstream_switch, tp_size)
+    jobs, cfgs, skipped = plan_jobs(cfgs, wls, models, out_dir, sg_version, upstream_switch, tp_size, port_base)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=False) as bar:
         task = bar.add_task("engines", total=len(jobs))
@@ -160,7 +166,8 @@ def inspect_tree(sglang_dir: str | None, env: dict) -> tuple[str, bool]:
     return str(tree.version), any(r.id == "spec-fallback" and r.status == "upstreamed" for r in chk.plan.results)
 
 
-def plan_jobs(cfgs, wls, models, out_dir: Path, sg_version: str, upstream_switch: bool, tp_size: int = 1):
+def plan_jobs(cfgs, wls, models, out_dir: Path, sg_version: str, upstream_switch: bool, tp_size: int = 1,
+              port_base: int = 31000):
     """One job per engine configuration; (jobs, configs run, configs skipped with the reason)."""
     skipped = {}
     if upstream_switch:
@@ -175,7 +182,7 @@ def plan_jobs(cfgs, wls, models, out_dir: Path, sg_version: str, upstream_switch
             "config": asdict(c), "target": models["target"], "eagle3_draft": models["eagle3_draft"],
             "workloads": [{"name": w, "requests": [asdict(r) for r in wls[w].requests]} for w in c.workloads],
             "stats_path": str(out_dir / f"{c.name}.stats.json") if c.algorithm else None,
-            "port": 31000 + 50 * i,
+            "port": port_base + 50 * i,
             "tp_size": tp_size,
         })
         if upstream_switch and c.algorithm:
@@ -200,13 +207,24 @@ def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root
                 baselines.setdefault(w, {"prompts": [r.prompt for r in wls[w].requests],
                                          "requests": results[c.name]["workloads"][w]["requests"]})
     gpath = compare.golden_path(golden_root, sg_version, arch)
-    golden_problems = []
+    golden_problems, golden_skipped = [], []
     cross = {}
+
+    def same_model(path: Path, data: dict) -> bool:
+        """A golden file speaks only for the model it was recorded with (TP>1 trains its own)."""
+        if data.get("model", {}).get("key") == models["meta"]["key"]:
+            return True
+        golden_skipped.append(f"{path}: recorded with model {data.get('model', {}).get('key')}, this run's is "
+                              f"{models['meta']['key']}; its engines are compared with their baselines only")
+        return False
+
     for other in sorted(Path(golden_root).glob(f"*/{arch}/golden.json")):
         if other == gpath:
             continue
         # Same model, same prompts: plain decoding of another release must give the same tokens.
         odata = json.loads(other.read_text())
+        if not same_model(other, odata):
+            continue
         cross[odata.get("sglang_version", other.parent.parent.name)] = [
             p for w, b in baselines.items() for p in compare.compare_to_golden(odata, w, b["prompts"], b["requests"])]
     if record:
@@ -215,8 +233,12 @@ def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root
         gpath.write_text(json.dumps(data, indent=1))
     elif gpath.exists():
         golden = json.loads(gpath.read_text())
-        for w, b in baselines.items():
-            golden_problems += compare.compare_to_golden(golden, w, b["prompts"], b["requests"])
+        if same_model(gpath, golden):
+            for w, b in baselines.items():
+                golden_problems += compare.compare_to_golden(golden, w, b["prompts"], b["requests"])
+    elif models["meta"]["key"] != ModelSpec().key():
+        golden_skipped.append(f"no golden file for model {models['meta']['key']}; its engines are compared with "
+                              "their baselines only")
     else:
         golden_problems.append(f"no golden file at {gpath} (record one with --record)")
     for s in scenarios.scenarios():
@@ -259,7 +281,8 @@ def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root
     ok = all(r["ok"] for r in rows) and not engine_errors and not golden_problems
     return {
         "ok": ok, "sglang_version": sg_version, "gpu_arch": arch, "gpu": gpu_name, "golden_file": str(gpath),
-        "recorded": record, "golden_problems": golden_problems, "other_releases_golden": cross, "engine_errors": engine_errors,
+        "recorded": record, "golden_problems": golden_problems, "golden_skipped": golden_skipped,
+        "other_releases_golden": cross, "engine_errors": engine_errors,
         "scenarios": rows, "model": models["meta"],
         "engines": {k: {"startup_s": v.get("startup_s"), "total_s": v.get("total_s"), "ok": v.get("ok")} for k, v in results.items()},
     }
@@ -298,6 +321,8 @@ def print_report(report: dict, console) -> None:
         console.print(f"[red]engine {name} failed[/]: {e['error']}\n{e['log_tail']}", markup=False)
     for p in report["golden_problems"]:
         console.print(f"golden: {p}")
+    for p in report.get("golden_skipped") or []:
+        console.print(f"[yellow]golden file not used[/]: {p}")
     for version, problems in (report.get("other_releases_golden") or {}).items():
         console.print(f"plain decoding vs SGLang {version}'s golden file: "
                       + ("identical tokens" if not problems else f"{len(problems)} difference(s): {problems[:3]}"))
