@@ -139,7 +139,7 @@ def test_transition_reference_brackets_the_schedule(tmp_path, monkeypatch):
     res = sweep._transition(None, tmp_path, 128, 128)
     assert [c["kind"] for c in sent] == ["point", "point", "phases", "point", "point"]
     assert [c["C"] for c in sent if c["kind"] == "point"] == [4, 192, 4, 192]
-    assert all(c["n"] == {4: 64, 192: 384}[c["C"]] for c in sent if c["kind"] == "point")
+    assert all(c["n"] == {4: 128, 192: 384}[c["C"]] for c in sent if c["kind"] == "point")
     phase_seeds = {sent[2]["seed"] + i for i in range(len(sweep.TRANSITION))}  # phases() seeds seed + i
     ref_seeds = [c["seed"] for c in sent if c["kind"] == "point"]
     assert len(set(ref_seeds)) == 4 and not phase_seeds & set(ref_seeds)

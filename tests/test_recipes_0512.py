@@ -166,6 +166,24 @@ def test_ranks_decide_alike(patched):
     assert [a.should(x) for x in batches] == [b.should(x) for x in batches]
 
 
+def test_one_rank_writes_the_stats_file(patched, monkeypatch):
+    """TP: only rank 0 writes SPECTOOL_FALLBACK_STATS. StandaloneWorkerV2 sets no tp_rank
+    of its own (0.5.12), so the rank comes from its target worker; at TP=2 on the H200 both
+    ranks once wrote the file and one crashed renaming it (results/verify-0.5.12-tp2)."""
+    monkeypatch.setenv("SPECTOOL_FALLBACK_STATS", "/tmp/stats.json")
+    ns = {"logger": logging.getLogger("test"), "os": __import__("os"), "collections": collections}
+    init = load_function(patched / WORKER, "EAGLEWorkerV2._spec_fallback_init", ns)
+    args = SimpleNamespace(speculative_disable_batch_size_threshold=None)
+    paths = {}
+    for kind, rank in (("eagle", 0), ("eagle", 1), ("standalone", 0), ("standalone", 1)):
+        w = (SimpleNamespace(tp_rank=rank) if kind == "eagle"
+             else SimpleNamespace(_target_worker=SimpleNamespace(tp_rank=rank)))
+        init(w, args)
+        paths[kind, rank] = w._fallback_stats_path
+    assert paths == {("eagle", 0): "/tmp/stats.json", ("eagle", 1): None,
+                     ("standalone", 0): "/tmp/stats.json", ("standalone", 1): None}
+
+
 def test_acceptance_is_counted_per_phase(patched):
     w = _worker(patched, threshold=4)
     for bs in (2, 2, 8, 8, 2):

@@ -63,10 +63,14 @@ class EAGLEWorkerV2:
         # Phase ids of steps whose results the scheduler has not reported yet (bounded: a
         # release without the on_verify_complete_cpu hook never pops).
         self._fallback_modes = collections.deque(maxlen=4096)
+        # One writer per engine: rank 0. StandaloneWorkerV2 (0.5.12) sets no tp_rank of its
+        # own, so the rank comes from the target worker, which every release gives one; at
+        # TP=2 both ranks once wrote the same file and one crashed on the other's rename.
+        rank = getattr(self, "tp_rank", None)
+        if rank is None:
+            rank = getattr(getattr(self, "_target_worker", None), "tp_rank", 0)
         self._fallback_stats_path = (
-            os.environ.get("SPECTOOL_FALLBACK_STATS")
-            if getattr(self, "tp_rank", 0) == 0
-            else None
+            os.environ.get("SPECTOOL_FALLBACK_STATS") if rank == 0 else None
         )
         self._fallback_publish_interval = float(
             os.environ.get("SPECTOOL_FALLBACK_STATS_INTERVAL", "0.5")
