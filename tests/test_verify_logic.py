@@ -201,8 +201,8 @@ def test_golden_files_speak_only_for_their_model(tmp_path):
 
 def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, reparse_verify):
     """The scenarios that claim the KV-only draft paths (and those that claim the sync stays
-    off) are checked against the recipe's counters. The run on d7cba07 (KV-only prefill
-    counted, on by default there) passes every claim. The earlier runs, re-evaluated, fail
+    off) are checked against the recipe's counters. The runs on f79ebae (session 8) and
+    d7cba07 (KV-only prefill counted, on by default in both) pass every claim. The earlier runs, re-evaluated, fail
     exactly what they lacked: no KV-only prefill before this session (0574c06, 80f522d); the
     sync not yet replayed from graphs (85503b5); the sync still opt-in (609b3ff, which fails
     the scenario that pins the default margin, 12 requests at T=0). So each check can fail."""
@@ -212,7 +212,7 @@ def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, rep
 
     root = Path(__file__).resolve().parent.parent
     failed = {}
-    runs = (".", "session7-0574c06", "session6-80f522d", "session5-85503b5", "session5-609b3ff")
+    runs = (".", "session7-d7cba07", "session7-0574c06", "session6-80f522d", "session5-85503b5", "session5-609b3ff")
     for run in runs:
         folder = tmp_path / run.replace(".", "latest")
         folder.mkdir()
@@ -231,7 +231,9 @@ def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, rep
     prefills = {r["scenario"]: r["kv_only_prefills"]
                 for r in json.loads((tmp_path / "latest/verify-results-reparsed.json").read_text())["scenarios"]}
     assert prefills["eagle3 always-fallback stagger (T=0)"] == 2 and prefills["eagle3 KV-only transition down"] == 2
-    assert failed["."] == {}
+    # The latest run has the prefill on by default: an engine that does not ask for it uses it.
+    assert prefills["eagle3 transition down"] == 1
+    assert failed["."] == {} and failed["session7-d7cba07"] == {}
     no_graph = "expected every KV-only draft sync replayed from its CUDA graph, got 0 of {}"
     no_prefill = "expected prefills on the KV-only draft path, got none"
     before_prefill = {"eagle3 always-fallback stagger (T=0)": [no_prefill], "eagle3 KV-only transition down": [no_prefill]}
@@ -242,3 +244,29 @@ def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, rep
     assert failed["session5-609b3ff"] == {
         "eagle3 always-fallback stagger (T=0)": ["expected fallback steps with the KV-only draft sync, got none", no_prefill],
         "eagle3 KV-only draft sync": [no_graph.format(63)], "eagle3 KV-only transition down": [no_prefill]}
+
+def test_tensor_parallel_run_is_judged_by_its_own_rules(tmp_path, reparse_verify):
+    """The first TP=2 run (H200 x2, f79ebae): every EAGLE-3 scenario token-exact. Judged by
+    TP=1 rules it failed two KV-only claims (no graphs: the recipe runs that sync eagerly at
+    TP>1); re-evaluated at its own TP those pass, and what stays failed is the real bug it
+    found: STANDALONE's engine crashed when both ranks wrote the stats file (fixed since;
+    test_recipes_0512.test_one_rank_writes_the_stats_file)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    run = Path(__file__).resolve().parent.parent / "results/verify-0.5.12-tp2/session8-f79ebae"
+    for f in ("verify-results.json", "verify-logs.tgz"):
+        shutil.copy(run / f, tmp_path / f)
+    recorded = json.loads((run / "verify-results.json").read_text())
+    assert recorded["tp_size"] == 2 and recorded["model"]["key"] == ModelSpec().for_tp(2).key()
+    assert reparse_verify.main(tmp_path) == 0
+    new = json.loads((tmp_path / "verify-results-reparsed.json").read_text())
+    failed = {r["scenario"]: r["failures"] for r in new["scenarios"] if not r["ok"]}
+    assert failed == {name: ["engine standalone-t4 failed"] for name in (
+        "standalone bs=1 (high acceptance)", "standalone transition down", "standalone spec-fallback-spec")}
+    exact = [r for r in new["scenarios"] if r["config"].startswith("eagle3")]
+    assert len(exact) == 14 and all(r["equal"] == r["requests"] for r in exact)
+    kv = {r["scenario"]: (r["kv_only_steps"], r["kv_only_graph_steps"]) for r in new["scenarios"] if r.get("kv_only_steps")}
+    assert kv["eagle3 KV-only draft sync"] == (63, 0)
+    assert not new["golden_problems"] and len(new["golden_skipped"]) == 2

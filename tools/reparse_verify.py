@@ -46,7 +46,9 @@ def main(folder: Path) -> int:
     models = {"meta": report["model"]}
     new = runner.evaluate(results, cfgs, wls, models, report["sglang_version"], report["gpu_arch"], report["gpu"],
                           ROOT / "golden", False, skipped,
-                          recipe_counters=not report.get("counters_from", "").startswith("engine log"))
+                          recipe_counters=not report.get("counters_from", "").startswith("engine log"),
+                          tp_size=report.get("tp_size", 1))
+    new["tp_size"] = report.get("tp_size", 1)
     new["reparsed_from"] = "verify-results.json + verify-logs.tgz of the recorded run (tools/reparse_verify.py)"
     (folder / "verify-results-reparsed.json").write_text(json.dumps(new, indent=2))
     new.setdefault("wall_seconds", report.get("wall_seconds"))

@@ -57,7 +57,8 @@ class Expect:
     resume_acceptance_not_lower: bool = False
     # "positive" | "zero" | "any": steps on the KV-only draft sync (the recipe's counter; not
     # checked where the switch is upstream's, which has no such path); "graph": positive, and
-    # every one of them replayed from the sync's CUDA graphs.
+    # every one of them replayed from the sync's CUDA graphs; "eager": positive, none from a
+    # graph (what "graph" becomes at TP>1, where the recipe captures no KV-only graphs).
     kv_only: str = "any"
     # "positive" | "any": prefills that wrote only the draft's K/V (the recipe's counter), where
     # the running batch makes them certain whatever the order the requests arrive in.
