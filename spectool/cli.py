@@ -294,6 +294,9 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
 @click.option("--budget", type=float, default=540, help="Stop measuring after this many seconds (resume later).")
 @click.option("--no-transition", is_flag=True,
               help="Skip the transition workload (alternating C=4 and C=192 on A2 and its variants).")
+@click.option("--transition-arms", default="",
+              help="Arms whose engines (with their variants) run the transition workload (default A2); A1 or A0 beside A2 is a "
+                   "control that never switches, so what a phase loses to the engine's own state shows there too.")
 @click.option("--arms", "arm_names", default="A0,A1,A2,A3,A4",
               help="Comma-separated arms (A0 no spec, A1 EAGLE-3, A2 threshold T, A3 threshold above any batch, A4 T=0).")
 @click.option("--variant", "variants", multiple=True, metavar="NAME=BASE:VAR=VALUE[;VAR=VALUE]",
@@ -313,7 +316,7 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
                    "--out-len, the prefills of arriving requests included.")
 @_json_opt
 @guarded
-def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, arm_names,
+def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, transition_arms, arm_names,
           variants, max_engines, suggest, load, profile_steps, profile_load, as_json):
     """Throughput sweep (GPU): no-spec, EAGLE-3, and the patched fallback, per concurrency."""
     from .bench import analyze
@@ -347,7 +350,8 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
         reports[a] = run(folder, threshold=threshold, concurrencies=cs, reps=reps, prompt_len=prompt_len, out_len=out_len,
                          acc_len=a, transition=not no_transition, budget_s=budget, sglang_dir=sglang_dir,
                          arm_names=[x for x in arm_names.split(",") if x], variants=variants, max_engines=max_engines,
-                         load=load, console=_console())
+                         load=load, transition_arms=tuple(x for x in transition_arms.split(",") if x) or None,
+                         console=_console())
     if as_json:
         click.echo(to_json(reports[accs[0]] if len(accs) == 1 else {f"{a:g}": r for a, r in reports.items()}))
     else:

@@ -239,6 +239,21 @@ def test_transition_runs_on_a2_and_its_variants_only():
     assert [a.name for a in wave] == ["A2", "A2X"] and steps == [None]
 
 
+def test_transition_control_arms_are_named():
+    """--transition-arms A2,A1 adds a control that never switches (A1 speculates at every
+    batch), planned in the same wave; an arm named there but not measured is a one-paragraph
+    error; the default (A2) in a run without A2 plans no transition and no error."""
+    from spectool.bench.sweep import plan_steps, run, select_arms
+    from spectool.errors import BadInputError
+
+    arms = select_arms(32, 256, ["A0", "A1", "A2"])
+    assert [a.name for a in arms if a.runs_transition(("A2", "A1"))] == ["A1", "A2"]
+    [(wave, steps)] = plan_steps(arms, [4], 0, 3.0, set(), True, 4, ("A2", "A1"))
+    assert steps == [None]
+    with pytest.raises(BadInputError, match="A3"):
+        run(Path("/nonexistent"), threshold=32, arm_names=["A0", "A2"], transition_arms=("A2", "A3"))
+
+
 def test_transition_control_run_of_session5():
     """results/bench-0.5.12-transition: the transition workload on four engines of one run,
     A2 (the default, KV-only sync above T+8), a replica of it (A2R), and both again with the

@@ -15,8 +15,10 @@ class Arm:
     env: dict = field(default_factory=dict)  # for the engine process (recipe switches)
     base: str | None = None  # a variant's base arm (a variant of A2 also runs the transition)
 
-    def runs_transition(self) -> bool:
-        return "A2" in (self.name, self.base)
+    def runs_transition(self, arms=("A2",)) -> bool:
+        """Whether this engine runs the transition workload: the arms named (A2 by default;
+        A1 or A0 beside it is a control that never switches) and their variants."""
+        return bool({self.name, self.base} & set(arms))
 
 
 def arms(threshold: int, max_bs: int = 256) -> list[Arm]:

@@ -58,15 +58,21 @@ def _requests_for(C: int, load: str = "lockstep") -> int:
 def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, prompt_len: int = 128,
         out_len: int = 128, acc_len: float = 3.0, transition: bool = True, budget_s: float = 540,
         sglang_dir: str | None = None, arm_names: list[str] | None = None, variants=(), max_engines: int = MAX_ENGINES,
-        load: str = "lockstep", console=None) -> dict:
+        load: str = "lockstep", transition_arms=None, console=None) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..verify.runner import gpu_info
 
     max_bs = max(concurrencies)
     arm_list = select_arms(threshold, max_bs, arm_names, variants)
-    if transition and not any(a.runs_transition() for a in arm_list):
-        transition = False  # the transition workload runs on A2 and its variants
+    # Named arms must be measured; the default (A2) just finds no engine in a run without it.
+    unknown = sorted(set(transition_arms or ()) - {a.name for a in arm_list})
+    transition_arms = transition_arms or ("A2",)
+    if transition and unknown:
+        raise BadInputError(f"--transition-arms {','.join(transition_arms)}: {unknown} not among the arms measured "
+                            f"({', '.join(a.name for a in arm_list)}); add them to --arms.")
+    if transition and not any(a.runs_transition(transition_arms) for a in arm_list):
+        transition = False  # no arm of this run takes the transition workload
     cells_path = out / "cells.jsonl"
     if load not in LOADS:
         raise BadInputError(f"--load {load!r}: use {' or '.join(LOADS)}.")
@@ -78,7 +84,8 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
     tpath = out / "transition.json"
     trans = json.loads(tpath.read_text()) if tpath.exists() else None
     startup = {}
-    plan = plan_steps(arm_list, concurrencies, reps, acc_len, done, transition and trans is None, max_engines)
+    plan = plan_steps(arm_list, concurrencies, reps, acc_len, done, transition and trans is None, max_engines,
+                      transition_arms)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task("cells", total=sum(1 for _, steps in plan for t in steps if t is not None))
@@ -101,9 +108,9 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
                     stopped = over_budget()
                     if stopped:
                         break
-                    if step is None:  # A2 and its variants, each on its own engine (a same-run control)
+                    if step is None:  # A2 and its variants (and any control), each on its own engine
                         trans = {a.name: _transition(procs[a.name], out, prompt_len, out_len)
-                                 for a in wave if a.runs_transition()}
+                                 for a in wave if a.runs_transition(transition_arms)}
                         tpath.write_text(json.dumps(trans, indent=1))
                         continue
                     rep, C, arm = step
@@ -139,7 +146,7 @@ def load_cells(cells_path: Path, acc_len: float, load: str = "lockstep") -> tupl
 
 
 def plan_steps(arm_list, concurrencies, reps: int, acc_len: float, done: set, transition: bool,
-               max_engines: int = MAX_ENGINES) -> list[tuple[list, list]]:
+               max_engines: int = MAX_ENGINES, transition_arms=("A2",)) -> list[tuple[list, list]]:
     """(wave, steps) for what is still to measure: cells (rep, C, arm) not in `done`, the arm
     order rotated per repetition, and None where A2's wave runs the transition workload on A2
     and its variants (after the first repetition, so a time budget rarely cuts it off). Waves
@@ -148,7 +155,7 @@ def plan_steps(arm_list, concurrencies, reps: int, acc_len: float, done: set, tr
     for wave in plan_waves(arm_list, max_engines):
         steps = [(rep, C, arm.name) for rep in range(reps) for C in concurrencies for arm in _rotated(wave, rep)
                  if (arm.name, C, rep, acc_len) not in done]
-        if transition and any(a.runs_transition() for a in wave):
+        if transition and any(a.runs_transition(transition_arms) for a in wave):
             steps.insert(next((i for i, t in enumerate(steps) if t[0] >= min(1, reps - 1)), len(steps)), None)
         if steps:
             plan.append((wave, steps))
@@ -172,14 +179,18 @@ def _transition(proc, out: Path, prompt_len: int, out_len: int) -> dict:
 
     def references(seed):
         return {str(ph["C"]): _command(proc, out, {"kind": "point", "C": ph["C"], "n": ph["n"], "prompt_len": prompt_len,
-                                                   "out_len": out_len, "seed": seed + ph["C"]})["output_tok_s"]
+                                                   "out_len": out_len, "seed": seed + ph["C"]})
                 for ph in (LOW, HIGH)}
 
     before = references(1077)
     res = _command(proc, out, {"kind": "phases", "schedule": TRANSITION, "prompt_len": prompt_len, "out_len": out_len, "seed": 77})
     after = references(2077)
-    return {**res, "reference": {C: (before[C] + after[C]) / 2 for C in before},
-            "reference_runs": {C: [before[C], after[C]] for C in before}}
+    tok = lambda runs, C: runs[C]["output_tok_s"]  # noqa: E731
+    # The references' whole records (TTFT, TPOT, window) too: a phase that reads slow can
+    # then be told apart as slower steps or as a longer wait for the first token.
+    return {**res, "reference": {C: (tok(before, C) + tok(after, C)) / 2 for C in before},
+            "reference_runs": {C: [tok(before, C), tok(after, C)] for C in before},
+            "reference_records": {C: [before[C], after[C]] for C in before}}
 
 
 def select_arms(threshold: int, max_bs: int, arm_names, variants=()) -> list:
