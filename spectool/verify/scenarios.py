@@ -121,9 +121,10 @@ DRAFT_DECODE = {"SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS": "1"}
 # speculative step after it drafts from zeros, and tokens stay exact. At T=0 the default
 # margin itself is pinned: 8 requests take the full sync, 9-12 the KV-only one.
 DRAFT_KV_ONLY = {"SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN": "0"}
-# The KV-only draft prefill (opt-in) on the engines above that claim it: 12 requests at T=0
-# (the default margin) and at T=4 with margin 0, then speculation resumes over the draft KV
-# it wrote (T=4). Exact on the H200 on d7cba07, where it was on by default.
+# The KV-only draft prefill (on by default since session 8), asked for by name on the engines
+# that claim it, so the claim does not hang on the default: 12 requests at T=0 (the default
+# margin) and at T=4 with margin 0, then speculation resumes over the draft KV it wrote
+# (T=4). Exact on the H200 on d7cba07 and f79ebae.
 KV_ONLY_PREFILL = {"SPECTOOL_FALLBACK_KV_ONLY_PREFILL": "1"}
 
 

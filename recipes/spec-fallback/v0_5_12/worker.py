@@ -481,10 +481,10 @@ class EAGLEWorkerV2:
         token the target produced, at the prompt's positions and slots. The next draft input
         is zeros, as after a KV-only decode sync. Otherwise the release's full draft extend.
         Why: at C=128 the fallback's time to first token is 23 ms above plain decoding's,
-        most of its throughput gap (results/bench-0.5.12-kv-prefill-ab). Opt-in until
-        measured again: its first H200 run, exact (verify 17/17), copied `ends` with a
-        blocking copy, whose stream sync held the overlap scheduler behind each prefill
-        (TTFT 421 against 245 ms at C=128)."""
+        most of its throughput gap (results/bench-0.5.12-kv-prefill-ab); this takes back 17
+        of 22 ms (results/bench-0.5.12-kv-prefill-fixed). `ends` goes to the GPU without
+        blocking: a blocking copy's stream sync held the overlap scheduler behind each
+        prefill (TTFT 421 against 245 ms at C=128 in its first H200 run)."""
         dw = self.draft_worker
         if not self._spec_fallback_kv_only_prefill_applies(batch, mm_input_embeds):
             return dw._draft_extend_for_prefill(
@@ -521,7 +521,7 @@ class EAGLEWorkerV2:
 
     def _spec_fallback_kv_only_prefill_applies(self, batch, mm_input_embeds):
         """Whether a prefill takes the KV-only draft path: the KV-only sync is on and
-        SPECTOOL_FALLBACK_KV_ONLY_PREFILL=1 asks for it here too; the batch is a plain text
+        SPECTOOL_FALLBACK_KV_ONLY_PREFILL is not 0 (on by default); the batch is a plain text
         EXTEND that the stated rule lets fall back (_spec_fallback_eligible); and its
         requests plus the running batch (while the fallback is on: the last decode step's
         size) are more than the margin above T. Depends on the batch and on state every TP rank updates alike.
