@@ -156,3 +156,16 @@ def test_bench_suggest_threshold_per_acceptance(tmp_path):
     assert "acceptance 2: suggested threshold 4" in r.output and "acceptance 3: suggested threshold 16" in r.output
     r = run("bench", "--out", tmp_path / "empty", "--suggest-threshold")
     assert r.exit_code == 2 and "has no cells.jsonl" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--tp", "4"], "2 attention heads, which TP=4 cannot split"),
+    (["--tp", "2", "--record"], "record at --tp 1"),
+])
+def test_verify_bad_tensor_parallel_is_one_paragraph_exit_2(tmp_path, args, needle):
+    """Refused before any tree or GPU is looked at: a TP the golden model cannot be split for,
+    and recording golden files with the TP>1 model (their tokens would not be the TP=1 ones)."""
+    r = CliRunner().invoke(main, ["verify", "--out", str(tmp_path / "v"), *args])
+    assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "v").exists()

@@ -102,11 +102,6 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
            port_base: int = 31000, console=None) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    env = dict(os.environ)
-    sg_version, upstream_switch = inspect_tree(sglang_dir, env)  # bad input first, then the GPU
-    arch, gpu_name = gpu_info()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    t_all = time.time()
     try:
         spec = ModelSpec().for_tp(tp_size)
     except ValueError as exc:
@@ -114,6 +109,11 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
     if record and spec != ModelSpec():
         raise BadInputError(f"spectool verify --record --tp {tp_size}: golden files are recorded with the TP=1 model "
                             f"(TP={tp_size} needs a model of its own, whose tokens no golden file holds); record at --tp 1.")
+    env = dict(os.environ)
+    sg_version, upstream_switch = inspect_tree(sglang_dir, env)  # bad input first, then the GPU
+    arch, gpu_name = gpu_info()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t_all = time.time()
     log_lines = []
     # The committed golden model (golden/models) is used when it matches the spec; otherwise
     # it is trained here (about a minute on a GPU) and cached in the output folder.
