@@ -132,8 +132,10 @@ def test_transition_reference_brackets_the_schedule(tmp_path, monkeypatch):
     def command(proc, out, cmd):
         sent.append(cmd)
         if cmd["kind"] == "phases":
-            return {"phases": [{"C": ph["C"], "output_tok_s": 900.0} for ph in cmd["schedule"]]}
-        return {"output_tok_s": 1000.0 if len(sent) < 4 else 1200.0}
+            return {"phases": [{"C": ph["C"], "output_tok_s": 900.0, "ttft_ms": 40.0, "tpot_ms": 2.6}
+                               for ph in cmd["schedule"]]}
+        return {"output_tok_s": 1000.0 if len(sent) < 4 else 1200.0, "ttft_ms": 30.0 if len(sent) < 4 else 32.0,
+                "tpot_ms": 2.5}
 
     monkeypatch.setattr(sweep, "_command", command)
     res = sweep._transition(None, tmp_path, 128, 128)
@@ -146,6 +148,11 @@ def test_transition_reference_brackets_the_schedule(tmp_path, monkeypatch):
     assert res["reference"] == {"4": 1100.0, "192": 1100.0} and res["reference_runs"]["4"] == [1000.0, 1200.0]
     rows = summarize(tmp_path, _cells(), DEFAULT_C, 12, 3.0, {"A2": res}, {})["transition"]["A2"]
     assert [round(r["ratio"], 3) for r in rows] == [0.818] * 5 and rows[0]["reference_runs"] == [1000.0, 1200.0]
+    # The references' TTFT and TPOT are kept, so a slow phase shows which of the two it lost.
+    assert rows[0]["ttft_ms"] == 40.0 and rows[0]["steady_ttft_ms"] == 31.0 and rows[0]["steady_tpot_ms"] == 2.5
+    from spectool.bench.analyze import transition_markdown
+
+    assert "| A2 | 1 | 4 | 900 | 1100 (1000 / 1200) | 0.818 | 40 / 31 | 2.60 / 2.50 |" in transition_markdown({"A2": rows})
 
 
 def test_arms_run_in_waves_that_fit_the_gpu():

@@ -115,8 +115,15 @@ def latency_markdown(m: dict, concurrencies: list[int], arms: list[str]) -> str:
 
 def transition_markdown(summary: dict) -> str:
     """The transition workload per arm: each phase's throughput against its steady state (the
-    mean of the standalone runs before and after the schedule, both listed)."""
-    lines = ["| arm | phase | C | tok/s | steady tok/s (runs) | phase/steady |", "|---|---|---|---|---|---|"]
+    mean of the standalone runs before and after the schedule, both listed), and its TTFT and
+    TPOT against theirs (from session 8's runs on; '-' where a run did not keep them)."""
+    lines = ["| arm | phase | C | tok/s | steady tok/s (runs) | phase/steady | TTFT ms phase / steady "
+             "| TPOT ms phase / steady |", "|---|---|---|---|---|---|---|---|"]
+
+    def pair(r, key, digits):
+        a, b = r.get(key), r.get("steady_" + key)
+        return " / ".join("-" if x is None else f"{x:.{digits}f}" for x in (a, b))
+
     for arm, rows in summary.items():
         for i, r in enumerate(rows, 1):
             runs = r.get("reference_runs")
@@ -124,7 +131,8 @@ def transition_markdown(summary: dict) -> str:
             if runs:
                 steady += " (" + " / ".join(f"{x:.0f}" for x in runs) + ")"
             ratio = "-" if r.get("ratio") is None else f"{r['ratio']:.3f}"
-            lines.append(f"| {arm} | {i} | {r['C']} | {r['tok_s']:.0f} | {steady} | {ratio} |")
+            lines.append(f"| {arm} | {i} | {r['C']} | {r['tok_s']:.0f} | {steady} | {ratio} "
+                         f"| {pair(r, 'ttft_ms', 0)} | {pair(r, 'tpot_ms', 2)} |")
     worst = [r["ratio"] for rows in summary.values() for r in rows if r.get("ratio") is not None]
     if worst:
         lines.append(f"\nLowest phase/steady: {min(worst):.3f} (goal: no phase more than 5% below, >= 0.950).")

@@ -391,11 +391,20 @@ def _transition_summary(trans, m):
         ref = res.get("reference", {})
         for ph in res["phases"]:
             steady = ref.get(str(ph["C"])) or m.get((arm, ph["C"]), {}).get("median") or _interp(m, arm, ph["C"])
+            records = res.get("reference_records", {}).get(str(ph["C"])) or []
             rows.append({"C": ph["C"], "tok_s": ph["output_tok_s"], "steady": steady,
                          "ratio": ph["output_tok_s"] / steady if steady else None,
-                         "reference_runs": res.get("reference_runs", {}).get(str(ph["C"]))})
+                         "reference_runs": res.get("reference_runs", {}).get(str(ph["C"])),
+                         "ttft_ms": ph.get("ttft_ms"), "tpot_ms": ph.get("tpot_ms"),
+                         "steady_ttft_ms": _mean(r.get("ttft_ms") for r in records),
+                         "steady_tpot_ms": _mean(r.get("tpot_ms") for r in records)})
         out[arm] = rows
     return out
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
 
 
 def _interp(m, arm, C):
