@@ -262,13 +262,8 @@ def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root
         cmp = compare.compare_tokens(basew["requests"], cand["requests"], prompts)
         window = compare.stats_window(cand["stats_before"], cand["stats_after"])
         fails = [] if cmp.ok else [f"{len(cmp.mismatches)} request(s) differ from the no-speculation baseline"]
-        expect = asdict(s.expect)
-        if not recipe_counters:
-            for claim in scenarios.RECIPE_COUNTER_CLAIMS:
-                expect.pop(claim)
-        if tp_size > 1 and expect["kv_only"] == "graph":
-            expect["kv_only"] = "eager"  # the recipe captures no KV-only graphs at TP>1
-        fails += compare.check_expectations(expect, window)
+        fails += compare.check_expectations(
+            scenarios.expectations(s.expect, recipe_counters=recipe_counters, tp_size=tp_size), window)
         tr = compare.transitions(window["phases"])
         row.update(
             ok=not fails, failures=fails, requests=cmp.requests, equal=cmp.equal, tokens=cmp.tokens,

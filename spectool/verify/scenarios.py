@@ -8,7 +8,7 @@ also states which path it claims to test, checked from the fallback counters.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from .golden_model import ModelSpec, copy_prompt
 
@@ -67,6 +67,19 @@ class Expect:
 
 # The claims checked on the recipe's own counters (not where the switch is upstream's).
 RECIPE_COUNTER_CLAIMS = ("kv_only", "kv_only_prefill")
+
+
+def expectations(expect: Expect, *, recipe_counters: bool = True, tp_size: int = 1) -> dict:
+    """A scenario's claims as the run it is checked on can show them: without the recipe's
+    counters (upstream's switch) its counter claims are dropped; at TP>1, where the recipe
+    captures no KV-only graphs, "graph" becomes "eager"."""
+    claims = asdict(expect)
+    if not recipe_counters:
+        for claim in RECIPE_COUNTER_CLAIMS:
+            claims.pop(claim)
+    elif tp_size > 1 and claims["kv_only"] == "graph":
+        claims["kv_only"] = "eager"
+    return claims
 
 
 @dataclass
