@@ -73,11 +73,22 @@ def patched_release(sglang_release):
 
 @pytest.fixture(scope="session")
 def reparse_verify():
-    """tools/reparse_verify.py as a module: re-evaluates a recorded verify run (no GPU)."""
+    """A recorded verify run (a folder under results/) re-evaluated by tools/reparse_verify.py
+    with today's checks, no GPU: reparse(run, workdir) -> the new report."""
     import importlib.util
+    import json
+    import shutil
 
     path = Path(__file__).resolve().parent.parent / "tools/reparse_verify.py"
     spec = importlib.util.spec_from_file_location("reparse_verify", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod
+
+    def reparse(run: Path, workdir: Path) -> dict:
+        workdir.mkdir(parents=True, exist_ok=True)
+        for f in ("verify-results.json", "verify-logs.tgz"):
+            shutil.copy(run / f, workdir / f)
+        assert mod.main(workdir) == 0
+        return json.loads((workdir / "verify-results-reparsed.json").read_text())
+
+    return reparse

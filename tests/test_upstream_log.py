@@ -88,14 +88,10 @@ def test_recorded_0517_run_reevaluates_to_the_recipes_counters(tmp_path, reparse
     path counters equal the 0.5.12 recipe's, scenario by scenario, T=0 included (it failed to
     start in session 2's run, before the mapping fix); the STANDALONE ones stay skipped."""
     import json
-    import shutil
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    for f in ("verify-results.json", "verify-logs.tgz"):
-        shutil.copy(root / "results/verify-0.5.17" / f, tmp_path / f)
-    assert reparse_verify.main(tmp_path) == 0
-    rows = {r["scenario"]: r for r in json.loads((tmp_path / "verify-results-reparsed.json").read_text())["scenarios"]}
+    rows = {r["scenario"]: r for r in reparse_verify(root / "results/verify-0.5.17", tmp_path)["scenarios"]}
     recipe = {r["scenario"]: r for r in json.loads((root / "results/verify-0.5.12/session5-85503b5/verify-results.json").read_text())["scenarios"]}
     for name, r in rows.items():
         if r.get("skipped"):

@@ -206,20 +206,15 @@ def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, rep
     exactly what they lacked: no KV-only prefill before this session (0574c06, 80f522d); the
     sync not yet replayed from graphs (85503b5); the sync still opt-in (609b3ff, which fails
     the scenario that pins the default margin, 12 requests at T=0). So each check can fail."""
-    import json
-    import shutil
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
     failed = {}
     runs = (".", "session7-d7cba07", "session7-0574c06", "session6-80f522d", "session5-85503b5", "session5-609b3ff")
+    reports = {}
     for run in runs:
-        folder = tmp_path / run.replace(".", "latest")
-        folder.mkdir()
-        for f in ("verify-results.json", "verify-logs.tgz"):
-            shutil.copy(root / "results/verify-0.5.12" / run / f, folder / f)
-        assert reparse_verify.main(folder) == 0
-        rows = json.loads((folder / "verify-results-reparsed.json").read_text())["scenarios"]
+        reports[run] = reparse_verify(root / "results/verify-0.5.12" / run, tmp_path / run.replace(".", "latest"))
+        rows = reports[run]["scenarios"]
         failed[run] = {r["scenario"]: r["failures"] for r in rows if not r["ok"]}
         kv = {r["scenario"]: r["kv_only_steps"] for r in rows}
         if run != "session5-609b3ff":
@@ -228,8 +223,7 @@ def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, rep
         if run != "session5-85503b5" and run != "session5-609b3ff":
             graphed = {r["scenario"]: r["kv_only_graph_steps"] for r in rows}
             assert graphed["eagle3 KV-only draft sync"] == 63 and graphed["eagle3 always-fallback stagger (T=0)"] == 40
-    prefills = {r["scenario"]: r["kv_only_prefills"]
-                for r in json.loads((tmp_path / "latest/verify-results-reparsed.json").read_text())["scenarios"]}
+    prefills = {r["scenario"]: r["kv_only_prefills"] for r in reports["."]["scenarios"]}
     assert prefills["eagle3 always-fallback stagger (T=0)"] == 2 and prefills["eagle3 KV-only transition down"] == 2
     # The latest run has the prefill on by default: an engine that does not ask for it uses it.
     assert prefills["eagle3 transition down"] == 1
@@ -245,6 +239,7 @@ def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, rep
         "eagle3 always-fallback stagger (T=0)": ["expected fallback steps with the KV-only draft sync, got none", no_prefill],
         "eagle3 KV-only draft sync": [no_graph.format(63)], "eagle3 KV-only transition down": [no_prefill]}
 
+
 def test_tensor_parallel_run_is_judged_by_its_own_rules(tmp_path, reparse_verify):
     """The first TP=2 run (H200 x2, f79ebae): every EAGLE-3 scenario token-exact. Judged by
     TP=1 rules it failed two KV-only claims (no graphs: the recipe runs that sync eagerly at
@@ -252,16 +247,12 @@ def test_tensor_parallel_run_is_judged_by_its_own_rules(tmp_path, reparse_verify
     found: STANDALONE's engine crashed when both ranks wrote the stats file (fixed since;
     test_recipes_0512.test_one_rank_writes_the_stats_file)."""
     import json
-    import shutil
     from pathlib import Path
 
     run = Path(__file__).resolve().parent.parent / "results/verify-0.5.12-tp2/session8-f79ebae"
-    for f in ("verify-results.json", "verify-logs.tgz"):
-        shutil.copy(run / f, tmp_path / f)
     recorded = json.loads((run / "verify-results.json").read_text())
     assert recorded["tp_size"] == 2 and recorded["model"]["key"] == ModelSpec().for_tp(2).key()
-    assert reparse_verify.main(tmp_path) == 0
-    new = json.loads((tmp_path / "verify-results-reparsed.json").read_text())
+    new = reparse_verify(run, tmp_path)
     failed = {r["scenario"]: r["failures"] for r in new["scenarios"] if not r["ok"]}
     assert failed == {name: ["engine standalone-t4 failed"] for name in (
         "standalone bs=1 (high acceptance)", "standalone transition down", "standalone spec-fallback-spec")}
