@@ -394,3 +394,34 @@ def test_kv_only_prefill_only_when_the_steps_after_it_fall_back(patched_release)
     assert not case(above=None) and not case(switch=False) and not case(mm=object())
     assert not case(has_grammar=True) and not case(return_logprob=True) and not case(return_hidden_states=True)
     assert not case(forward_mode="MIXED") and not case(multimodal_inputs=[None, object(), None])
+
+
+def test_an_engine_without_the_flag_runs_the_release_prefill(patched_release):
+    """Patched but with no threshold set (every engine whose user has not opted in, and the
+    bench's A1): the prefill hook hands the draft's half to the release's own
+    _draft_extend_for_prefill, and the decode hook declines. The worker's real
+    _spec_fallback_init runs first: on session 9's first H200 bench such an engine crashed on
+    its first prefill, reading an attribute that only a set threshold created."""
+    torch = pytest.importorskip("torch")
+    import collections
+    import logging
+    import os
+
+    path = patched_release("0.5.12") / WORKER
+    ns = {"torch": torch, "collections": collections, "os": os, "logger": logging.getLogger("test"),
+          "ForwardMode": SimpleNamespace(EXTEND=EXTEND)}
+    calls = []
+    worker = SimpleNamespace(_target_worker=SimpleNamespace(tp_rank=0), draft_worker=SimpleNamespace(
+        _draft_extend_for_prefill=lambda *a: calls.append(a) or "the release's draft input"))
+    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_init", "_spec_fallback_should_run",
+                 "_spec_fallback_kv_only_prefill_applies", "_spec_fallback_eligible")
+    worker._spec_fallback_init(SimpleNamespace())  # a ServerArgs without the threshold flag
+    prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
+    batch, tokens = _prefill_batch(torch)
+    hidden = torch.zeros(11, 3 * H)
+
+    assert prefill(worker, batch, hidden, tokens, None) == "the release's draft input"
+    assert calls == [(batch, hidden, tokens, None)]
+    decode = SimpleNamespace(forward_mode=SimpleNamespace(is_idle=lambda: False), spec_info=object(),
+                             seq_lens=torch.zeros(64))
+    assert worker._spec_fallback_should_run(decode) is False

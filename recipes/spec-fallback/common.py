@@ -79,6 +79,10 @@ class EAGLEWorkerV2:
         self._fallback_attn_backend = None
         self._fallback_graph_runner = None
         self._fallback_draft_extend_runner = None
+        # Read by the prefill hook of every engine, flag set or not (the era's KV-only init sets
+        # it when there is a threshold): an engine without the flag crashed on its first
+        # prefill when only that init set it (the bench's A1, session 9).
+        self._fallback_kv_only_above = None
         if self._fallback_threshold is None:
             return
         self._spec_fallback_build_decode_graph(server_args)

@@ -155,6 +155,8 @@ def configs() -> list[EngineConfig]:
         EngineConfig("eagle3-t4-kv-only", "EAGLE3", T, workloads=[f"bs{T+1}", "stagger", "arrive"],
                      env={**DRAFT_KV_ONLY, **KV_ONLY_PREFILL}),
         EngineConfig("standalone-t4", "STANDALONE", T, workloads=["bs1", "stagger", "arrive"]),
+        # The patch without the flag: what every user who has not opted in runs.
+        EngineConfig("eagle3-unset", "EAGLE3", None, workloads=["bs8", "stagger"]),
     ]
 
 
@@ -193,6 +195,10 @@ def scenarios() -> list[Scenario]:
         Scenario("standalone spec-fallback-spec", "standalone-t4", "arrive",
                  Expect("positive", fallback_after_spec=True, spec_after_fallback=True, resume_acceptance_not_lower=True),
                  "draft KV kept in sync: acceptance after resume >= before"),
+        Scenario("eagle3 patched, flag unset", "eagle3-unset", "bs8", Expect("zero"),
+                 "the release's own path on every step, prefill included (it crashed there until session 9)"),
+        Scenario("eagle3 patched, flag unset stagger", "eagle3-unset", "stagger", Expect("zero"),
+                 "requests finishing one by one, no flag"),
     ]
     return s
 
