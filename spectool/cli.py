@@ -314,13 +314,16 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
 @click.option("--profile-load", type=click.Choice(PROFILE_LOADS), default="wave", show_default=True,
               help="wave: decode steps of one wave of 1024-token requests; staggered: the sweep's steady load at "
                    "--out-len, the prefills of arriving requests included.")
+@click.option("--merge", "merge_from", multiple=True, type=click.Path(file_okay=False, exists=True),
+              help="Instead of measuring (no GPU): one table, JSON and plot in --out from these result folders, e.g. "
+                   "a sweep split over two GPUs or calls. Repeatable.")
 @_json_opt
 @guarded
 def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, transition_arms, arm_names,
-          variants, max_engines, suggest, load, profile_steps, profile_load, as_json):
+          variants, max_engines, suggest, load, profile_steps, profile_load, merge_from, as_json):
     """Throughput sweep (GPU): no-spec, EAGLE-3, and the patched fallback, per concurrency."""
     from .bench import analyze
-    from .bench.sweep import run
+    from .bench.sweep import merge, run
 
     cs = [int(x) for x in concurrency.split(",") if x]
     try:
@@ -335,6 +338,10 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
                                     "(spectool bench --out with the same folder).")
             res = analyze.suggest_threshold(analyze.load_medians(folder, a), cs)
             click.echo(to_json(res) if as_json else f"acceptance {a:g}: suggested threshold {res['threshold']} ({res['why']})")
+        return
+    if merge_from:
+        report = merge(Path(out_dir), [Path(m) for m in merge_from], accs[0])
+        click.echo(to_json(report) if as_json else (Path(out_dir) / "bench-table.md").read_text())
         return
     if profile_steps:
         from .bench.sweep import profile

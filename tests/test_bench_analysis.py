@@ -328,3 +328,58 @@ def test_a_transition_only_run_tables_its_phases_on_the_h200_run(tmp_path):
     assert ratios["A2"][2] == 0.910 and "| A2 | 3 | 4 | 1198 | 1317 (1364 / 1269) | 0.910 |" in table
     assert sum(r < 0.95 for rows in ratios.values() for r in rows) == 1
     assert "Lowest phase/steady: 0.910" in table
+
+
+def test_merge_makes_one_sweep_of_runs_split_over_two_gpus(tmp_path):
+    """Session 9 measured C = 1, 2, 4 on one H200 and C = 8..256 (with the transition) on the
+    other, then A0 / A2 / A4 at 64..256 again on the second: merged, every C of the sweep has
+    its row, the split C keep their own run's medians, the repeated C pool both runs' reps,
+    and the CLI writes the files without a GPU."""
+    from click.testing import CliRunner
+
+    from spectool.cli import main
+
+    root = RESULTS.parent
+    low, high, again = (root / f"bench-0.5.12-s9-{n}" for n in ("low", "high", "c128"))
+    out = tmp_path / "merged"
+    r = CliRunner().invoke(main, ["bench", "--out", str(out), "--merge", str(low), "--merge", str(high),
+                                  "--merge", str(again)])
+    assert r.exit_code == 0, r.output
+    cells = analyze.read_cells(out / "cells.jsonl")
+    parts = [analyze.read_cells(p / "cells.jsonl") for p in (low, high, again)]
+    assert len(cells) == sum(map(len, parts)) and {c["source"] for c in cells} == {p.name for p in (low, high, again)}
+    m, m_low = analyze.medians(cells), analyze.medians(parts[0])
+    assert sorted({C for _, C in m}) == DEFAULT_C
+    assert m[("A2", 4)] == m_low[("A2", 4)], "a C measured in one run only keeps that run's median"
+    pooled = [c["output_tok_s"] for p in parts[1:] for c in p if (c["arm"], c["C"]) == ("A0", 128)]
+    assert m[("A0", 128)]["reps"] == len(pooled) == 2
+    report = json.loads((out / "bench-results.json").read_text())
+    assert report["merged_from"] == [low.name, high.name, again.name] and report["threshold"] == 32
+    assert set(report["transition"]) == {"A1", "A2"} and (out / "bench-plot.png").exists()
+    assert "| 128 |" in r.output
+
+
+def test_merge_refuses_runs_of_another_setup(tmp_path):
+    """Folders of another threshold, the same transition arm twice, or a target that already
+    holds cells: one paragraph, exit 2, nothing written."""
+    from click.testing import CliRunner
+
+    from spectool.cli import main
+
+    root = RESULTS.parent
+    other_t = root / "bench-0.5.12-s9-acc2"  # T=16 (and acceptance 2.0)
+    high = root / "bench-0.5.12-s9-high"
+    cases = [
+        (["--merge", str(high), "--merge", str(RESULTS)], "threshold"),  # T=12
+        (["--acc-len", "2.0", "--merge", str(other_t), "--merge", str(high)], "threshold"),
+        (["--merge", str(high), "--merge", str(root / "bench-0.5.12-transition-a2")], "ran the transition on"),
+        (["--merge", str(high), "--merge", str(high)], "ran the transition on"),
+        (["--merge", str(tmp_path)], "has no cells.jsonl or transition.json"),
+    ]
+    for i, (args, needle) in enumerate(cases):
+        out = tmp_path / f"m{i}"
+        r = CliRunner().invoke(main, ["bench", "--out", str(out), *args])
+        assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, (args, r.output)
+        assert not out.exists()
+    r = CliRunner().invoke(main, ["bench", "--out", str(high), "--merge", str(high)])
+    assert r.exit_code == 2 and "already holds cells.jsonl" in r.output

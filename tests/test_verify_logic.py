@@ -201,8 +201,8 @@ def test_golden_files_speak_only_for_their_model(tmp_path):
 
 def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, reparse_verify):
     """The scenarios that claim the KV-only draft paths (and those that claim the sync stays
-    off) are checked against the recipe's counters. The runs on f79ebae (session 8) and
-    d7cba07 (KV-only prefill counted, on by default in both) pass every claim. The earlier runs, re-evaluated, fail
+    off) are checked against the recipe's counters. The runs on 25f148c (session 9), f79ebae
+    (session 8) and d7cba07 (KV-only prefill counted, on by default in all three) pass every claim. The earlier runs, re-evaluated, fail
     exactly what they lacked: no KV-only prefill before this session (0574c06, 80f522d); the
     sync not yet replayed from graphs (85503b5); the sync still opt-in (609b3ff, which fails
     the scenario that pins the default margin, 12 requests at T=0). So each check can fail."""
@@ -210,7 +210,7 @@ def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, rep
 
     root = Path(__file__).resolve().parent.parent
     failed = {}
-    runs = (".", "session7-d7cba07", "session7-0574c06", "session6-80f522d", "session5-85503b5", "session5-609b3ff")
+    runs = (".", "session8-f79ebae", "session7-d7cba07", "session7-0574c06", "session6-80f522d", "session5-85503b5", "session5-609b3ff")
     reports = {}
     for run in runs:
         reports[run] = reparse_verify(root / "results/verify-0.5.12" / run, tmp_path / run.replace(".", "latest"))
@@ -227,7 +227,11 @@ def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, rep
     assert prefills["eagle3 always-fallback stagger (T=0)"] == 2 and prefills["eagle3 KV-only transition down"] == 2
     # The latest run has the prefill on by default: an engine that does not ask for it uses it.
     assert prefills["eagle3 transition down"] == 1
-    assert failed["."] == {} and failed["session7-d7cba07"] == {}
+    assert failed["."] == {} and failed["session8-f79ebae"] == {} and failed["session7-d7cba07"] == {}
+    # Session 9 added the patch without the flag (the engine that crashed on its first prefill
+    # before 25f148c): it ran, token-exact, with no fallback step.
+    unset = [r for r in reports["."]["scenarios"] if r["config"] == "eagle3-unset"]
+    assert len(unset) == 2 and all(r["ok"] and r["equal"] == r["requests"] > 0 and r["fallback_steps"] == 0 for r in unset)
     no_graph = "expected every KV-only draft sync replayed from its CUDA graph, got 0 of {}"
     no_prefill = "expected prefills on the KV-only draft path, got none"
     before_prefill = {"eagle3 always-fallback stagger (T=0)": [no_prefill], "eagle3 KV-only transition down": [no_prefill]}
@@ -261,3 +265,16 @@ def test_tensor_parallel_run_is_judged_by_its_own_rules(tmp_path, reparse_verify
     kv = {r["scenario"]: (r["kv_only_steps"], r["kv_only_graph_steps"]) for r in new["scenarios"] if r.get("kv_only_steps")}
     assert kv["eagle3 KV-only draft sync"] == (63, 0)
     assert not new["golden_problems"] and len(new["golden_skipped"]) == 2
+
+
+def test_tensor_parallel_rerun_passes_with_the_stats_file_fix(tmp_path, reparse_verify):
+    """The TP=2 re-run on 25f148c (session 9, the stats file written by rank 0 only, the patch
+    without the flag added): every scenario, STANDALONE included, passes at its own TP."""
+    from pathlib import Path
+
+    run = Path(__file__).resolve().parent.parent / "results/verify-0.5.12-tp2/session9-25f148c"
+    new = reparse_verify(run, tmp_path)
+    assert new["tp_size"] == 2 and new["ok"] and len(new["scenarios"]) == 19
+    assert all(r["ok"] and r["equal"] == r["requests"] > 0 for r in new["scenarios"])
+    standalone = [r for r in new["scenarios"] if r["config"] == "standalone-t4"]
+    assert len(standalone) == 3 and sum(r["fallback_steps"] for r in standalone) > 0

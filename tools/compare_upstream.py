@@ -12,7 +12,8 @@ from spectool.bench.arms import arms
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = {
-    "0.5.12 + spectool fallback (T=32)": ROOT / "results/bench-0.5.12",
+    "0.5.12 + spectool fallback (T=32, session 9)": ROOT / "results/bench-0.5.12-session9",
+    "0.5.12 + fallback, KV-only sync graphs (session 6)": ROOT / "results/bench-0.5.12",
     "0.5.12 + fallback, eager KV-only sync (session 5)": ROOT / "results/bench-0.5.12-session5-85503b5",
     "0.5.12 + fallback, full draft decode sync (session 4)": ROOT / "results/bench-0.5.12-session4-89a1cd9",
     "0.5.12 + fallback, draft extend sync (session 3)": ROOT / "results/bench-0.5.12-session3-extend",

@@ -384,6 +384,47 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
     return report
 
 
+def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
+    """One report from result folders measured apart: a sweep split over GPUs (each its own C)
+    or over calls, or repeated runs of the same cells pooled (CPU only). Their cells must share
+    the SGLang version, GPU, threshold and load, and each transition arm may come from one
+    folder only; cells keep their folder (`source`) and medians pool every rep of an (arm, C)."""
+    if (out / "cells.jsonl").exists():
+        raise BadInputError(f"--merge: {out} already holds cells.jsonl; merge into a new folder.")
+    cells, trans, meta = [], {}, {}
+    for src in sources:
+        has_cells, tpath = (src / "cells.jsonl").exists(), src / "transition.json"
+        if not has_cells and not tpath.exists():
+            raise BadInputError(f"--merge: {src} has no cells.jsonl or transition.json (not a bench results folder).")
+        report = json.loads((src / "bench-results.json").read_text()) if (src / "bench-results.json").exists() else {}
+        src_cells = [c for c in analyze.read_cells(src / "cells.jsonl") if c.get("acc_len", acc_len) == acc_len] if has_cells else []
+        held = {"load": "staggered" if any(c.get("stagger") for c in src_cells) else "lockstep"}
+        held.update({k: report.get(k) for k in ("sglang_version", "gpu", "threshold") if report.get(k) is not None})
+        for key, value in held.items():
+            if meta.setdefault(key, value) != value:
+                raise BadInputError(f"--merge: {src} was measured with {key} {value!r}, an earlier folder with "
+                                    f"{meta[key]!r}; only runs of the same setup make one table.")
+        cells += [{**c, "source": c.get("source", src.name)} for c in src_cells]
+        for arm, res in (json.loads(tpath.read_text()) if tpath.exists() else {}).items():
+            if arm in trans:
+                raise BadInputError(f"--merge: both {trans[arm]['source']} and {src.name} ran the transition on {arm}; "
+                                    "merge one of them.")
+            trans[arm] = {**res, "source": src.name}
+    if not cells:
+        raise BadInputError(f"--merge: no cells at acceptance {acc_len:g} in {', '.join(map(str, sources))}.")
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "cells.jsonl", "w") as f:
+        f.writelines(json.dumps(c) + "\n" for c in cells)
+    if trans:
+        (out / "transition.json").write_text(json.dumps(trans, indent=1))
+    concurrencies = sorted({c["C"] for c in cells})
+    report = summarize(out, cells, concurrencies, meta.get("threshold", 0), acc_len, trans or None, {},
+                       meta.get("sglang_version"), meta.get("gpu"), load=meta["load"])
+    report["merged_from"] = [src.name for src in sources]
+    (out / "bench-results.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
 def _transition_summary(trans, m):
     out = {}
     for arm, res in trans.items():
