@@ -74,6 +74,26 @@ def test_stats_window_and_expectations():
     assert len(fails) == 2
 
 
+def test_step_claims_need_counted_steps():
+    """A claim of no fallback steps passed when the engine published no counters at all (a
+    missing stats file reads as zero); now every step claim needs counted steps, and the
+    patch without the flag must count none (its decision never runs). Upstream's log shows
+    every decode step, flag or not, so there the no-count claim is dropped."""
+    from spectool.verify.scenarios import Expect, expectations
+
+    nothing = compare.stats_window({}, {})
+    assert compare.check_expectations(expectations(Expect("zero")), nothing) == [
+        "the engine counted no decode step (no stats file?), so its step claims cannot be checked"]
+    unset = expectations(Expect(counted=False))
+    assert compare.check_expectations(unset, nothing) == []
+    spec = {"fallback_steps": 0, "spec_steps": 9, "phases": [_phase(1, "spec", 9)]}
+    assert compare.check_expectations(unset, spec) == [
+        "expected the fallback's decision never to run (no flag), but it counted 9 steps"]
+    assert compare.check_expectations(expectations(Expect("zero")), spec) == []
+    assert "counted" not in expectations(Expect(counted=False), recipe_counters=False)
+    assert expectations(Expect("zero"), recipe_counters=False)["counted"] is True
+
+
 def test_resume_acceptance_check_catches_stale_draft():
     w = {"fallback_steps": 4, "spec_steps": 20, "phases": [
         _phase(1, "spec", 10, 20, 50), _phase(2, "fallback", 4), _phase(3, "spec", 10, 20, 10)]}
@@ -231,7 +251,7 @@ def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, rep
     # Session 9 added the patch without the flag (the engine that crashed on its first prefill
     # before 25f148c): it ran, token-exact, with no fallback step.
     unset = [r for r in reports["."]["scenarios"] if r["config"] == "eagle3-unset"]
-    assert len(unset) == 2 and all(r["ok"] and r["equal"] == r["requests"] > 0 and r["fallback_steps"] == 0 for r in unset)
+    assert len(unset) == 2 and all(r["ok"] and r["equal"] == r["requests"] > 0 and r["fallback_steps"] is None for r in unset)
     no_graph = "expected every KV-only draft sync replayed from its CUDA graph, got 0 of {}"
     no_prefill = "expected prefills on the KV-only draft path, got none"
     before_prefill = {"eagle3 always-fallback stagger (T=0)": [no_prefill], "eagle3 KV-only transition down": [no_prefill]}

@@ -52,6 +52,11 @@ def check_expectations(expect: dict, window: dict) -> list[str]:
     """What the scenario claims to test, checked against the counters."""
     fails = []
     fb, sp = window.get("fallback_steps", 0), window.get("spec_steps", 0)
+    counted = expect.get("counted", True)
+    if counted is True and fb + sp == 0:
+        fails.append("the engine counted no decode step (no stats file?), so its step claims cannot be checked")
+    if counted is False and fb + sp:
+        fails.append(f"expected the fallback's decision never to run (no flag), but it counted {fb + sp} steps")
     want = expect.get("fallback_steps", "any")
     if want == "zero" and fb != 0:
         fails.append(f"expected no fallback steps, got {fb}")

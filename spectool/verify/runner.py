@@ -265,9 +265,12 @@ def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root
         fails += compare.check_expectations(
             scenarios.expectations(s.expect, recipe_counters=recipe_counters, tp_size=tp_size), window)
         tr = compare.transitions(window["phases"])
+        # No step counted (the patch without the flag): the counts are unknown, not zero.
+        counted = window["fallback_steps"] + window["spec_steps"] > 0
         row.update(
             ok=not fails, failures=fails, requests=cmp.requests, equal=cmp.equal, tokens=cmp.tokens,
-            mismatches=cmp.mismatches, fallback_steps=window["fallback_steps"], spec_steps=window["spec_steps"],
+            mismatches=cmp.mismatches, fallback_steps=window["fallback_steps"] if counted else None,
+            spec_steps=window["spec_steps"] if counted else None,
             kv_only_steps=window["draft_kv_only_steps"], kv_only_graph_steps=window["draft_kv_only_graph_steps"],
             kv_only_prefills=window["draft_kv_only_prefills"],
             acceptance=compare.acceptance(window["phases"]), acceptance_before=tr["acceptance_before"],
@@ -302,7 +305,7 @@ def print_report(report: dict, console) -> None:
             continue
         t.add_row(r["scenario"], "[green]pass[/]" if r["ok"] else "[red]FAIL[/]",
                   f"{r.get('equal', '-')}/{r.get('requests', '-')}", str(r.get("tokens", "-")),
-                  str(r.get("fallback_steps", "-")), str(r.get("spec_steps", "-")), f(r.get("acceptance")),
+                  f(r.get("fallback_steps"), 0), f(r.get("spec_steps"), 0), f(r.get("acceptance")),
                   f"{f(r.get('acceptance_before'))}/{f(r.get('acceptance_after'))}", f(r.get("min_baseline_margin")))
     console.print(t)
     for r in report["scenarios"]:

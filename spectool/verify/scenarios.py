@@ -63,6 +63,10 @@ class Expect:
     # "positive" | "any": prefills that wrote only the draft's K/V (the recipe's counter), where
     # the running batch makes them certain whatever the order the requests arrive in.
     kv_only_prefill: str = "any"
+    # The engine's decode steps are counted (the recipe's stats file, or upstream's log): a
+    # workload with no step counted would pass every step claim above vacuously. False for the
+    # patch without the flag, whose decision must never run, so the recipe counts nothing.
+    counted: bool = True
 
 
 # The claims checked on the recipe's own counters (not where the switch is upstream's).
@@ -71,12 +75,15 @@ RECIPE_COUNTER_CLAIMS = ("kv_only", "kv_only_prefill")
 
 def expectations(expect: Expect, *, recipe_counters: bool = True, tp_size: int = 1) -> dict:
     """A scenario's claims as the run it is checked on can show them: without the recipe's
-    counters (upstream's switch) its counter claims are dropped; at TP>1, where the recipe
+    counters (upstream's switch) its counter claims, and a claim that nothing is counted, are
+    dropped; at TP>1, where the recipe
     captures no KV-only graphs, "graph" becomes "eager"."""
     claims = asdict(expect)
     if not recipe_counters:
         for claim in RECIPE_COUNTER_CLAIMS:
             claims.pop(claim)
+        if not claims["counted"]:  # upstream's log shows every decode step, flag or not
+            claims.pop("counted")
     elif tp_size > 1 and claims["kv_only"] == "graph":
         claims["kv_only"] = "eager"
     return claims
@@ -195,9 +202,9 @@ def scenarios() -> list[Scenario]:
         Scenario("standalone spec-fallback-spec", "standalone-t4", "arrive",
                  Expect("positive", fallback_after_spec=True, spec_after_fallback=True, resume_acceptance_not_lower=True),
                  "draft KV kept in sync: acceptance after resume >= before"),
-        Scenario("eagle3 patched, flag unset", "eagle3-unset", "bs8", Expect("zero"),
+        Scenario("eagle3 patched, flag unset", "eagle3-unset", "bs8", Expect(counted=False),
                  "the release's own path on every step, prefill included (it crashed there until session 9)"),
-        Scenario("eagle3 patched, flag unset stagger", "eagle3-unset", "stagger", Expect("zero"),
+        Scenario("eagle3 patched, flag unset stagger", "eagle3-unset", "stagger", Expect(counted=False),
                  "requests finishing one by one, no flag"),
     ]
     return s
