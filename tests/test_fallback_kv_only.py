@@ -399,7 +399,8 @@ def test_kv_only_prefill_only_when_the_steps_after_it_fall_back(patched_release)
 def test_an_engine_without_the_flag_runs_the_release_prefill(patched_release):
     """Patched but with no threshold set (every engine whose user has not opted in, and the
     bench's A1): the prefill hook hands the draft's half to the release's own
-    _draft_extend_for_prefill, and the decode hook declines. The worker's real
+    _draft_extend_for_prefill, the decode hook declines, the verify-complete hook counts
+    nothing. The worker's real
     _spec_fallback_init runs first: on session 9's first H200 bench such an engine crashed on
     its first prefill, reading an attribute that only a set threshold created."""
     torch = pytest.importorskip("torch")
@@ -414,7 +415,7 @@ def test_an_engine_without_the_flag_runs_the_release_prefill(patched_release):
     worker = SimpleNamespace(_target_worker=SimpleNamespace(tp_rank=0), draft_worker=SimpleNamespace(
         _draft_extend_for_prefill=lambda *a: calls.append(a) or "the release's draft input"))
     bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_init", "_spec_fallback_should_run",
-                 "_spec_fallback_kv_only_prefill_applies", "_spec_fallback_eligible")
+                 "_spec_fallback_on_verify", "_spec_fallback_kv_only_prefill_applies", "_spec_fallback_eligible")
     worker._spec_fallback_init(SimpleNamespace())  # a ServerArgs without the threshold flag
     prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
     batch, tokens = _prefill_batch(torch)
@@ -425,3 +426,5 @@ def test_an_engine_without_the_flag_runs_the_release_prefill(patched_release):
     decode = SimpleNamespace(forward_mode=SimpleNamespace(is_idle=lambda: False), spec_info=object(),
                              seq_lens=torch.zeros(64))
     assert worker._spec_fallback_should_run(decode) is False
+    worker._spec_fallback_on_verify([1, 2])  # the verify-complete hook: nothing pending, nothing counted
+    assert worker._fallback_stats["spec_steps"] == 0 and worker._fallback_stats["phases"] == []
