@@ -400,9 +400,9 @@ def test_an_engine_without_the_flag_runs_the_release_prefill(patched_release):
     """Patched but with no threshold set (every engine whose user has not opted in, and the
     bench's A1): the prefill hook hands the draft's half to the release's own
     _draft_extend_for_prefill, the decode hook declines, the verify-complete hook counts
-    nothing. The worker's real
-    _spec_fallback_init runs first: on session 9's first H200 bench such an engine crashed on
-    its first prefill, reading an attribute that only a set threshold created."""
+    nothing. The worker's real _spec_fallback_init runs first: on session 9's first H200
+    bench such an engine crashed on its first prefill, reading an attribute that only a set
+    threshold created."""
     torch = pytest.importorskip("torch")
     import collections
     import logging

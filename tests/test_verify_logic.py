@@ -222,8 +222,8 @@ def test_golden_files_speak_only_for_their_model(tmp_path):
 def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, reparse_verify):
     """The scenarios that claim the KV-only draft paths (and those that claim the sync stays
     off) are checked against the recipe's counters. The runs on 25f148c (session 9), f79ebae
-    (session 8) and d7cba07 (KV-only prefill counted, on by default in all three) pass every claim. The earlier runs, re-evaluated, fail
-    exactly what they lacked: no KV-only prefill before this session (0574c06, 80f522d); the
+    (session 8) and d7cba07 (KV-only prefill counted, on by default in all three) pass every
+    claim. The earlier runs, re-evaluated, fail exactly what they lacked: no KV-only prefill before this session (0574c06, 80f522d); the
     sync not yet replayed from graphs (85503b5); the sync still opt-in (609b3ff, which fails
     the scenario that pins the default margin, 12 requests at T=0). So each check can fail."""
     from pathlib import Path
@@ -249,7 +249,7 @@ def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, rep
     assert prefills["eagle3 transition down"] == 1
     assert failed["."] == {} and failed["session8-f79ebae"] == {} and failed["session7-d7cba07"] == {}
     # Session 9 added the patch without the flag (the engine that crashed on its first prefill
-    # before 25f148c): it ran, token-exact, with no fallback step.
+    # before 25f148c): it ran, token-exact, and the fallback counted nothing.
     unset = [r for r in reports["."]["scenarios"] if r["config"] == "eagle3-unset"]
     assert len(unset) == 2 and all(r["ok"] and r["equal"] == r["requests"] > 0 and r["fallback_steps"] is None for r in unset)
     no_graph = "expected every KV-only draft sync replayed from its CUDA graph, got 0 of {}"

@@ -76,8 +76,7 @@ RECIPE_COUNTER_CLAIMS = ("kv_only", "kv_only_prefill")
 def expectations(expect: Expect, *, recipe_counters: bool = True, tp_size: int = 1) -> dict:
     """A scenario's claims as the run it is checked on can show them: without the recipe's
     counters (upstream's switch) its counter claims, and a claim that nothing is counted, are
-    dropped; at TP>1, where the recipe
-    captures no KV-only graphs, "graph" becomes "eager"."""
+    dropped; at TP>1, where the recipe captures no KV-only graphs, "graph" becomes "eager"."""
     claims = asdict(expect)
     if not recipe_counters:
         for claim in RECIPE_COUNTER_CLAIMS:
