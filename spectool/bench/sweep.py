@@ -39,6 +39,12 @@ LOADS = ("lockstep", "staggered")  # the sweep's (`_requests_for`)
 PROFILE_LOADS = ("wave", "staggered")  # the profile's: one wave of long requests, or the staggered load
 
 
+def cell_load(cell: dict) -> str:
+    """The load a recorded cell was measured with (cells from before the staggered load have
+    no `stagger` field: lockstep)."""
+    return "staggered" if cell.get("stagger") else "lockstep"
+
+
 def _requests_for(C: int, load: str = "lockstep") -> int:
     """Measured requests per cell.
 
@@ -135,7 +141,7 @@ def load_cells(cells_path: Path, acc_len: float, load: str = "lockstep") -> tupl
         return [], set()
     cells = analyze.read_cells(cells_path)
     done = {(c["arm"], c["C"], c["rep"], c.get("acc_len", acc_len)) for c in cells}
-    held = {"staggered" if c.get("stagger") else "lockstep" for c in cells}
+    held = {cell_load(c) for c in cells}
     if held - {load}:
         kinds = sorted(held)
         fix = f"Rerun with --load {kinds[0]}, or" if len(kinds) == 1 else "It cannot be resumed;"
@@ -356,7 +362,7 @@ def _command(proc, out, cmd):
 
 
 def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startup, version=None, gpu=None,
-              arm_list=(), load="lockstep") -> dict:
+              arm_list=(), load="lockstep", extra=None) -> dict:
     m = analyze.medians(cells, acc_len)
     labels = {a.name: a.label for a in [*make_arms(threshold, max(concurrencies)), *arm_list]}
     labels.update({a: a for a, _ in m if a not in labels})  # variants of an earlier run
@@ -368,6 +374,7 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
         "suggested_threshold": analyze.suggest_threshold(m, concurrencies),
         "transition": _transition_summary(trans, m) if trans else None,
         "startup_s": startup,
+        **(extra or {}),
     }
     (out / "bench-results.json").write_text(json.dumps(report, indent=1))
     parts = [analyze.markdown(m, concurrencies, [a for a in labels if any(k[0] == a for k in m)])] if m else []
@@ -398,9 +405,9 @@ def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
             raise BadInputError(f"--merge: {src} has no cells.jsonl or transition.json (not a bench results folder).")
         report = json.loads((src / "bench-results.json").read_text()) if (src / "bench-results.json").exists() else {}
         src_cells = [c for c in analyze.read_cells(src / "cells.jsonl") if c.get("acc_len", acc_len) == acc_len] if has_cells else []
-        held = {"load": "staggered" if any(c.get("stagger") for c in src_cells) else "lockstep"}
-        held.update({k: report.get(k) for k in ("sglang_version", "gpu", "threshold") if report.get(k) is not None})
-        for key, value in held.items():
+        held = [("load", load) for load in sorted({cell_load(c) for c in src_cells})]
+        held += [(k, report[k]) for k in ("sglang_version", "gpu", "threshold") if report.get(k) is not None]
+        for key, value in held:
             if meta.setdefault(key, value) != value:
                 raise BadInputError(f"--merge: {src} was measured with {key} {value!r}, an earlier folder with "
                                     f"{meta[key]!r}; only runs of the same setup make one table.")
@@ -418,11 +425,9 @@ def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
     if trans:
         (out / "transition.json").write_text(json.dumps(trans, indent=1))
     concurrencies = sorted({c["C"] for c in cells})
-    report = summarize(out, cells, concurrencies, meta.get("threshold", 0), acc_len, trans or None, {},
-                       meta.get("sglang_version"), meta.get("gpu"), load=meta["load"])
-    report["merged_from"] = [src.name for src in sources]
-    (out / "bench-results.json").write_text(json.dumps(report, indent=1))
-    return report
+    return summarize(out, cells, concurrencies, meta.get("threshold", 0), acc_len, trans or None, {},
+                     meta.get("sglang_version"), meta.get("gpu"), load=meta.get("load", "lockstep"),
+                     extra={"merged_from": [src.name for src in sources]})
 
 
 def _transition_summary(trans, m):

@@ -266,7 +266,7 @@ def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root
             scenarios.expectations(s.expect, recipe_counters=recipe_counters, tp_size=tp_size), window)
         tr = compare.transitions(window["phases"])
         # No step counted (the patch without the flag): the counts are unknown, not zero.
-        counted = window["fallback_steps"] + window["spec_steps"] > 0
+        counted = compare.counted_steps(window) > 0
         row.update(
             ok=not fails, failures=fails, requests=cmp.requests, equal=cmp.equal, tokens=cmp.tokens,
             mismatches=cmp.mismatches, fallback_steps=window["fallback_steps"] if counted else None,
