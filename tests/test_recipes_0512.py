@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from spectool import api
-from spectool.testing import load_function
+from spectool.testing import bind_methods, load_function
 
 pytestmark = pytest.mark.network
 
@@ -116,16 +116,16 @@ class _Mode:
 
 
 def _worker(patched, threshold=4, hysteresis=0):
+    """A worker after the recipe's own _spec_fallback_init (run without a threshold, so it
+    builds no graphs), then given T and H: its counters are the ones the engine starts with."""
     ns = {"logger": logging.getLogger("test"), "os": __import__("os"), "json": __import__("json"),
           "time": __import__("time"), "collections": collections}
-    w = SimpleNamespace(_fallback_threshold=threshold, _fallback_hysteresis=hysteresis, _fallback_active=False,
-                        _fallback_stats={"fallback_steps": 0, "spec_steps": 0, "switches_to_fallback": 0,
-                                         "switches_to_spec": 0, "fallback_requests": 0, "last_batch_size": 0,
-                                         "phases": [], "phase_count": 0},
-                        _fallback_modes=collections.deque(), _fallback_stats_path=None)
-    w._spec_fallback_eligible = load_function(patched / WORKER, "EAGLEWorkerV2._spec_fallback_eligible", ns).__get__(w)
-    w.should = load_function(patched / WORKER, "EAGLEWorkerV2._spec_fallback_should_run", ns).__get__(w)
-    w.on_verify = load_function(patched / WORKER, "EAGLEWorkerV2._spec_fallback_on_verify", ns).__get__(w)
+    w = SimpleNamespace()
+    bind_methods(patched / WORKER, "EAGLEWorkerV2", ns, w, "_spec_fallback_init", "_spec_fallback_eligible",
+                 "_spec_fallback_should_run", "_spec_fallback_on_verify")
+    w._spec_fallback_init(SimpleNamespace())
+    w._fallback_threshold, w._fallback_hysteresis, w._fallback_stats_path = threshold, hysteresis, None
+    w.should, w.on_verify = w._spec_fallback_should_run, w._spec_fallback_on_verify
     return w
 
 
