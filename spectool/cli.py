@@ -317,10 +317,13 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
 @click.option("--merge", "merge_from", multiple=True, type=click.Path(file_okay=False, exists=True),
               help="Instead of measuring (no GPU): one table, JSON and plot in --out from these result folders, e.g. "
                    "a sweep split over two GPUs or calls. Repeatable.")
+@click.option("--engine-log-level", type=click.Choice(["warning", "info", "debug"]), default="warning", show_default=True,
+              help="SGLang's log level in each engine's ARM.log: info logs every prefill batch (its requests, the running "
+                   "and queued ones) and every 40th decode step, to see how a wave reaches the scheduler.")
 @_json_opt
 @guarded
 def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, transition_arms, arm_names,
-          variants, max_engines, suggest, load, profile_steps, profile_load, merge_from, as_json):
+          variants, max_engines, suggest, load, profile_steps, profile_load, merge_from, engine_log_level, as_json):
     """Throughput sweep (GPU): no-spec, EAGLE-3, and the patched fallback, per concurrency."""
     from .bench import analyze
     from .bench.sweep import merge, run
@@ -358,7 +361,7 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
                          acc_len=a, transition=not no_transition, budget_s=budget, sglang_dir=sglang_dir,
                          arm_names=[x for x in arm_names.split(",") if x], variants=variants, max_engines=max_engines,
                          load=load, transition_arms=tuple(x for x in transition_arms.split(",") if x) or None,
-                         console=_console())
+                         engine_log_level=engine_log_level, console=_console())
     if as_json:
         click.echo(to_json(reports[accs[0]] if len(accs) == 1 else {f"{a:g}": r for a, r in reports.items()}))
     else:

@@ -66,6 +66,47 @@ def test_ttft_and_tpot_are_clocked_from_the_first_chunk():
     assert 78 < res["ttft_ms"] < 95 and 0.95 < res["tpot_ms"] < 1.4, res
 
 
+class SplitWaveEngine(TimedEngine):
+    """Every other request of a wave reaches its first token `late` seconds after the others,
+    as when a wave's prompts reach the scheduler in two pieces."""
+
+    def __init__(self, late, **kw):
+        super().__init__(**kw)
+        self.late, self.count = late, 0
+
+    async def async_generate(self, input_ids, sampling_params, stream=False):
+        self.count += 1
+        late = self.late if self.count % 2 == 0 else 0.0
+        n = sampling_params["max_new_tokens"]
+
+        async def chunks():
+            await asyncio.sleep(self.ttft + late)
+            yield {"output_ids": [1], "meta_info": {"completion_tokens": 1}}
+            await asyncio.sleep((n - 1) * self.tpot)
+            yield {"output_ids": [1] * n, "meta_info": {"completion_tokens": n}}
+
+        return chunks()
+
+
+def test_the_ttft_spread_shows_a_wave_served_in_two_pieces():
+    """The median alone hides which requests waited: the percentiles show the late piece."""
+    eng = SplitWaveEngine(late=0.06, tpot=0.0005, ttft=0.01)
+    loop = asyncio.new_event_loop()
+    try:
+        res = loop.run_until_complete(worker.closed_loop(eng, 8, 16, 8, 20, 0, 1000))
+    finally:
+        loop.close()
+    assert 9 < res["ttft_p10_ms"] < 20, res
+    assert 68 < res["ttft_p90_ms"] < 90 and res["ttft_max_ms"] >= res["ttft_p90_ms"], res
+    even = TimedEngine(tpot=0.0005, ttft=0.01)
+    loop = asyncio.new_event_loop()
+    try:
+        res = loop.run_until_complete(worker.closed_loop(even, 8, 16, 8, 20, 0, 1000))
+    finally:
+        loop.close()
+    assert res["ttft_p90_ms"] - res["ttft_p10_ms"] < 10, res
+
+
 def test_first_visit_of_a_concurrency_is_warmed_up_unmeasured(tmp_path):
     eng = TimedEngine(tpot=0.0005, ttft=0.001)
     stats = tmp_path / "stats.json"

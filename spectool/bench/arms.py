@@ -66,13 +66,14 @@ def variant(spec: str, base_arms: list[Arm]) -> Arm:
     return Arm(name, label, base.spec, base.threshold, dict(base.extra), {**base.env, **env}, base.name)
 
 
-def engine_kwargs(arm: Arm, models: dict, *, max_bs: int, max_total_tokens: int, port: int) -> dict:
+def engine_kwargs(arm: Arm, models: dict, *, max_bs: int, max_total_tokens: int, port: int,
+                  log_level: str = "warning") -> dict:
     kw = dict(
         model_path=models["target"], load_format="dummy", skip_tokenizer_init=True,
         attention_backend="triton", sampling_backend="pytorch", grammar_backend="none",
         cuda_graph_max_bs=max_bs, max_running_requests=max_bs, disable_piecewise_cuda_graph=True,
         mem_fraction_static=0.9, max_total_tokens=max_total_tokens, random_seed=0, port=port,
-        enable_metrics=True, log_level="warning",
+        enable_metrics=True, log_level=log_level,
         # Up to four engines share the machine and are measured one at a time. An idle
         # SGLang scheduler polls its sockets without blocking (0.5.12 scheduler.py,
         # event_loop_overlap; IdleSleeper only with sleep_on_idle), pinning a core each, next

@@ -64,7 +64,7 @@ def _requests_for(C: int, load: str = "lockstep") -> int:
 def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, prompt_len: int = 128,
         out_len: int = 128, acc_len: float = 3.0, transition: bool = True, budget_s: float = 540,
         sglang_dir: str | None = None, arm_names: list[str] | None = None, variants=(), max_engines: int = MAX_ENGINES,
-        load: str = "lockstep", transition_arms=None, console=None) -> dict:
+        load: str = "lockstep", transition_arms=None, engine_log_level: str = "warning", console=None) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..verify.runner import gpu_info
@@ -108,7 +108,8 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
                 break
             if len(plan) > 1:
                 bar.console.print(f"engines for {', '.join(a.name for a in wave)} (at most {max_engines} share the GPU)")
-            with _engines(wave, out, env, max_bs, max_bs * (prompt_len + out_len + 16) + 4096) as (procs, started):
+            with _engines(wave, out, env, max_bs, max_bs * (prompt_len + out_len + 16) + 4096,
+                          log_level=engine_log_level) as (procs, started):
                 startup.update(started)
                 for step in steps:
                     stopped = over_budget()
@@ -236,12 +237,13 @@ def _environment(sglang_dir, acc_len):
 
 
 @contextlib.contextmanager
-def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int):
+def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int, log_level: str = "warning"):
     """Start one engine process per arm (in parallel), yield (procs, startup seconds), stop them."""
     models = write_models(out / "models")
     procs = {}
     for i, arm in enumerate(arm_list):
-        job = {"engine": engine_kwargs(arm, models, max_bs=max_bs, max_total_tokens=max_total_tokens, port=32000 + 100 * i),
+        job = {"engine": engine_kwargs(arm, models, max_bs=max_bs, max_total_tokens=max_total_tokens, port=32000 + 100 * i,
+                                     log_level=log_level),
                "ready_path": str(out / f"{arm.name}.ready.json"),
                "stats_path": str(out / f"{arm.name}.stats.json") if arm.threshold is not None else None}
         Path(job["ready_path"]).unlink(missing_ok=True)

@@ -95,14 +95,26 @@ async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, see
         produced += r["tokens"] * overlap / (b - a)
     med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
     accepts = [r["accept"] for r in measured if r["accept"]]
+    ttfts = sorted(r["ttft"] for r in measured if r["ttft"] is not None)
     return {
         "C": C, "n": n, "output_tok_s": produced / (w1 - w0), "window_s": w1 - w0, "wall_s": t_end - t0,
         "overall_tok_s": sum(r["tokens"] for r in recs) / (t_end - t0),
         "tpot_ms": (med([r["tpot"] for r in measured if r["tpot"]]) or 0) * 1e3 or None,
-        "ttft_ms": (med([r["ttft"] for r in measured if r["ttft"] is not None]) or 0) * 1e3 or None,
+        "ttft_ms": (med(ttfts) or 0) * 1e3 or None,
+        # The spread of first tokens within the waves: a wave whose prompts reach the
+        # scheduler in pieces shows it here (a late piece waits for the steps before it).
+        **ttft_spread_ms(ttfts),
         "acceptance": statistics.mean(accepts) if accepts else None,
         "stagger": stagger,
     }
+
+
+def ttft_spread_ms(ttfts: list[float]) -> dict:
+    """10th and 90th percentile and maximum of the sorted TTFTs (seconds), in ms."""
+    if not ttfts:
+        return {}
+    at = lambda q: ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))] * 1e3  # noqa: E731
+    return {"ttft_p10_ms": at(0.1), "ttft_p90_ms": at(0.9), "ttft_max_ms": ttfts[-1] * 1e3}
 
 
 async def phases(engine, schedule: list[dict], prompt_len: int, out_len: int, seed: int, vocab: int) -> list[dict]:
