@@ -27,6 +27,12 @@ class _null:
 SHARED_STEPS = ("_spec_fallback_target_decode", "_spec_fallback_as_decode", "_spec_fallback_sync_draft")
 
 
+def steps(version):
+    """The methods a decode step calls on the worker (0.5.12 also takes its accept_lens from
+    the constants cache)."""
+    return SHARED_STEPS + (("_spec_fallback_constant",) if version == "0.5.12" else ())
+
+
 def bind(path, ns, worker, *names):
     bind_methods(path, "EAGLEWorkerV2", ns, worker, *names)
 
@@ -47,7 +53,7 @@ def test_fallback_result_format(version, patched_release, monkeypatch):
         pass
 
     events = SimpleNamespace(Event=lambda: SimpleNamespace(record=lambda: None), current_stream=lambda: None)
-    fake_torch = SimpleNamespace(**{k: getattr(torch, k) for k in ("int32", "int64", "ones", "softmax")},
+    fake_torch = SimpleNamespace(**{k: getattr(torch, k) for k in ("int32", "int64", "ones", "full", "softmax")},
                                  get_device_module=lambda device: events)
     ns = {"torch": fake_torch, "GenerationBatchResult": Result, "EagleDraftInput": DraftInput,
           "ForwardMode": SimpleNamespace(DECODE="DECODE"), "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
@@ -73,9 +79,9 @@ def test_fallback_result_format(version, patched_release, monkeypatch):
         _fallback_attn_backend="decode-backend", _fallback_graph_runner="decode-graph",
         draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
         _spec_fallback_draft_extend=lambda *a: seen.setdefault("draft_extend", a),
-        _fallback_early_plan=False,
+        _fallback_early_plan=False, _fallback_constants={},
     )
-    bind(path, ns, worker, *SHARED_STEPS)
+    bind(path, ns, worker, *steps(version))
     batch = SimpleNamespace(seq_lens=torch.tensor([3, 5, 10]), seq_lens_cpu=torch.tensor([3, 5, 10]), seq_lens_sum=18,
                             req_pool_indices=torch.tensor([0, 2, 4]),
                             spec_info=DraftInput(**{bonus: torch.tensor([1, 2, 3], dtype=torch.int32)}))
@@ -100,6 +106,11 @@ def test_fallback_result_format(version, patched_release, monkeypatch):
     ids, acc = res.next_token_ids.tolist(), res.accept_lens.tolist()
     assert len(ids) == bs * stride
     assert [ids[i * stride: i * stride + acc[i]] for i in range(bs)] == [[7], [8], [9]]
+    if not seed:  # a second step takes its accept_lens from the same buffer, still all 1
+        batch.spec_info = DraftInput(bonus_tokens=torch.tensor([4, 5, 6], dtype=torch.int32))
+        again = decode(worker, batch)
+        assert again.accept_lens.tolist() == [1, 1, 1]
+        assert again.accept_lens.data_ptr() == res.accept_lens.data_ptr(), "no new fill kernel per step"
 
 
 @pytest.mark.parametrize("graph_fits", [True, False])
@@ -233,7 +244,7 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, early_plan,
 
     events = SimpleNamespace(Event=lambda: SimpleNamespace(record=lambda: order.append("verify_done")),
                              current_stream=lambda: None)
-    fake_torch = SimpleNamespace(**{k: getattr(torch, k) for k in ("int32", "int64", "ones")},
+    fake_torch = SimpleNamespace(**{k: getattr(torch, k) for k in ("int32", "int64", "ones", "full")},
                                  get_device_module=lambda device: events)
     ns = {"torch": fake_torch, "GenerationBatchResult": lambda **kw: SimpleNamespace(**kw),
           "EagleDraftInput": lambda **kw: SimpleNamespace(**kw), "ForwardMode": SimpleNamespace(DECODE="DECODE"),
@@ -255,7 +266,7 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, early_plan,
         draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
         _spec_fallback_draft_extend=lambda *a: order.append("draft"),
     )
-    bind(path, ns, worker, *SHARED_STEPS)
+    bind(path, ns, worker, *steps(version))
     lens = torch.tensor([3, 7])
     batch = SimpleNamespace(seq_lens=lens.clone().as_subclass(SeqLens), seq_lens_cpu=lens.clone(), seq_lens_sum=10,
                             req_pool_indices=torch.tensor([0, 1]), spec_info=SimpleNamespace(**{bonus: torch.tensor([1, 2])}))

@@ -127,7 +127,7 @@ def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sliced, patched_rele
                             "EAGLEWorkerV2._spec_fallback_draft_kv_only", {"torch": torch})
     bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker,
                  "_spec_fallback_kv_only_replay", "_spec_fallback_kv_only_write",
-                 "_spec_fallback_zero_draft_input")  # no graphs: eager
+                 "_spec_fallback_zero_draft_input", "_spec_fallback_constant")  # no graphs: eager
     batch = SimpleNamespace(seq_lens=pre_step.clone(), out_cache_loc=torch.tensor([3, 45, 90]))
     nxt = SimpleNamespace()
     with torch.no_grad():
@@ -354,7 +354,7 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_
     worker = SimpleNamespace(device="cpu", topk=1, draft_worker=dw, _fallback_kv_only_above=2, _fallback_kv_only_prefill=True,
                              _fallback_active=False, _fallback_stats={"last_batch_size": 0})
     bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_kv_only_prefill_applies", "_spec_fallback_kv_only_write",
-                 "_spec_fallback_zero_draft_input", "_spec_fallback_eligible")
+                 "_spec_fallback_zero_draft_input", "_spec_fallback_constant", "_spec_fallback_eligible")
     prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
     batch, _ = _prefill_batch(torch)
     with torch.no_grad():
@@ -428,3 +428,47 @@ def test_an_engine_without_the_flag_runs_the_release_prefill(patched_release):
     assert worker._spec_fallback_should_run(decode) is False
     worker._spec_fallback_on_verify([1, 2])  # the verify-complete hook: nothing pending, nothing counted
     assert worker._fallback_stats["spec_steps"] == 0 and worker._fallback_stats["phases"] == []
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_zero_draft_inputs_come_from_one_buffer_per_engine(cached, patched_release, monkeypatch):
+    """The zeros a KV-only step hands the scheduler (the next draft input) are views of
+    buffers filled once, reused while batches fit and made again, larger, for a larger batch;
+    with SPECTOOL_FALLBACK_CACHED_INPUTS=0 every call fills new tensors (the same-run control).
+    Both give the same values, shapes and dtypes, which is what the FutureMap copies."""
+    torch = pytest.importorskip("torch")
+    tree = patched_release("0.5.12")
+    if not cached:
+        monkeypatch.setenv("SPECTOOL_FALLBACK_CACHED_INPUTS", "0")
+    # The switch is read where the engine builds its fallback graphs: run that line of the
+    # real method by stopping right after it (the first backend it asks for).
+    stop = RuntimeError("stop after the switches")
+    worker = SimpleNamespace(
+        device="cpu", topk=1,
+        _target_worker=SimpleNamespace(model_runner=SimpleNamespace()),
+        _spec_fallback_plain_attn_backend=lambda runner: (_ for _ in ()).throw(stop),
+        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(model=SimpleNamespace(model=SimpleNamespace(
+            embed_tokens=SimpleNamespace(weight=torch.zeros(V, H, dtype=torch.bfloat16)))))),
+    )
+    ns = {"torch": torch, "os": __import__("os")}
+    bind_methods(tree / WORKER, "EAGLEWorkerV2", ns, worker,
+                 "_spec_fallback_build_decode_graph", "_spec_fallback_zero_draft_input", "_spec_fallback_constant")
+    with pytest.raises(RuntimeError, match="stop after"):
+        worker._spec_fallback_build_decode_graph(SimpleNamespace())
+    assert (worker._fallback_constants == {}) is cached and (worker._fallback_constants is None) is not cached
+
+    first, second, bigger = SimpleNamespace(), SimpleNamespace(), SimpleNamespace()
+    worker._spec_fallback_zero_draft_input(first, 4)
+    worker._spec_fallback_zero_draft_input(second, 3)
+    worker._spec_fallback_zero_draft_input(bigger, 9)
+    for nxt, bs in ((first, 4), (second, 3), (bigger, 9)):
+        assert nxt.topk_p.shape == (bs, 1) and nxt.topk_p.dtype == torch.float32 and not nxt.topk_p.any()
+        assert nxt.topk_index.shape == (bs, 1) and nxt.topk_index.dtype == torch.int64 and not nxt.topk_index.any()
+        assert nxt.hidden_states.shape == (bs, H) and nxt.hidden_states.dtype == torch.bfloat16
+        assert not nxt.hidden_states.any()
+    shared = second.hidden_states.data_ptr() == first.hidden_states.data_ptr()
+    assert shared is cached, "a batch that fits reuses the buffer (cached) / fills anew (control)"
+    assert bigger.hidden_states.data_ptr() != first.hidden_states.data_ptr()
+    assert first.hidden_states.shape == (4, H) and not first.hidden_states.any(), "earlier views stay valid"
+    ones = worker._spec_fallback_constant("accept_lens", 5, (), torch.int32, 1)
+    assert ones.tolist() == [1] * 5 and ones.dtype == torch.int32

@@ -55,6 +55,11 @@ class EAGLEWorkerV2:
         # bench measures the difference with --variant A4L=A4:SPECTOOL_FALLBACK_EARLY_PLAN=0,
         # docs/performance.md): see _spec_fallback_decode.
         self._fallback_early_plan = os.environ.get("SPECTOOL_FALLBACK_EARLY_PLAN", "1") != "0"
+        # On by default; SPECTOOL_FALLBACK_CACHED_INPUTS=0 fills them every step (a same-run
+        # control): _spec_fallback_constant.
+        self._fallback_constants = (
+            {} if os.environ.get("SPECTOOL_FALLBACK_CACHED_INPUTS", "1") != "0" else None
+        )
         mr = self._target_worker.model_runner
         self._fallback_attn_backend = self._spec_fallback_plain_attn_backend(mr)
         self._spec_fallback_init_draft_decode()
@@ -290,8 +295,25 @@ class EAGLEWorkerV2:
             can_run_cuda_graph=target_out.can_run_cuda_graph,
             speculative_num_draft_tokens=1,
             next_draft_input=next_draft_input,
-            accept_lens=torch.ones(bs, dtype=torch.int32, device=device),
+            accept_lens=self._spec_fallback_constant("accept_lens", bs, (), torch.int32, 1),
         )
+
+    def _spec_fallback_constant(self, name, rows, tail, dtype, value):
+        """A (rows, *tail) tensor of `value`: a view of a buffer filled once per engine (made
+        again, larger, when a larger batch comes) instead of a fill kernel every step. The
+        fallback step is a few dozen small kernels more than plain decoding, each a few
+        microseconds (docs/performance.md); these are four of them. Safe because nothing
+        writes into them: the scheduler copies the draft input into its FutureMap and
+        accept_lens to the host. SPECTOOL_FALLBACK_CACHED_INPUTS=0 fills a new tensor on
+        every call (a same-run control)."""
+        cache = getattr(self, "_fallback_constants", None)
+        if cache is None:
+            return torch.full((rows, *tail), value, dtype=dtype, device=self.device)
+        buf = cache.get(name)
+        if buf is None or buf.shape[0] < rows:
+            size = max(rows, 2 * (0 if buf is None else buf.shape[0]))
+            buf = cache[name] = torch.full((size, *tail), value, dtype=dtype, device=self.device)
+        return buf[:rows]
 
     def _spec_fallback_draft_extend(self, batch, tokens, hidden_states, next_draft_input):
         """The draft forward of the KV sync: K/V only far above the threshold, a
@@ -387,14 +409,11 @@ class EAGLEWorkerV2:
         """The next draft's input after a KV-only sync: zeros of the shapes and dtypes the
         draft forward would give (top-k of one, the draft's hidden size)."""
         embed = self.draft_worker.draft_runner.model.model.embed_tokens.weight
-        next_draft_input.topk_p = torch.zeros(
-            (bs, self.topk), dtype=torch.float32, device=self.device
-        )
-        next_draft_input.topk_index = torch.zeros(
-            (bs, self.topk), dtype=torch.int64, device=self.device
-        )
-        next_draft_input.hidden_states = torch.zeros(
-            (bs, embed.shape[-1]), dtype=embed.dtype, device=self.device
+        constant = self._spec_fallback_constant
+        next_draft_input.topk_p = constant("topk_p", bs, (self.topk,), torch.float32, 0)
+        next_draft_input.topk_index = constant("topk_index", bs, (self.topk,), torch.int64, 0)
+        next_draft_input.hidden_states = constant(
+            "hidden_states", bs, (embed.shape[-1],), embed.dtype, 0
         )
 
     def _spec_fallback_kv_only_replay(self, tokens, hidden_states, positions, out_cache_loc):
