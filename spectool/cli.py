@@ -259,7 +259,8 @@ def fetch(version, dest, as_json):
               help="Tensor parallelism of every engine, baselines included (needs that many GPUs).")
 @click.option("--model-cache", type=click.Path(file_okay=False), default=None, help="Where the trained golden model is kept.")
 @click.option("--port-base", type=click.IntRange(1024, 65000), default=31000, show_default=True,
-              help="First engine port (engine i takes PORT_BASE + 50*i); two verify runs at once need their own.")
+              help="First engine port (engine i takes PORT_BASE + 50*i, its rendezvous port inside that block); two "
+                   "verify runs at once need their own, below 32768 (where Linux hands out ephemeral ports).")
 @_json_opt
 @guarded
 def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, model_cache, port_base, as_json):

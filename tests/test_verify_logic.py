@@ -187,6 +187,33 @@ def test_tensor_parallel_reaches_every_engine(tmp_path):
         assert len(jobs) == len(cfgs) and {engine_kwargs(j)["tp_size"] for j in jobs} == {tp}
 
 
+def test_every_engine_has_its_own_fixed_rendezvous_port(tmp_path):
+    """SGLang picks the torch.distributed rendezvous port at start-up when none is given, and
+    binds it later: ten TP=2 engines starting at once lost one to EADDRINUSE on the H200. Each
+    engine of a verify run, and each of two runs at their documented port bases, now has its
+    own, outside every other engine's ports and below Linux's ephemeral range."""
+    from spectool.bench.arms import engine_kwargs as bench_kwargs
+    from spectool.bench.sweep import select_arms
+    from spectool.verify import runner, scenarios
+    from spectool.verify.engine_worker import engine_kwargs
+
+    models = {"target": "t", "eagle3_draft": "d"}
+    taken, rendezvous = set(), []
+    for base in (31000, 29000):  # the default and the second run's (tools/device/README.md)
+        jobs, _, _ = runner.plan_jobs(scenarios.configs(), scenarios.workloads(), models, tmp_path, "0.5.12", False, 2, base)
+        for j in jobs:
+            kw = engine_kwargs(j)
+            taken.add(kw["port"])
+            rendezvous.append(kw["nccl_port"])
+    arms = select_arms(32, 256, None)
+    for i, arm in enumerate(arms):
+        kw = bench_kwargs(arm, {"target": "t", "draft": "d"}, max_bs=256, max_total_tokens=1000, port=32000 + 100 * i)
+        taken.add(kw["port"])
+        rendezvous.append(kw["nccl_port"])
+    assert len(set(rendezvous)) == len(rendezvous) and not set(rendezvous) & taken
+    assert max(rendezvous) < 32768
+
+
 def test_golden_model_for_tensor_parallel():
     """TP=2 gets the nearest model its ranks can hold (each rank's MLP share in whole 16-byte
     vectors: 344 split in two failed CUDA graph capture on the H200); TP=1 keeps the model

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..verify.engine_worker import rendezvous_port
+
 
 @dataclass(frozen=True)
 class Arm:
@@ -73,6 +75,7 @@ def engine_kwargs(arm: Arm, models: dict, *, max_bs: int, max_total_tokens: int,
         attention_backend="triton", sampling_backend="pytorch", grammar_backend="none",
         cuda_graph_max_bs=max_bs, max_running_requests=max_bs, disable_piecewise_cuda_graph=True,
         mem_fraction_static=0.9, max_total_tokens=max_total_tokens, random_seed=0, port=port,
+        nccl_port=rendezvous_port(port),  # fixed, not picked at start-up: see rendezvous_port
         enable_metrics=True, log_level=log_level,
         # Up to four engines share the machine and are measured one at a time. An idle
         # SGLang scheduler polls its sockets without blocking (0.5.12 scheduler.py,

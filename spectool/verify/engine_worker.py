@@ -33,6 +33,14 @@ def read_stats(path: str | None, job: dict | None = None) -> dict:
         return {}
 
 
+def rendezvous_port(port: int) -> int:
+    """The torch.distributed rendezvous port (SGLang's nccl_port) of the engine at `port`: a
+    fixed one inside the engine's own block of ports. Left unset, SGLang picks a free port
+    and binds it later; with ten TP=2 engines starting at once on the H200 another process
+    took it in between (EADDRINUSE on 33225, results/verify-0.5.12-tp2/session10-fdfb10d/)."""
+    return port + 29
+
+
 def engine_kwargs(job: dict) -> dict:
     cfg = job["config"]
     kw = dict(
@@ -53,6 +61,7 @@ def engine_kwargs(job: dict) -> dict:
         tp_size=job.get("tp_size", 1),
         random_seed=0,
         port=job.get("port", 31000),
+        nccl_port=rendezvous_port(job.get("port", 31000)),
         log_level="info",
     )
     if not cfg["cuda_graph"]:
