@@ -34,3 +34,12 @@ def server_arg_fields() -> set[str]:
     from sglang.srt.server_args import ServerArgs
 
     return {f.name for f in dataclasses.fields(ServerArgs)}
+
+
+def rendezvous_port(port: int) -> int:
+    """The torch.distributed rendezvous port (SGLang's nccl_port) of the engine at `port`, for
+    both harnesses: a fixed one inside the engine's own block of ports. Left unset, SGLang
+    picks a free port and binds it later; with ten TP=2 engines starting at once on the H200
+    another process took it in between (EADDRINUSE on 33225,
+    results/verify-0.5.12-tp2/session10-fdfb10d/)."""
+    return port + 29

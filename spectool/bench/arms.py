@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..verify.engine_worker import rendezvous_port
+from ..engine_compat import rendezvous_port
 
 
 @dataclass(frozen=True)

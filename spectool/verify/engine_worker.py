@@ -12,6 +12,8 @@ import os
 import sys
 import time
 
+from ..engine_compat import rendezvous_port
+
 
 def read_stats(path: str | None, job: dict | None = None) -> dict:
     """The fallback counters now: the recipe's stats file, or (where the switch is upstream's)
@@ -31,14 +33,6 @@ def read_stats(path: str | None, job: dict | None = None) -> dict:
             return json.load(f)
     except (OSError, ValueError):
         return {}
-
-
-def rendezvous_port(port: int) -> int:
-    """The torch.distributed rendezvous port (SGLang's nccl_port) of the engine at `port`: a
-    fixed one inside the engine's own block of ports. Left unset, SGLang picks a free port
-    and binds it later; with ten TP=2 engines starting at once on the H200 another process
-    took it in between (EADDRINUSE on 33225, results/verify-0.5.12-tp2/session10-fdfb10d/)."""
-    return port + 29
 
 
 def engine_kwargs(job: dict) -> dict:
