@@ -90,20 +90,10 @@ class SplitWaveEngine(TimedEngine):
 
 def test_the_ttft_spread_shows_a_wave_served_in_two_pieces():
     """The median alone hides which requests waited: the percentiles show the late piece."""
-    eng = SplitWaveEngine(late=0.06, tpot=0.0005, ttft=0.01)
-    loop = asyncio.new_event_loop()
-    try:
-        res = loop.run_until_complete(worker.closed_loop(eng, 8, 16, 8, 20, 0, 1000))
-    finally:
-        loop.close()
+    res = _run(worker.closed_loop(SplitWaveEngine(late=0.06, tpot=0.0005, ttft=0.01), 8, 16, 8, 20, 0, 1000))
     assert 9 < res["ttft_p10_ms"] < 20, res
     assert 68 < res["ttft_p90_ms"] < 90 and res["ttft_max_ms"] >= res["ttft_p90_ms"], res
-    even = TimedEngine(tpot=0.0005, ttft=0.01)
-    loop = asyncio.new_event_loop()
-    try:
-        res = loop.run_until_complete(worker.closed_loop(even, 8, 16, 8, 20, 0, 1000))
-    finally:
-        loop.close()
+    res = _run(worker.closed_loop(TimedEngine(tpot=0.0005, ttft=0.01), 8, 16, 8, 20, 0, 1000))
     assert res["ttft_p90_ms"] - res["ttft_p10_ms"] < 10, res
 
 
