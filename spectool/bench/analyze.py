@@ -44,6 +44,8 @@ def ratios(m: dict, concurrencies: list[int]) -> dict:
         row = {"E": env.get(C)}
         if ("A2", C) in m and C in env:
             row["A2/E"] = m[("A2", C)]["median"] / env[C]
+        if ("A2", C) in m and ("A0", C) in m:  # E itself above T; runs without A1 have only this
+            row["A2/A0"] = m[("A2", C)]["median"] / m[("A0", C)]["median"]
         if ("A4", C) in m and ("A0", C) in m:
             row["A4/A0"] = m[("A4", C)]["median"] / m[("A0", C)]["median"]
         for a in sorted({a for a, _ in m} - set(BUILT_IN)):  # variants, against plain decoding
@@ -55,6 +57,51 @@ def ratios(m: dict, concurrencies: list[int]) -> dict:
             row["A3/A1"] = m[("A3", C)]["median"] / m[("A1", C)]["median"]
         out[C] = row
     return out
+
+
+def ratio_intervals(cells: list[dict], concurrencies: list[int], acc_len: float | None = None, level: float = 0.9,
+                    draws: int = 2000, seed: int = 0, min_reps: int = 3) -> dict:
+    """C -> {ratio: [low, high]}: bootstrap intervals of `ratios`. Each arm's reps at a C are
+    resampled with replacement, the medians and ratios recomputed, and the central `level`
+    of the draws kept. Why: at C = 64-128 the same code's ratio moved by 1-2 points from run
+    to run; a median and its range cannot say whether 0.975 misses a 0.98 goal or is noise,
+    an interval over the reps can. Arms with fewer than `min_reps` reps at a C are left out
+    (no interval for the ratios that need them)."""
+    import random
+
+    rng = random.Random(seed)
+    groups = defaultdict(list)
+    for c in cells:
+        if acc_len is None or c.get("acc_len", acc_len) == acc_len:
+            groups[(c["arm"], c["C"])].append(c["output_tok_s"])
+    out = {}
+    for C in concurrencies:
+        here = {k: v for k, v in groups.items() if k[1] == C and len(v) >= min_reps}
+        samples = defaultdict(list)
+        for _ in range(draws):
+            m = {k: {"median": statistics.median(rng.choices(v, k=len(v)))} for k, v in here.items()}
+            for name, value in ratios(m, [C])[C].items():
+                if name != "E" and value is not None:
+                    samples[name].append(value)
+        cut = (1 - level) / 2
+        out[C] = {name: [sorted(v)[int(cut * (len(v) - 1))], sorted(v)[int((1 - cut) * (len(v) - 1))]]
+                  for name, v in samples.items()}
+    return out
+
+
+def interval_markdown(intervals: dict, concurrencies: list[int], level: float = 0.9) -> str:
+    """The intervals of `ratio_intervals` as a table (ratios with none at any C are left out)."""
+    names = [n for n in ("A2/E", "A2/A0", "A4/A0") if any(n in intervals.get(C, {}) for C in concurrencies)]
+    names += sorted({n for C in concurrencies for n in intervals.get(C, {})} - set(names) - {"A1/A0"})
+    if not names:
+        return ""
+    lines = [f"{level:.0%} intervals of the ratios (each arm's reps resampled; arms with 3 reps or more):", "",
+             "| C | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+    for C in concurrencies:
+        iv = intervals.get(C, {})
+        if any(n in iv for n in names):
+            lines.append(f"| {C} | " + " | ".join(f"{iv[n][0]:.3f}-{iv[n][1]:.3f}" if n in iv else "-" for n in names) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:

@@ -366,6 +366,7 @@ def _command(proc, out, cmd):
 def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startup, version=None, gpu=None,
               arm_list=(), load="lockstep", extra=None) -> dict:
     m = analyze.medians(cells, acc_len)
+    intervals = analyze.ratio_intervals(cells, concurrencies, acc_len)
     labels = {a.name: a.label for a in [*make_arms(threshold, max(concurrencies)), *arm_list]}
     labels.update({a: a for a, _ in m if a not in labels})  # variants of an earlier run
     report = {
@@ -373,6 +374,7 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
         "load": load,
         "cells": {f"{a}@{C}": v for (a, C), v in sorted(m.items(), key=lambda kv: (kv[0][0], kv[0][1]))},
         "ratios": {str(C): v for C, v in analyze.ratios(m, concurrencies).items()},
+        "ratio_intervals_90": {str(C): v for C, v in intervals.items()},
         "suggested_threshold": analyze.suggest_threshold(m, concurrencies),
         "transition": _transition_summary(trans, m) if trans else None,
         "startup_s": startup,
@@ -380,6 +382,8 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
     }
     (out / "bench-results.json").write_text(json.dumps(report, indent=1))
     parts = [analyze.markdown(m, concurrencies, [a for a in labels if any(k[0] == a for k in m)])] if m else []
+    if analyze.interval_markdown(intervals, concurrencies):
+        parts.append(analyze.interval_markdown(intervals, concurrencies))
     if report["transition"]:
         parts.append("Transition workload (alternating C=4 and C=192, closed loop):\n\n"
                      + analyze.transition_markdown(report["transition"]))
