@@ -17,6 +17,11 @@ from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, BadInputError, Spectool
 from .report import print_outcome, to_json  # noqa: F401
 
 
+def _csv(text: str) -> list[str]:
+    """A comma-separated option's items (empty items dropped)."""
+    return [x for x in text.split(",") if x]
+
+
 def _console() -> Console:
     import shutil
 
@@ -271,7 +276,7 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
         here = Path("golden")
         golden_dir = here if here.is_dir() else Path(__file__).resolve().parent.parent / "golden"
     report = run_verify(sglang_dir, Path(out_dir), golden_root=Path(golden_dir), record=record, parallel=parallel,
-                        only=[x for x in only.split(",") if x] or None, tp_size=tp_size,
+                        only=_csv(only) or None, tp_size=tp_size,
                         model_cache=Path(model_cache) if model_cache else None, port_base=port_base,
                         console=_console())
     if as_json:
@@ -329,9 +334,10 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
     from .bench import analyze
     from .bench.sweep import merge, run
 
-    cs = [int(x) for x in concurrency.split(",") if x]
+    cs = [int(x) for x in _csv(concurrency)]
+    arms_measured, transition_named = _csv(arm_names), tuple(_csv(transition_arms)) or None
     try:
-        accs = [float(x) for x in acc_len.split(",") if x]
+        accs = [float(x) for x in _csv(acc_len)]
     except ValueError:
         raise BadInputError(f"--acc-len {acc_len!r}: expected numbers such as 3.0 or 2.0,3.0") from None
     folders = {a: Path(out_dir) if len(accs) == 1 else Path(out_dir) / f"acc-{a:g}" for a in accs}
@@ -350,7 +356,7 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
     if profile_steps:
         from .bench.sweep import profile
 
-        rows = profile(Path(out_dir), threshold=threshold, concurrencies=cs, arm_names=[x for x in arm_names.split(",") if x],
+        rows = profile(Path(out_dir), threshold=threshold, concurrencies=cs, arm_names=arms_measured,
                        variants=variants, steps=profile_steps, prompt_len=prompt_len, acc_len=accs[0], sglang_dir=sglang_dir,
                        max_engines=max_engines, load=profile_load, console=_console(),
                        **({"out_len": out_len} if profile_load == "staggered" else {}))
@@ -360,8 +366,8 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
     for a, folder in folders.items():
         reports[a] = run(folder, threshold=threshold, concurrencies=cs, reps=reps, prompt_len=prompt_len, out_len=out_len,
                          acc_len=a, transition=not no_transition, budget_s=budget, sglang_dir=sglang_dir,
-                         arm_names=[x for x in arm_names.split(",") if x], variants=variants, max_engines=max_engines,
-                         load=load, transition_arms=tuple(x for x in transition_arms.split(",") if x) or None,
+                         arm_names=arms_measured, variants=variants, max_engines=max_engines,
+                         load=load, transition_arms=transition_named,
                          engine_log_level=engine_log_level, console=_console())
     if as_json:
         click.echo(to_json(reports[accs[0]] if len(accs) == 1 else {f"{a:g}": r for a, r in reports.items()}))

@@ -10,15 +10,27 @@ from pathlib import Path
 from .arms import DEFAULT_ARMS as BUILT_IN  # the rest are variants
 
 
-def medians(cells: list[dict], acc_len: float | None = None) -> dict:
-    """(arm, C) -> {median, min, max, reps, tpot_ms, ttft_ms, acceptance, spec_fraction}, of the
-    cells at acceptance `acc_len` when given (cells without the field count as that one)."""
+def quantile(sorted_xs: list[float], q: float) -> float:
+    """The q-quantile of an ascending list (nearest rank): the one convention of the bench's
+    spreads and intervals."""
+    return sorted_xs[min(len(sorted_xs) - 1, int(q * len(sorted_xs)))]
+
+
+def _groups(cells: list[dict], acc_len: float | None) -> dict:
+    """(arm, C) -> the cells at acceptance `acc_len` when given (cells without the field count
+    as that one)."""
     groups = defaultdict(list)
     for c in cells:
         if acc_len is None or c.get("acc_len", acc_len) == acc_len:
             groups[(c["arm"], c["C"])].append(c)
+    return groups
+
+
+def medians(cells: list[dict], acc_len: float | None = None) -> dict:
+    """(arm, C) -> {median, min, max, reps, tpot_ms, ttft_ms, acceptance, spec_fraction}, of the
+    cells at acceptance `acc_len` when given (cells without the field count as that one)."""
     out = {}
-    for key, cs in groups.items():
+    for key, cs in _groups(cells, acc_len).items():
         vals = [c["output_tok_s"] for c in cs]
 
         def med(field):
@@ -69,13 +81,10 @@ def ratio_intervals(cells: list[dict], concurrencies: list[int], acc_len: float 
     (no interval for the ratios that need them)."""
     import random
 
-    rng = random.Random(seed)
-    groups = defaultdict(list)
-    for c in cells:
-        if acc_len is None or c.get("acc_len", acc_len) == acc_len:
-            groups[(c["arm"], c["C"])].append(c["output_tok_s"])
+    groups = {k: [c["output_tok_s"] for c in cs] for k, cs in _groups(cells, acc_len).items()}
     out = {}
     for C in concurrencies:
+        rng = random.Random(f"{seed}:{C}")  # per C: an interval does not depend on which other C a report holds
         here = {k: v for k, v in groups.items() if k[1] == C and len(v) >= min_reps}
         samples = defaultdict(list)
         for _ in range(draws):
@@ -84,8 +93,10 @@ def ratio_intervals(cells: list[dict], concurrencies: list[int], acc_len: float 
                 if name != "E" and value is not None:
                     samples[name].append(value)
         cut = (1 - level) / 2
-        out[C] = {name: [sorted(v)[int(cut * (len(v) - 1))], sorted(v)[int((1 - cut) * (len(v) - 1))]]
-                  for name, v in samples.items()}
+        out[C] = {}
+        for name, values in samples.items():
+            values.sort()
+            out[C][name] = [quantile(values, cut), quantile(values, 1 - cut)]
     return out
 
 

@@ -382,8 +382,9 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
     }
     (out / "bench-results.json").write_text(json.dumps(report, indent=1))
     parts = [analyze.markdown(m, concurrencies, [a for a in labels if any(k[0] == a for k in m)])] if m else []
-    if analyze.interval_markdown(intervals, concurrencies):
-        parts.append(analyze.interval_markdown(intervals, concurrencies))
+    interval_table = analyze.interval_markdown(intervals, concurrencies)
+    if interval_table:
+        parts.append(interval_table)
     if report["transition"]:
         parts.append("Transition workload (alternating C=4 and C=192, closed loop):\n\n"
                      + analyze.transition_markdown(report["transition"]))

@@ -13,6 +13,7 @@ import statistics
 import sys
 import time
 
+from .analyze import quantile  # the spreads' convention, shared with the intervals
 from ..verify.compare import stats_window  # the fallback's counters, read and differenced as verify does
 from ..verify.engine_worker import read_stats
 
@@ -114,8 +115,8 @@ def ttft_spread_ms(ttfts: list[float]) -> dict:
     """10th and 90th percentile and maximum of the sorted TTFTs (seconds), in ms."""
     if not ttfts:
         return {}
-    at = lambda q: ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))] * 1e3  # noqa: E731
-    return {"ttft_p10_ms": at(0.1), "ttft_p90_ms": at(0.9), "ttft_max_ms": ttfts[-1] * 1e3}
+    return {"ttft_p10_ms": quantile(ttfts, 0.1) * 1e3, "ttft_p90_ms": quantile(ttfts, 0.9) * 1e3,
+            "ttft_max_ms": ttfts[-1] * 1e3}
 
 
 async def phases(engine, schedule: list[dict], prompt_len: int, out_len: int, seed: int, vocab: int) -> list[dict]:
