@@ -41,3 +41,23 @@ def test_busy_idle_and_tops(tmp_path):
 
 def test_empty_trace_is_reported_not_divided():
     assert profile.summarize([], steps=30)["error"] == "no GPU activity in the trace"
+
+
+def test_kernel_diff_names_what_the_fallback_adds():
+    """A4 against A0 at one C: the kernel only A4 launches comes first, with 0 for A0, and the
+    markdown carries the difference table with the busy-time and kernel-count deltas."""
+    base_ev = _trace()["traceEvents"]
+    extra = [{"ph": "X", "cat": "kernel", "name": "draft_kv_store", "ts": s * 10_000 + 8000, "dur": 400}
+             for s in range(2)]
+    slower = [dict(e, dur=e["dur"] + 100) if e.get("name") == "attention" else e for e in base_ev]
+    a0 = profile.summarize(base_ev, steps=2)
+    a4 = profile.summarize(slower + extra, steps=2)
+    assert a4["kernels"]["draft_kv_store"] == [0.4, 1.0]
+    (name, ms_a, ms_b, n_a, n_b), (name2, *_rest) = profile.kernel_diff(a4, a0, top=2)
+    assert (name, ms_a, ms_b, n_a, n_b) == ("draft_kv_store", 0, 0.4, 0, 1.0)
+    assert name2 == "attention" and abs(_rest[1] - _rest[0] - 0.1) < 1e-9
+    md = profile.markdown({("A0", 64): a0, ("A4", 64): a4})  # busy: +0.4 store, +0.1 attention past the gemm
+    assert "A4 against A0 at C=64: +0.500 ms GPU busy" in md and "+1 kernels per step" in md
+    assert "| `draft_kv_store` | 0.000 | 0.400 | +0.400 | 0.0 | 1.0 |" in md
+    # Without the base arm at that C there is nothing to diff against.
+    assert "against" not in profile.markdown({("A4", 64): a4})

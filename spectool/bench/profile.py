@@ -4,8 +4,9 @@ the profiled window, how much of it the GPU was busy, and the kernels and host w
 
 If a fallback step (A4) is longer than a plain one (A0) while its GPU-busy time is about the
 same, the gap is host-side (the GPU waits on Python); if the busy time grows by the gap, the
-extra kernels are the cost. The traces are SGLang's own (``start_profile`` with num_steps),
-so nothing in the measured path is instrumented by spectool.
+extra kernels are the cost, and `kernel_diff` names them: every kernel's time and count per
+step in both arms, largest difference first. The traces are SGLang's own (``start_profile``
+with num_steps), so nothing in the measured path is instrumented by spectool.
 """
 
 from __future__ import annotations
@@ -51,9 +52,11 @@ def summarize(events: list[dict], steps: int, top: int = 8) -> dict:
     t0 = min(e["ts"] for e in gpu)
     t1 = max(e["ts"] + e.get("dur", 0) for e in gpu)
     busy = _union_us([(e["ts"], e["ts"] + e.get("dur", 0)) for e in gpu])
-    by_kernel = Counter()
+    by_kernel, n_kernel = Counter(), Counter()
     for e in gpu:
-        by_kernel[_short(e.get("name", "?"))] += e.get("dur", 0)
+        name = _short(e.get("name", "?"))
+        by_kernel[name] += e.get("dur", 0)
+        n_kernel[name] += 1
     host = [e for e in events if e.get("ph") == "X" and e.get("cat") in HOST_CATS and t0 <= e["ts"] <= t1]
     by_host = Counter()
     for e in host:
@@ -70,11 +73,24 @@ def summarize(events: list[dict], steps: int, top: int = 8) -> dict:
         "graph_launches_per_step": launches / steps,
         "top_kernels_ms_per_step": [(k, v * per) for k, v in by_kernel.most_common(top)],
         "top_host_ms_per_step": [(k, v * per) for k, v in by_host.most_common(top)],
+        # Every kernel: [ms per step, launches per step], for kernel_diff.
+        "kernels": {k: [v * per, n_kernel[k] / steps] for k, v in by_kernel.most_common()},
     }
 
 
-def markdown(rows: dict) -> str:
-    """rows: (arm, C) -> summarize() result."""
+def kernel_diff(row: dict, base: dict, top: int = 12) -> list[tuple[str, float, float, float, float]]:
+    """The kernels whose time per step differs most between `row` and `base` (summarize()
+    results of two arms at one C): (name, base ms, row ms, base launches, row launches), the
+    largest absolute difference first. Kernels of one arm only appear with 0 in the other."""
+    a, b = base.get("kernels", {}), row.get("kernels", {})
+    names = sorted(set(a) | set(b), key=lambda k: -abs(b.get(k, [0, 0])[0] - a.get(k, [0, 0])[0]))
+    return [(k, a.get(k, [0, 0])[0], b.get(k, [0, 0])[0], a.get(k, [0, 0])[1], b.get(k, [0, 0])[1])
+            for k in names[:top]]
+
+
+def markdown(rows: dict, base_arm: str = "A0") -> str:
+    """rows: (arm, C) -> summarize() result. Every other arm is diffed against `base_arm` at
+    its C, kernel by kernel, where both traces hold the per-kernel table."""
     lines = ["| arm | C | ms/step | GPU busy ms | GPU idle ms | busy | kernels/step | graph launches/step |",
              "|---|---|---|---|---|---|---|---|"]
     for (arm, C), r in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -90,4 +106,16 @@ def markdown(rows: dict) -> str:
                      + "; ".join(f"{k} {v:.3f}" for k, v in r["top_kernels_ms_per_step"]))
         lines.append(f"{arm} at C={C}: top host ops (ms/step): "
                      + "; ".join(f"{k} {v:.3f}" for k, v in r["top_host_ms_per_step"]))
+    for (arm, C), r in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        base = rows.get((base_arm, C))
+        if arm == base_arm or not base or "kernels" not in r or "kernels" not in base:
+            continue
+        lines += [f"\n{arm} against {base_arm} at C={C}: {r['gpu_busy_ms'] - base['gpu_busy_ms']:+.3f} ms GPU busy, "
+                  f"{r['step_ms'] - base['step_ms']:+.3f} ms per step, "
+                  f"{r['kernels_per_step'] - base['kernels_per_step']:+.0f} kernels per step; "
+                  "the kernels that differ most:\n",
+                  f"| kernel | {base_arm} ms/step | {arm} ms/step | difference ms | {base_arm} launches/step | {arm} launches/step |",
+                  "|---|---|---|---|---|---|"]
+        for k, ms_a, ms_b, n_a, n_b in kernel_diff(r, base):
+            lines.append(f"| `{k}` | {ms_a:.3f} | {ms_b:.3f} | {ms_b - ms_a:+.3f} | {n_a:.1f} | {n_b:.1f} |")
     return "\n".join(lines) + "\n"
