@@ -12,7 +12,7 @@ from rich.console import Console
 
 from . import __version__, api
 from .bench.arms import MAX_ENGINES
-from .bench.sweep import LOADS, PROFILE_LOADS
+from .bench.sweep import LOADS, PORT_BASE, PROFILE_LOADS
 from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, BadInputError, SpectoolError
 from .report import print_outcome, to_json  # noqa: F401
 
@@ -326,10 +326,13 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
 @click.option("--engine-log-level", type=click.Choice(["warning", "info", "debug"]), default="warning", show_default=True,
               help="SGLang's log level in each engine's ARM.log: info logs every prefill batch (its requests, the running "
                    "and queued ones) and every 40th decode step, to see how a wave reaches the scheduler.")
+@click.option("--port-base", type=click.IntRange(1024, 65000), default=PORT_BASE, show_default=True,
+              help="First engine port (engine i takes PORT_BASE + 100*i, its rendezvous port inside that block); two "
+                   "benches at once (one per GPU) need their own, e.g. 22000.")
 @_json_opt
 @guarded
 def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, transition_arms, arm_names,
-          variants, max_engines, suggest, load, profile_steps, profile_load, merge_from, engine_log_level, as_json):
+          variants, max_engines, suggest, load, profile_steps, profile_load, merge_from, engine_log_level, port_base, as_json):
     """Throughput sweep (GPU): no-spec, EAGLE-3, and the patched fallback, per concurrency."""
     from .bench import analyze
     from .bench.sweep import merge, run
@@ -358,7 +361,7 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
 
         rows = profile(Path(out_dir), threshold=threshold, concurrencies=cs, arm_names=arms_measured,
                        variants=variants, steps=profile_steps, prompt_len=prompt_len, acc_len=accs[0], sglang_dir=sglang_dir,
-                       max_engines=max_engines, load=profile_load, console=_console(),
+                       max_engines=max_engines, load=profile_load, port_base=port_base, console=_console(),
                        **({"out_len": out_len} if profile_load == "staggered" else {}))
         click.echo(to_json(rows) if as_json else (Path(out_dir) / "profile.md").read_text())
         return
@@ -368,7 +371,7 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
                          acc_len=a, transition=not no_transition, budget_s=budget, sglang_dir=sglang_dir,
                          arm_names=arms_measured, variants=variants, max_engines=max_engines,
                          load=load, transition_arms=transition_named,
-                         engine_log_level=engine_log_level, console=_console())
+                         engine_log_level=engine_log_level, port_base=port_base, console=_console())
     if as_json:
         click.echo(to_json(reports[accs[0]] if len(accs) == 1 else {f"{a:g}": r for a, r in reports.items()}))
     else:

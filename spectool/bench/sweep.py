@@ -36,6 +36,9 @@ WAVE_ORDER = ("A0", "A1", "A2", "A4", "A3")  # then the variants
 
 
 LOADS = ("lockstep", "staggered")  # the sweep's (`_requests_for`)
+# Engine ports: PORT_BASE + 100*i. Two benches on one host (one per GPU) need their own base,
+# below 32768, where Linux hands out ephemeral ports: the rendezvous ports are fixed.
+PORT_BASE = 32000
 PROFILE_LOADS = ("wave", "staggered")  # the profile's: one wave of long requests, or the staggered load
 
 
@@ -64,7 +67,8 @@ def _requests_for(C: int, load: str = "lockstep") -> int:
 def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, prompt_len: int = 128,
         out_len: int = 128, acc_len: float = 3.0, transition: bool = True, budget_s: float = 540,
         sglang_dir: str | None = None, arm_names: list[str] | None = None, variants=(), max_engines: int = MAX_ENGINES,
-        load: str = "lockstep", transition_arms=None, engine_log_level: str = "warning", console=None) -> dict:
+        load: str = "lockstep", transition_arms=None, engine_log_level: str = "warning", port_base: int = PORT_BASE,
+        console=None) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..verify.runner import gpu_info
@@ -109,7 +113,7 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
             if len(plan) > 1:
                 bar.console.print(f"engines for {', '.join(a.name for a in wave)} (at most {max_engines} share the GPU)")
             with _engines(wave, out, env, max_bs, max_bs * (prompt_len + out_len + 16) + 4096,
-                          log_level=engine_log_level) as (procs, started):
+                          log_level=engine_log_level, port_base=port_base) as (procs, started):
                 startup.update(started)
                 for step in steps:
                     stopped = over_budget()
@@ -237,12 +241,14 @@ def _environment(sglang_dir, acc_len):
 
 
 @contextlib.contextmanager
-def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int, log_level: str = "warning"):
-    """Start one engine process per arm (in parallel), yield (procs, startup seconds), stop them."""
+def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int, log_level: str = "warning",
+             port_base: int = PORT_BASE):
+    """Start one engine process per arm (in parallel), yield (procs, startup seconds), stop them.
+    Engine i owns the ports from port_base + 100*i (its rendezvous port among them)."""
     models = write_models(out / "models")
     procs = {}
     for i, arm in enumerate(arm_list):
-        job = {"engine": engine_kwargs(arm, models, max_bs=max_bs, max_total_tokens=max_total_tokens, port=32000 + 100 * i,
+        job = {"engine": engine_kwargs(arm, models, max_bs=max_bs, max_total_tokens=max_total_tokens, port=port_base + 100 * i,
                                      log_level=log_level),
                "ready_path": str(out / f"{arm.name}.ready.json"),
                "stats_path": str(out / f"{arm.name}.stats.json") if arm.threshold is not None else None}
@@ -277,7 +283,7 @@ def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int,
 
 def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"), variants=(), steps: int = 30,
             prompt_len: int = 128, out_len: int = 1024, acc_len: float = 3.0, sglang_dir: str | None = None,
-            max_engines: int = MAX_ENGINES, load: str = "wave", console=None) -> dict:
+            max_engines: int = MAX_ENGINES, load: str = "wave", port_base: int = PORT_BASE, console=None) -> dict:
     """Profile `steps` steady-state steps per arm and C with SGLang's own profiler and reduce
     each trace (bench/profile.py): profile.json and profile.md in `out`. `load`: "wave" (decode
     steps of one wave of long requests) or "staggered" (the sweep's steady load at `out_len`,
@@ -296,7 +302,8 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
     out.mkdir(parents=True, exist_ok=True)
     version, env = _environment(sglang_dir, acc_len)
     rows, raw = {}, {}
-    with _engines(arm_list, out, env, max_bs, max_bs * (prompt_len + out_len + 16) + 4096) as (procs, _):
+    with _engines(arm_list, out, env, max_bs, max_bs * (prompt_len + out_len + 16) + 4096,
+                  port_base=port_base) as (procs, _):
         for C in concurrencies:
             for arm in arm_list:
                 tdir = out / "traces" / f"{arm.name}-C{C}"
