@@ -190,10 +190,11 @@ def test_tensor_parallel_reaches_every_engine(tmp_path):
 def test_every_engine_has_its_own_fixed_rendezvous_port(tmp_path):
     """SGLang picks the torch.distributed rendezvous port at start-up when none is given, and
     binds it later: ten TP=2 engines starting at once lost one to EADDRINUSE on the H200. Each
-    engine of a verify run, and each of two runs at their documented port bases, now has its
-    own, outside every other engine's ports and below Linux's ephemeral range."""
+    engine of a verify run, and of a bench, with two runs of each at their documented port
+    bases (one per GPU), now has its own, outside every other engine's ports and below
+    Linux's ephemeral range. (Two benches once shared their bases: EADDRINUSE on 32129.)"""
     from spectool.bench.arms import engine_kwargs as bench_kwargs
-    from spectool.bench.sweep import select_arms
+    from spectool.bench.sweep import PORT_BASE, arm_port, select_arms
     from spectool.verify import runner, scenarios
     from spectool.verify.engine_worker import engine_kwargs
 
@@ -205,11 +206,13 @@ def test_every_engine_has_its_own_fixed_rendezvous_port(tmp_path):
             kw = engine_kwargs(j)
             taken.add(kw["port"])
             rendezvous.append(kw["nccl_port"])
-    arms = select_arms(32, 256, None)
-    for i, arm in enumerate(arms):
-        kw = bench_kwargs(arm, {"target": "t", "draft": "d"}, max_bs=256, max_total_tokens=1000, port=32000 + 100 * i)
-        taken.add(kw["port"])
-        rendezvous.append(kw["nccl_port"])
+    arms = select_arms(32, 256, None, ("A4L=A4:X=1", "A4C=A4:X=1", "A2P=A2:X=1"))  # 8 engines
+    for base in (PORT_BASE, 22000):  # the default and the second bench's (tools/device/README.md)
+        for i, arm in enumerate(arms):
+            kw = bench_kwargs(arm, {"target": "t", "draft": "d"}, max_bs=256, max_total_tokens=1000,
+                              port=arm_port(base, i))
+            taken.add(kw["port"])
+            rendezvous.append(kw["nccl_port"])
     assert len(set(rendezvous)) == len(rendezvous) and not set(rendezvous) & taken
     assert max(rendezvous) < 32768
 
