@@ -422,3 +422,40 @@ def test_ratio_intervals_on_the_final_recipes_h200_runs():
             lo, hi = iv[C][name]
             assert lo <= point[C][name] <= hi and hi - lo < 0.04, (C, name, lo, hi)
     assert point[64]["A4/A0"] >= 0.98 and 0.975 < iv[64]["A4/A0"][0] < 0.981
+
+
+def test_per_run_ratios_take_each_runs_own_medians():
+    """Two runs whose A0 differ by 10%: pooled cell by cell, A2's and A0's medians come from
+    different runs and the ratio lands near neither run's; per run, each run's A2/A0 is its
+    own (0.99 and 0.97), and the median run sits between them. One run has no per-run table."""
+    def cells(src, a0, a2):
+        return [{"arm": arm, "C": 64, "rep": i, "output_tok_s": v * (1 + 0.001 * i), "source": src}
+                for arm, v in (("A0", a0), ("A2", a2)) for i in range(3)]
+
+    pooled = cells("run1", 10000, 9900) + cells("run2", 9000, 8730) + cells("run3", 9500, 9310)
+    per = analyze.per_run_ratios(pooled, [64])
+    runs = per[64]["A2/A0"]["runs"]
+    assert {k: round(v, 3) for k, v in runs.items()} == {"run1": 0.99, "run2": 0.97, "run3": 0.98}
+    assert round(per[64]["A2/A0"]["median"], 3) == 0.98 and "A4/A0" not in per[64]
+    md = analyze.per_run_markdown(per, [64])
+    assert "| 64 | A2/A0 | 0.980 | 0.970-0.990 | 3 |" in md
+    assert analyze.per_run_ratios(cells("run1", 10000, 9900), [64]) == {}
+    assert analyze.per_run_markdown({}, [64]) == ""
+
+
+def test_per_run_ratios_of_the_h200_runs_since_session_9(tmp_path):
+    """The seven runs of the final fallback code at C=64 (sessions 9-11), merged: the median
+    run's A2/A0 is 0.979 and A4/A0 0.978, ranges 0.971-1.023 and 0.964-1.016; at C=256 the
+    four runs' A2/A0 all reach 0.99. The merged table carries the per-run section."""
+    from spectool.bench.sweep import merge
+
+    names = ["s9-low", "s9-high", "s9-c128", "s10-above", "s10-ttft", "s10-cached", "s10-cached-g0",
+             "s11-low", "s11-high"]
+    report = merge(tmp_path / "pooled", [RESULTS.parent / f"bench-0.5.12-{n}" for n in names], 3.0)
+    per = report["per_run_ratios"]
+    a2, a4 = per["64"]["A2/A0"], per["64"]["A4/A0"]
+    assert len(a2["runs"]) == len(a4["runs"]) == 7
+    assert round(a2["median"], 3) == 0.979 and round(min(a2["runs"].values()), 3) == 0.971
+    assert round(a4["median"], 3) == 0.978 and round(max(a4["runs"].values()), 3) == 1.016
+    assert len(per["256"]["A2/A0"]["runs"]) == 4 and min(per["256"]["A2/A0"]["runs"].values()) > 0.99
+    assert "| 64 | A2/A0 | 0.979 | 0.971-1.023 | 7 |" in (tmp_path / "pooled" / "bench-table.md").read_text()

@@ -115,6 +115,46 @@ def interval_markdown(intervals: dict, concurrencies: list[int], level: float = 
     return "\n".join(lines) + "\n"
 
 
+PER_RUN_RATIOS = ("A2/E", "A2/A0", "A4/A0", "A3/A1")
+
+
+def per_run_ratios(cells: list[dict], concurrencies: list[int], acc_len: float | None = None) -> dict:
+    """C -> {ratio: {"runs": {source: value}, "median": value}}, for cells pooled from several
+    runs (`source`, as --merge keeps it): each run's ratio of its own medians, and the median
+    run. Why: one engine per arm per run, and the same code's A2/A0 at C=64 moved from 0.971
+    to 1.023 between runs (sessions 9-11), more than a reps-only interval sees; the runs,
+    each with its own engines, are the units that vary. Empty for cells of one run."""
+    by_source = defaultdict(list)
+    for c in cells:
+        by_source[c.get("source")].append(c)
+    if len(by_source) < 2:
+        return {}
+    per = {src: ratios(medians(cs, acc_len), concurrencies) for src, cs in sorted(by_source.items(), key=str)}
+    out = {}
+    for C in concurrencies:
+        row = {}
+        for name in PER_RUN_RATIOS:
+            runs = {src: r[C][name] for src, r in per.items() if r.get(C, {}).get(name) is not None}
+            if len(runs) >= 2:
+                row[name] = {"runs": runs, "median": statistics.median(runs.values())}
+        if row:
+            out[C] = row
+    return out
+
+
+def per_run_markdown(per_run: dict, concurrencies: list[int]) -> str:
+    """The table of `per_run_ratios`: per C and ratio, the median run, the range and count."""
+    if not per_run:
+        return ""
+    lines = ["Per run (each source folder's ratio of its own medians; the median run, its range, the runs):", "",
+             "| C | ratio | median run | range | runs |", "|---|---|---|---|---|"]
+    for C in concurrencies:
+        for name, v in per_run.get(C, {}).items():
+            xs = sorted(v["runs"].values())
+            lines.append(f"| {C} | {name} | {v['median']:.3f} | {xs[0]:.3f}-{xs[-1]:.3f} | {len(xs)} |")
+    return "\n".join(lines) + "\n"
+
+
 def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:
     """The rule: speculate while it wins. Walking up the measured concurrencies, T is the
     last C at which EAGLE-3 (A1) is at least as fast as no speculation (A0) before the first

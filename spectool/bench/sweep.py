@@ -379,6 +379,7 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
               arm_list=(), load="lockstep", extra=None) -> dict:
     m = analyze.medians(cells, acc_len)
     intervals = analyze.ratio_intervals(cells, concurrencies, acc_len)
+    per_run = analyze.per_run_ratios(cells, concurrencies, acc_len)
     labels = {a.name: a.label for a in [*make_arms(threshold, max(concurrencies)), *arm_list]}
     labels.update({a: a for a, _ in m if a not in labels})  # variants of an earlier run
     report = {
@@ -387,6 +388,7 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
         "cells": {f"{a}@{C}": v for (a, C), v in sorted(m.items(), key=lambda kv: (kv[0][0], kv[0][1]))},
         "ratios": {str(C): v for C, v in analyze.ratios(m, concurrencies).items()},
         "ratio_intervals_90": {str(C): v for C, v in intervals.items()},
+        **({"per_run_ratios": {str(C): v for C, v in per_run.items()}} if per_run else {}),
         "suggested_threshold": analyze.suggest_threshold(m, concurrencies),
         "transition": _transition_summary(trans, m) if trans else None,
         "startup_s": startup,
@@ -397,6 +399,8 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
     interval_table = analyze.interval_markdown(intervals, concurrencies)
     if interval_table:
         parts.append(interval_table)
+    if per_run:
+        parts.append(analyze.per_run_markdown(per_run, concurrencies))
     if report["transition"]:
         parts.append("Transition workload (alternating C=4 and C=192, closed loop):\n\n"
                      + analyze.transition_markdown(report["transition"]))
