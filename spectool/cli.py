@@ -329,10 +329,14 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
 @click.option("--port-base", type=click.IntRange(1024, 65000), default=PORT_BASE, show_default=True,
               help="First engine port (engine i takes PORT_BASE + 100*i, its rendezvous port inside that block); two "
                    "benches at once (one per GPU) need their own, e.g. 22000.")
+@click.option("--fresh-engines", is_flag=True,
+              help="Start every arm's engine anew for each repetition (1-4 minutes per start on the H200), "
+                   "so one run averages over engine instances; the table then lists each repetition's own ratios.")
 @_json_opt
 @guarded
 def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, transition_arms, arm_names,
-          variants, max_engines, suggest, load, profile_steps, profile_load, merge_from, engine_log_level, port_base, as_json):
+          variants, max_engines, suggest, load, profile_steps, profile_load, merge_from, engine_log_level, port_base,
+          fresh_engines, as_json):
     """Throughput sweep (GPU): no-spec, EAGLE-3, and the patched fallback, per concurrency."""
     from .bench import analyze
     from .bench.sweep import merge, run
@@ -371,7 +375,8 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
                          acc_len=a, transition=not no_transition, budget_s=budget, sglang_dir=sglang_dir,
                          arm_names=arms_measured, variants=variants, max_engines=max_engines,
                          load=load, transition_arms=transition_named,
-                         engine_log_level=engine_log_level, port_base=port_base, console=_console())
+                         engine_log_level=engine_log_level, port_base=port_base, fresh_engines=fresh_engines,
+                         console=_console())
     if as_json:
         click.echo(to_json(reports[accs[0]] if len(accs) == 1 else {f"{a:g}": r for a, r in reports.items()}))
     else:

@@ -459,3 +459,33 @@ def test_per_run_ratios_of_the_h200_runs_since_session_9(tmp_path):
     assert round(a4["median"], 3) == 0.978 and round(max(a4["runs"].values()), 3) == 1.016
     assert len(per["256"]["A2/A0"]["runs"]) == 4 and min(per["256"]["A2/A0"]["runs"].values()) > 0.99
     assert "| 64 | A2/A0 | 0.979 | 0.971-1.023 | 7 |" in (tmp_path / "pooled" / "bench-table.md").read_text()
+
+
+def test_fresh_engines_start_engines_for_every_repetition():
+    """--fresh-engines: each wave's steps split by repetition, so each repetition starts its
+    own engines; the transition stays with repetition 0's engines, the rotation is kept, and
+    a resumed run plans only the repetitions still missing."""
+    from spectool.bench.sweep import plan_steps, select_arms
+
+    arms = select_arms(32, 256, ["A0", "A2", "A4"])
+    plan = plan_steps(arms, [1, 64], 3, 3.0, set(), True, fresh_engines=True)
+    assert len(plan) == 3 and all([a.name for a in w] == ["A0", "A2", "A4"] for w, _ in plan)
+    reps = [{s[0] for s in steps if s is not None} for _, steps in plan]
+    assert reps == [{0}, {1}, {2}]
+    assert plan[0][1][-1] is None and all(None not in steps for _, steps in plan[1:])
+    assert plan[1][1][0] == (1, 1, "A2"), "arm order rotated in rep 1"
+    assert sum(len(s) for _, s in plan) == len(plan_steps(arms, [1, 64], 3, 3.0, set(), True)[0][1])
+    done = {(a, C, r, 3.0) for r in (0, 1) for C in (1, 64) for a in ("A0", "A2", "A4")}
+    [(wave, steps)] = plan_steps(arms, [1, 64], 3, 3.0, done, False, fresh_engines=True)
+    assert {s[0] for s in steps} == {2}
+
+
+def test_per_run_ratios_count_each_fresh_engine_set_as_a_run():
+    """Cells of one run measured with --fresh-engines carry their engine set: each repetition
+    is a run of its own in the per-run table, and merged folders keep them apart by source."""
+    cells = [{"arm": arm, "C": 64, "rep": r, "output_tok_s": v * f, "engines": f"rep{r}"}
+             for r, f in enumerate((1.0, 0.98, 1.01)) for arm, v in (("A0", 10000), ("A4", 9800 if r else 9700))]
+    per = analyze.per_run_ratios(cells, [64])[64]["A4/A0"]
+    assert sorted(per["runs"]) == ["rep0", "rep1", "rep2"] and round(per["median"], 3) == 0.98
+    merged = cells + [{**c, "source": "other"} for c in cells]
+    assert len(analyze.per_run_ratios(merged, [64])[64]["A4/A0"]["runs"]) == 6

@@ -123,10 +123,13 @@ def per_run_ratios(cells: list[dict], concurrencies: list[int], acc_len: float |
     runs (`source`, as --merge keeps it): each run's ratio of its own medians, and the median
     run. Why: one engine per arm per run, and the same code's A2/A0 at C=64 moved from 0.971
     to 1.023 between runs (sessions 9-11), more than a reps-only interval sees; the runs,
-    each with its own engines, are the units that vary. Empty for cells of one run."""
+    each with its own engines, are the units that vary. A run with --fresh-engines counts
+    each repetition (its own engines, `engines` in its cells) as a run. Empty for cells of
+    one run on one set of engines."""
     by_source = defaultdict(list)
     for c in cells:
-        by_source[c.get("source")].append(c)
+        key = "/".join(str(x) for x in (c.get("source"), c.get("engines")) if x is not None)
+        by_source[key or None].append(c)
     if len(by_source) < 2:
         return {}
     per = {src: ratios(medians(cs, acc_len), concurrencies) for src, cs in sorted(by_source.items(), key=str)}

@@ -73,7 +73,7 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
         out_len: int = 128, acc_len: float = 3.0, transition: bool = True, budget_s: float = 540,
         sglang_dir: str | None = None, arm_names: list[str] | None = None, variants=(), max_engines: int = MAX_ENGINES,
         load: str = "lockstep", transition_arms=None, engine_log_level: str = "warning", port_base: int = PORT_BASE,
-        console=None) -> dict:
+        fresh_engines: bool = False, console=None) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..verify.runner import gpu_info
@@ -100,7 +100,7 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
     trans = json.loads(tpath.read_text()) if tpath.exists() else None
     startup = {}
     plan = plan_steps(arm_list, concurrencies, reps, acc_len, done, transition and trans is None, max_engines,
-                      transition_arms)
+                      transition_arms, fresh_engines)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task("cells", total=sum(1 for _, steps in plan for t in steps if t is not None))
@@ -133,7 +133,8 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
                     res = _command(procs[arm], out, {"kind": "point", "C": C, "n": _requests_for(C, load), "prompt_len": prompt_len,
                                                       "out_len": out_len, "seed": 1000 * rep + C,
                                                       "stagger": load == "staggered"})
-                    cell = {"arm": arm, "C": C, "rep": rep, "acc_len": acc_len, **res}
+                    cell = {"arm": arm, "C": C, "rep": rep, "acc_len": acc_len, **res,
+                            **({"engines": f"rep{rep}"} if fresh_engines else {})}
                     cells.append(cell)
                     with open(cells_path, "a") as f:
                         f.write(json.dumps(cell) + "\n")
@@ -162,19 +163,30 @@ def load_cells(cells_path: Path, acc_len: float, load: str = "lockstep") -> tupl
 
 
 def plan_steps(arm_list, concurrencies, reps: int, acc_len: float, done: set, transition: bool,
-               max_engines: int = MAX_ENGINES, transition_arms=("A2",)) -> list[tuple[list, list]]:
+               max_engines: int = MAX_ENGINES, transition_arms=("A2",),
+               fresh_engines: bool = False) -> list[tuple[list, list]]:
     """(wave, steps) for what is still to measure: cells (rep, C, arm) not in `done`, the arm
     order rotated per repetition, and None where A2's wave runs the transition workload on A2
     and its variants (after the first repetition, so a time budget rarely cuts it off). Waves
-    with nothing left are dropped, so a resumed run starts no engine it does not need."""
+    with nothing left are dropped, so a resumed run starts no engine it does not need.
+    `fresh_engines`: one entry per wave and repetition, so every repetition gets engines of
+    its own (each entry starts its engines)."""
     plan = []
     for wave in plan_waves(arm_list, max_engines):
         steps = [(rep, C, arm.name) for rep in range(reps) for C in concurrencies for arm in _rotated(wave, rep)
                  if (arm.name, C, rep, acc_len) not in done]
         if transition and any(a.runs_transition(transition_arms) for a in wave):
             steps.insert(next((i for i, t in enumerate(steps) if t[0] >= min(1, reps - 1)), len(steps)), None)
-        if steps:
-            plan.append((wave, steps))
+        if not fresh_engines:
+            plan += [(wave, steps)] if steps else []
+            continue
+        groups = []  # (rep, steps); the transition (None) stays with the repetition before it
+        for step in steps:
+            rep = step[0] if step is not None else (groups[-1][0] if groups else None)
+            if not groups or groups[-1][0] != rep:
+                groups.append((rep, []))
+            groups[-1][1].append(step)
+        plan += [(wave, g) for _, g in groups]
     return plan
 
 
