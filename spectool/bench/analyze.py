@@ -149,7 +149,8 @@ def per_run_markdown(per_run: dict, concurrencies: list[int]) -> str:
     """The table of `per_run_ratios`: per C and ratio, the median run, the range and count."""
     if not per_run:
         return ""
-    lines = ["Per run (each source folder's ratio of its own medians; the median run, its range, the runs):", "",
+    lines = ["Per run (a source folder, or one repetition of --fresh-engines: each run's ratio of its own medians; "
+             "the median run, its range, the runs):", "",
              "| C | ratio | median run | range | runs |", "|---|---|---|---|---|"]
     for C in concurrencies:
         for name, v in per_run.get(C, {}).items():

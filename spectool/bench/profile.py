@@ -83,9 +83,9 @@ def kernel_diff(row: dict, base: dict, top: int = 12) -> list[tuple[str, float, 
     results of two arms at one C): (name, base ms, row ms, base launches, row launches), the
     largest absolute difference first. Kernels of one arm only appear with 0 in the other."""
     a, b = base.get("kernels", {}), row.get("kernels", {})
-    names = sorted(set(a) | set(b), key=lambda k: -abs(b.get(k, [0, 0])[0] - a.get(k, [0, 0])[0]))
-    return [(k, a.get(k, [0, 0])[0], b.get(k, [0, 0])[0], a.get(k, [0, 0])[1], b.get(k, [0, 0])[1])
-            for k in names[:top]]
+    none = (0, 0)  # [ms, launches] of a kernel the arm does not run
+    names = sorted(set(a) | set(b), key=lambda k: -abs(b.get(k, none)[0] - a.get(k, none)[0]))
+    return [(k, a.get(k, none)[0], b.get(k, none)[0], a.get(k, none)[1], b.get(k, none)[1]) for k in names[:top]]
 
 
 def markdown(rows: dict, base_arm: str = "A0") -> str:

@@ -36,6 +36,7 @@ WAVE_ORDER = ("A0", "A1", "A2", "A4", "A3")  # then the variants
 
 
 LOADS = ("lockstep", "staggered")  # the sweep's (`_requests_for`)
+PROFILE_LOADS = ("wave", "staggered")  # the profile's: one wave of long requests, or the staggered load
 # Engine ports: PORT_BASE + 100*i. Two benches on one host (one per GPU) need their own base,
 # below 32768, where Linux hands out ephemeral ports: the rendezvous ports are fixed.
 PORT_BASE = 32000
@@ -44,7 +45,6 @@ PORT_BASE = 32000
 def arm_port(port_base: int, i: int) -> int:
     """The port of the i-th engine of a bench (its rendezvous port inside that block)."""
     return port_base + 100 * i
-PROFILE_LOADS = ("wave", "staggered")  # the profile's: one wave of long requests, or the staggered load
 
 
 def cell_load(cell: dict) -> str:
@@ -265,8 +265,8 @@ def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int,
     models = write_models(out / "models")
     procs = {}
     for i, arm in enumerate(arm_list):
-        job = {"engine": engine_kwargs(arm, models, max_bs=max_bs, max_total_tokens=max_total_tokens, port=arm_port(port_base, i),
-                                     log_level=log_level),
+        job = {"engine": engine_kwargs(arm, models, max_bs=max_bs, max_total_tokens=max_total_tokens,
+                                     port=arm_port(port_base, i), log_level=log_level),
                "ready_path": str(out / f"{arm.name}.ready.json"),
                "stats_path": str(out / f"{arm.name}.stats.json") if arm.threshold is not None else None}
         Path(job["ready_path"]).unlink(missing_ok=True)
