@@ -61,3 +61,15 @@ def test_kernel_diff_names_what_the_fallback_adds():
     assert "| `draft_kv_store` | 0.000 | 0.400 | +0.400 | 0.0 | 1.0 |" in md
     # Without the base arm at that C there is nothing to diff against.
     assert "against" not in profile.markdown({("A4", 64): a4})
+
+
+def test_a_repeated_c_is_a_later_wave_on_the_same_engines():
+    """`--concurrency 64,64`: the second profile of C=64 is keyed (arm, 64, 1), shown as wave
+    2, and diffed against A0's wave 2, not its wave 1."""
+    ev = _trace()["traceEvents"]
+    slow = [dict(e, dur=e["dur"] * 2) if e.get("name") == "gemm_bf16" else e for e in ev]
+    a0, a0_late, a4_late = (profile.summarize(x, steps=2) for x in (ev, slow, slow))
+    md = profile.markdown({("A0", 64, 0): a0, ("A0", 64, 1): a0_late, ("A4", 64, 1): a4_late})
+    assert "| A0 | 64 | 9.50 |" in md and "| A0 | 64 (wave 2) |" in md and "| A4 | 64 (wave 2) |" in md
+    assert "A4 against A0 at C=64 (wave 2): +0.000 ms GPU busy" in md
+    assert md.count(" against ") == 1

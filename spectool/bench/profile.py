@@ -89,33 +89,41 @@ def kernel_diff(row: dict, base: dict, top: int = 12) -> list[tuple[str, float, 
 
 
 def markdown(rows: dict, base_arm: str = "A0") -> str:
-    """rows: (arm, C) -> summarize() result. Every other arm is diffed against `base_arm` at
-    its C, kernel by kernel, where both traces hold the per-kernel table."""
+    """rows: (arm, C) or (arm, C, k) -> summarize() result, k counting the earlier profiles of
+    that C on the same engines (shown as wave k+1). Every other arm is diffed against
+    `base_arm` at its C and wave, kernel by kernel, where both traces hold the per-kernel
+    table."""
+    rows = {(key[0], key[1], key[2] if len(key) > 2 else 0): r for key, r in rows.items()}
+    order = sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0]))
+
+    def at(C, k):
+        return f"{C}" + (f" (wave {k + 1})" if k else "")
+
     lines = ["| arm | C | ms/step | GPU busy ms | GPU idle ms | busy | kernels/step | graph launches/step |",
              "|---|---|---|---|---|---|---|---|"]
-    for (arm, C), r in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (arm, C, k), r in order:
         if r.get("error"):
-            lines.append(f"| {arm} | {C} | {r['error']} |  |  |  |  |  |")
+            lines.append(f"| {arm} | {at(C, k)} | {r['error']} |  |  |  |  |  |")
             continue
-        lines.append(f"| {arm} | {C} | {r['step_ms']:.2f} | {r['gpu_busy_ms']:.2f} | {r['gpu_idle_ms']:.2f} | "
+        lines.append(f"| {arm} | {at(C, k)} | {r['step_ms']:.2f} | {r['gpu_busy_ms']:.2f} | {r['gpu_idle_ms']:.2f} | "
                      f"{r['gpu_busy_fraction']:.0%} | {r['kernels_per_step']:.0f} | {r['graph_launches_per_step']:.1f} |")
-    for (arm, C), r in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (arm, C, k), r in order:
         if r.get("error"):
             continue
-        lines.append(f"\n{arm} at C={C}: top kernels (ms/step): "
-                     + "; ".join(f"{k} {v:.3f}" for k, v in r["top_kernels_ms_per_step"]))
-        lines.append(f"{arm} at C={C}: top host ops (ms/step): "
-                     + "; ".join(f"{k} {v:.3f}" for k, v in r["top_host_ms_per_step"]))
-    for (arm, C), r in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        base = rows.get((base_arm, C))
+        lines.append(f"\n{arm} at C={at(C, k)}: top kernels (ms/step): "
+                     + "; ".join(f"{name} {v:.3f}" for name, v in r["top_kernels_ms_per_step"]))
+        lines.append(f"{arm} at C={at(C, k)}: top host ops (ms/step): "
+                     + "; ".join(f"{name} {v:.3f}" for name, v in r["top_host_ms_per_step"]))
+    for (arm, C, k), r in order:
+        base = rows.get((base_arm, C, k))
         if arm == base_arm or not base or "kernels" not in r or "kernels" not in base:
             continue
-        lines += [f"\n{arm} against {base_arm} at C={C}: {r['gpu_busy_ms'] - base['gpu_busy_ms']:+.3f} ms GPU busy, "
+        lines += [f"\n{arm} against {base_arm} at C={at(C, k)}: {r['gpu_busy_ms'] - base['gpu_busy_ms']:+.3f} ms GPU busy, "
                   f"{r['step_ms'] - base['step_ms']:+.3f} ms per step, "
                   f"{r['kernels_per_step'] - base['kernels_per_step']:+.0f} kernels per step; "
                   "the kernels that differ most:\n",
                   f"| kernel | {base_arm} ms/step | {arm} ms/step | difference ms | {base_arm} launches/step | {arm} launches/step |",
                   "|---|---|---|---|---|---|"]
-        for k, ms_a, ms_b, n_a, n_b in kernel_diff(r, base):
-            lines.append(f"| `{k}` | {ms_a:.3f} | {ms_b:.3f} | {ms_b - ms_a:+.3f} | {n_a:.1f} | {n_b:.1f} |")
+        for name, ms_a, ms_b, n_a, n_b in kernel_diff(r, base):
+            lines.append(f"| `{name}` | {ms_a:.3f} | {ms_b:.3f} | {ms_b - ms_a:+.3f} | {n_a:.1f} | {n_b:.1f} |")
     return "\n".join(lines) + "\n"

@@ -304,7 +304,9 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
     """Profile `steps` steady-state steps per arm and C with SGLang's own profiler and reduce
     each trace (bench/profile.py): profile.json and profile.md in `out`. `load`: "wave" (decode
     steps of one wave of long requests) or "staggered" (the sweep's steady load at `out_len`,
-    prefills of arriving requests included)."""
+    prefills of arriving requests included). A C listed again is profiled again on the same
+    engines, after the waves before it (with prompts of its own): whether a gap between arms
+    stays as the engines age, e.g. `--concurrency 64,64,64`."""
     if load not in PROFILE_LOADS:
         raise BadInputError(f"--profile-load {load!r}: use {' or '.join(PROFILE_LOADS)}.")
     from ..verify.runner import gpu_info
@@ -321,20 +323,22 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
     rows, raw = {}, {}
     with _engines(arm_list, out, env, max_bs, max_bs * (prompt_len + out_len + 16) + 4096,
                   port_base=port_base) as (procs, _):
-        for C in concurrencies:
+        for i, C in enumerate(concurrencies):
+            k = concurrencies[:i].count(C)  # how often this C was profiled before, on these engines
+            tag = f"{C}" + (f"#{k + 1}" if k else "")
             for arm in arm_list:
-                tdir = out / "traces" / f"{arm.name}-C{C}"
+                tdir = out / "traces" / f"{arm.name}-C{tag}"
                 n = _requests_for(C, "staggered") if load == "staggered" else C
                 res = _command(procs[arm.name], out, {"kind": "profile", "C": C, "n": n, "prompt_len": prompt_len,
-                                                       "out_len": out_len, "seed": C, "steps": steps, "dir": str(tdir),
-                                                       "stagger": load == "staggered"})
+                                                       "out_len": out_len, "seed": C + 1000 * k, "steps": steps,
+                                                       "dir": str(tdir), "stagger": load == "staggered"})
                 traces = sorted(tdir.glob("*TP-0*.trace.json*")) or sorted(tdir.glob("*.trace.json*"))
                 summary = prof.summarize(prof.load_events(traces[0]), steps) if traces else {"error": "no trace written"}
                 summary["output_tok_s"] = res.get("output_tok_s")
-                rows[(arm.name, C)] = summary
-                raw[f"{arm.name}@{C}"] = summary
+                rows[(arm.name, C, k)] = summary
+                raw[f"{arm.name}@{tag}"] = summary
                 if console:
-                    console.print(f"profiled {arm.name} at C={C}: {summary.get('step_ms', 0):.2f} ms/step, "
+                    console.print(f"profiled {arm.name} at C={tag}: {summary.get('step_ms', 0):.2f} ms/step, "
                                   f"GPU busy {summary.get('gpu_busy_ms', 0):.2f} ms")
     (out / "profile.json").write_text(json.dumps({"sglang_version": version, "threshold": threshold, "steps": steps,
                                                   "load": load, "out_len": out_len, "rows": raw}, indent=1))
