@@ -145,8 +145,10 @@ def test_transition_reference_brackets_the_schedule(tmp_path, monkeypatch):
     phase_seeds = {sent[2]["seed"] + i for i in range(len(sweep.TRANSITION))}  # phases() seeds seed + i
     ref_seeds = [c["seed"] for c in sent if c["kind"] == "point"]
     assert len(set(ref_seeds)) == 4 and not phase_seeds & set(ref_seeds)
-    assert res["reference"] == {"4": 1100.0, "192": 1100.0} and res["reference_runs"]["4"] == [1000.0, 1200.0]
+    assert {C: [r["output_tok_s"] for r in recs] for C, recs in res["reference_records"].items()} == {
+        "4": [1000.0, 1200.0], "192": [1000.0, 1200.0]}
     rows = summarize(tmp_path, _cells(), DEFAULT_C, 12, 3.0, {"A2": res}, {})["transition"]["A2"]
+    assert {r["C"]: r["steady"] for r in rows} == {4: 1100.0, 192: 1100.0}
     assert [round(r["ratio"], 3) for r in rows] == [0.818] * 5 and rows[0]["reference_runs"] == [1000.0, 1200.0]
     # The references' TTFT and TPOT are kept, so a slow phase shows which of the two it lost.
     assert rows[0]["ttft_ms"] == 40.0 and rows[0]["steady_ttft_ms"] == 31.0 and rows[0]["steady_tpot_ms"] == 2.5

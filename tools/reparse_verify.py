@@ -26,6 +26,11 @@ from spectool.verify.upstream_log import stats_at_decode_line
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _from_log(report: dict) -> bool:
+    """Whether the run read its counters from the engine logs (upstream's switch)."""
+    return report.get("counters_from", "").startswith("engine log")
+
+
 def _engine_files(folder: Path) -> dict:
     with tarfile.open(folder / "verify-logs.tgz") as tar:
         return {Path(m.name).name: tar.extractfile(m).read().decode(errors="replace") for m in tar.getmembers() if m.isfile()}
@@ -45,10 +50,9 @@ def _result(files: dict, c, from_log: bool) -> dict:
 
 
 def _evaluate(report: dict, cfgs, results: dict, skipped: dict) -> dict:
-    from_log = report.get("counters_from", "").startswith("engine log")
     new = runner.evaluate(results, cfgs, scenarios.workloads(), {"meta": report["model"]}, report["sglang_version"],
                           report["gpu_arch"], report["gpu"], ROOT / "golden", False, skipped,
-                          recipe_counters=not from_log, tp_size=report.get("tp_size", 1))
+                          recipe_counters=not _from_log(report), tp_size=report.get("tp_size", 1))
     new["tp_size"] = report.get("tp_size", 1)
     return new
 
@@ -56,7 +60,7 @@ def _evaluate(report: dict, cfgs, results: dict, skipped: dict) -> dict:
 def main(folder: Path) -> int:
     report = json.loads((folder / "verify-results.json").read_text())
     files = _engine_files(folder)
-    from_log = report.get("counters_from", "").startswith("engine log")
+    from_log = _from_log(report)
     skipped = {r["config"]: r["skipped"] for r in report["scenarios"] if r.get("skipped")}
     # The baselines and the speculative engines the recorded run had (added ones never ran there).
     recorded = {r["config"] for r in report["scenarios"]}
@@ -80,7 +84,7 @@ def partial(folder: Path, like: Path) -> int:
     (same release, GPU, model and counters) into verify-results-partial.json."""
     report = json.loads(like.read_text())
     files = _engine_files(folder)
-    from_log = report.get("counters_from", "").startswith("engine log")
+    from_log = _from_log(report)
     finished = sorted(n[: -len(".out.json")] for n in files if n.endswith(".out.json"))
     cfgs = [c for c in scenarios.configs() if c.name in finished]
     started = sorted(n[: -len(".log")] for n in files if n.endswith(".log"))

@@ -213,12 +213,19 @@ def _transition(proc, out: Path, prompt_len: int, out_len: int) -> dict:
     before = references(1077)
     res = _command(proc, out, {"kind": "phases", "schedule": TRANSITION, "prompt_len": prompt_len, "out_len": out_len, "seed": 77})
     after = references(2077)
-    tok = lambda runs, C: runs[C]["output_tok_s"]  # noqa: E731
-    # The references' whole records (TTFT, TPOT, window) too: a phase that reads slow can
-    # then be told apart as slower steps or as a longer wait for the first token.
-    return {**res, "reference": {C: (tok(before, C) + tok(after, C)) / 2 for C in before},
-            "reference_runs": {C: [tok(before, C), tok(after, C)] for C in before},
-            "reference_records": {C: [before[C], after[C]] for C in before}}
+    # The references' whole records (TTFT, TPOT, window): the steady state and its runs are
+    # read from them (_reference), and a phase that reads slow can be told apart as slower
+    # steps or as a longer wait for the first token.
+    return {**res, "reference_records": {C: [before[C], after[C]] for C in before}}
+
+
+def _reference(res: dict, C: int) -> tuple[float | None, list | None, list]:
+    """(steady tok/s, its runs, their records) of a transition phase load: the mean of the
+    standalone runs before and after the schedule. Results written before the records were
+    kept (sessions 5-7) carry the mean and the runs themselves."""
+    records = res.get("reference_records", {}).get(str(C)) or []
+    runs = [r["output_tok_s"] for r in records] or res.get("reference_runs", {}).get(str(C))
+    return (sum(runs) / len(runs) if runs else res.get("reference", {}).get(str(C))), runs, records
 
 
 def select_arms(threshold: int, max_bs: int, arm_names, variants=()) -> list:
@@ -473,13 +480,12 @@ def _transition_summary(trans, m):
     out = {}
     for arm, res in trans.items():
         rows = []
-        ref = res.get("reference", {})
         for ph in res["phases"]:
-            steady = ref.get(str(ph["C"])) or m.get((arm, ph["C"]), {}).get("median") or _interp(m, arm, ph["C"])
-            records = res.get("reference_records", {}).get(str(ph["C"])) or []
+            ref, runs, records = _reference(res, ph["C"])
+            steady = ref or m.get((arm, ph["C"]), {}).get("median") or _interp(m, arm, ph["C"])
             rows.append({"C": ph["C"], "tok_s": ph["output_tok_s"], "steady": steady,
                          "ratio": ph["output_tok_s"] / steady if steady else None,
-                         "reference_runs": res.get("reference_runs", {}).get(str(ph["C"])),
+                         "reference_runs": runs,
                          "ttft_ms": ph.get("ttft_ms"), "tpot_ms": ph.get("tpot_ms"),
                          "steady_ttft_ms": _mean(r.get("ttft_ms") for r in records),
                          "steady_tpot_ms": _mean(r.get("tpot_ms") for r in records)})
