@@ -332,11 +332,14 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
 @click.option("--fresh-engines", is_flag=True,
               help="Start every arm's engine anew for each repetition (1-4 minutes per start on the H200), "
                    "so one run averages over engine instances; the table then lists each repetition's own ratios.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Tensor parallelism: each engine shards over this many GPUs (the first TP visible ones, "
+                   "shared by all arms); a folder holds cells of one TP size only.")
 @_json_opt
 @guarded
 def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, transition_arms, arm_names,
           variants, max_engines, suggest, load, profile_steps, profile_load, merge_from, engine_log_level, port_base,
-          fresh_engines, as_json):
+          fresh_engines, tp, as_json):
     """Throughput sweep (GPU): no-spec, EAGLE-3, and the patched fallback, per concurrency."""
     from .bench import analyze
     from .bench.sweep import merge, run
@@ -365,7 +368,7 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
 
         rows = profile(Path(out_dir), threshold=threshold, concurrencies=cs, arm_names=arms_measured,
                        variants=variants, steps=profile_steps, prompt_len=prompt_len, acc_len=accs[0], sglang_dir=sglang_dir,
-                       max_engines=max_engines, load=profile_load, port_base=port_base, console=_console(),
+                       max_engines=max_engines, load=profile_load, port_base=port_base, tp=tp, console=_console(),
                        **({"out_len": out_len} if profile_load == "staggered" else {}))
         click.echo(to_json(rows) if as_json else (Path(out_dir) / "profile.md").read_text())
         return
@@ -376,7 +379,7 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
                          arm_names=arms_measured, variants=variants, max_engines=max_engines,
                          load=load, transition_arms=transition_named,
                          engine_log_level=engine_log_level, port_base=port_base, fresh_engines=fresh_engines,
-                         console=_console())
+                         tp=tp, console=_console())
     if as_json:
         click.echo(to_json(reports[accs[0]] if len(accs) == 1 else {f"{a:g}": r for a, r in reports.items()}))
     else:

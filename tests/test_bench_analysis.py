@@ -314,6 +314,35 @@ def test_a_results_folder_is_never_extended_with_the_other_load(tmp_path):
         load_cells(mixed, 3.0, "staggered")
 
 
+def test_cells_of_another_tensor_parallel_size_never_share_a_table(tmp_path):
+    """`bench --tp 2` on a folder of TP=1 cells (every committed sweep before it) is refused,
+    exit 2, before any GPU probe; so is a merge of TP=1 and TP=2 folders. Cells measured at
+    TP=2 carry `tp` and resume at --tp 2."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from spectool.bench.sweep import load_cells
+    from spectool.cli import main
+    from spectool.errors import BadInputError
+
+    old = tmp_path / "old"
+    old.mkdir()
+    shutil.copy(RESULTS.parent / "bench-0.5.12-s9-high" / "cells.jsonl", old / "cells.jsonl")
+    res = CliRunner().invoke(main, ["bench", "--out", str(old), "--tp", "2"])
+    assert res.exit_code == 2 and "--tp 1" in res.output and "Traceback" not in res.output
+    sharded = tmp_path / "tp2"
+    sharded.mkdir()
+    cells = [json.loads(line) for line in (old / "cells.jsonl").read_text().splitlines()]
+    (sharded / "cells.jsonl").write_text("".join(json.dumps({**c, "tp": 2}) + "\n" for c in cells))
+    _, done = load_cells(sharded / "cells.jsonl", 3.0, tp=2)
+    assert len(done) == len(cells)
+    with pytest.raises(BadInputError, match="--tp 2"):
+        load_cells(sharded / "cells.jsonl", 3.0)
+    r = CliRunner().invoke(main, ["bench", "--out", str(tmp_path / "m"), "--merge", str(old), "--merge", str(sharded)])
+    assert r.exit_code == 2 and "tp" in r.output and not (tmp_path / "m").exists()
+
+
 def test_a_transition_only_run_tables_its_phases_on_the_h200_run(tmp_path):
     """--reps 0: no sweep table (no cells), the transition's phases against their bracketing
     references instead. On the committed H200 run (three A2 engines of the same code), the

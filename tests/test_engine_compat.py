@@ -55,5 +55,7 @@ def test_every_bench_arm_starts_on_both_releases(sglang_release):
         fields = _fields(tree)
         for arm in select_arms(32, 256, None):
             kw = engine_kwargs(arm, {"target": "t", "draft": "d"}, max_bs=256, max_total_tokens=1000, port=1)
-            assert kw["sleep_on_idle"] is True
+            assert kw["sleep_on_idle"] is True and "tp_size" not in kw
             assert adapt(kw, fields)["sleep_on_idle"] is True, (version, arm.name)
+            sharded = engine_kwargs(arm, {"target": "t", "draft": "d"}, max_bs=256, max_total_tokens=1000, port=1, tp=2)
+            assert adapt(sharded, fields)["tp_size"] == 2, (version, arm.name)  # bench --tp 2

@@ -69,7 +69,9 @@ def variant(spec: str, base_arms: list[Arm]) -> Arm:
 
 
 def engine_kwargs(arm: Arm, models: dict, *, max_bs: int, max_total_tokens: int, port: int,
-                  log_level: str = "warning") -> dict:
+                  log_level: str = "warning", tp: int = 1) -> dict:
+    """The engine's settings: the same for every arm but speculation and the threshold. `tp`
+    > 1 shards each engine over that many GPUs (tensor parallelism; all engines share them)."""
     kw = dict(
         model_path=models["target"], load_format="dummy", skip_tokenizer_init=True,
         attention_backend="triton", sampling_backend="pytorch", grammar_backend="none",
@@ -84,6 +86,8 @@ def engine_kwargs(arm: Arm, models: dict, *, max_bs: int, max_total_tokens: int,
         # next request, the same for every arm.
         sleep_on_idle=True,
     )
+    if tp > 1:
+        kw["tp_size"] = tp
     if arm.spec:
         kw.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=models["draft"],
                   speculative_draft_load_format="dummy", speculative_num_steps=3,

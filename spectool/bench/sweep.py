@@ -73,7 +73,7 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
         out_len: int = 128, acc_len: float = 3.0, transition: bool = True, budget_s: float = 540,
         sglang_dir: str | None = None, arm_names: list[str] | None = None, variants=(), max_engines: int = MAX_ENGINES,
         load: str = "lockstep", transition_arms=None, engine_log_level: str = "warning", port_base: int = PORT_BASE,
-        fresh_engines: bool = False, console=None) -> dict:
+        fresh_engines: bool = False, tp: int = 1, console=None) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..verify.runner import gpu_info
@@ -91,7 +91,7 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
     cells_path = out / "cells.jsonl"
     if load not in LOADS:
         raise BadInputError(f"--load {load!r}: use {' or '.join(LOADS)}.")
-    cells, done = load_cells(cells_path, acc_len, load)  # a folder it must not extend is refused first
+    cells, done = load_cells(cells_path, acc_len, load, tp)  # a folder it must not extend is refused first
     _, gpu = gpu_info("bench")  # a clear error (exit 2) without a GPU, before any engine starts
     t_start = time.time()
     out.mkdir(parents=True, exist_ok=True)
@@ -118,7 +118,7 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
             if len(plan) > 1:
                 bar.console.print(f"engines for {', '.join(a.name for a in wave)} (at most {max_engines} share the GPU)")
             with _engines(wave, out, env, max_bs, max_bs * (prompt_len + out_len + 16) + 4096,
-                          log_level=engine_log_level, port_base=port_base) as (procs, started):
+                          log_level=engine_log_level, port_base=port_base, tp=tp) as (procs, started):
                 startup.update(started)
                 for step in steps:
                     stopped = over_budget()
@@ -134,7 +134,7 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
                                                       "out_len": out_len, "seed": 1000 * rep + C,
                                                       "stagger": load == "staggered"})
                     cell = {"arm": arm, "C": C, "rep": rep, "acc_len": acc_len, **res,
-                            **({"engines": f"rep{rep}"} if fresh_engines else {})}
+                            **({"engines": f"rep{rep}"} if fresh_engines else {}), **({"tp": tp} if tp > 1 else {})}
                     cells.append(cell)
                     with open(cells_path, "a") as f:
                         f.write(json.dumps(cell) + "\n")
@@ -144,10 +144,15 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
     return summarize(out, cells, concurrencies, threshold, acc_len, trans, startup, version, gpu, arm_list, load)
 
 
-def load_cells(cells_path: Path, acc_len: float, load: str = "lockstep") -> tuple[list, set]:
+def cell_tp(cell: dict) -> int:
+    """The tensor-parallel size a recorded cell was measured at (cells without `tp`: 1)."""
+    return int(cell.get("tp", 1))
+
+
+def load_cells(cells_path: Path, acc_len: float, load: str = "lockstep", tp: int = 1) -> tuple[list, set]:
     """The cells a results folder holds and their (arm, C, rep, acc_len) keys, so a run resumes;
-    refused (a one-paragraph error) if they were measured with the other load: the two kinds
-    must not share a table."""
+    refused (a one-paragraph error) if they were measured with the other load or another
+    tensor-parallel size: such cells must not share a table."""
     if not cells_path.exists():
         return [], set()
     cells = analyze.read_cells(cells_path)
@@ -159,6 +164,11 @@ def load_cells(cells_path: Path, acc_len: float, load: str = "lockstep") -> tupl
         raise BadInputError(
             f"{cells_path} holds cells measured with the {' and '.join(kinds)} load, and this run asks "
             f"for --load {load}; the two kinds must not share a table. {fix} measure into a new --out folder.")
+    sizes = sorted({cell_tp(c) for c in cells} - {tp})
+    if sizes:
+        raise BadInputError(
+            f"{cells_path} holds cells measured at --tp {', '.join(map(str, sizes))}, and this run asks for --tp {tp}; "
+            "engines sharded differently must not share a table. Rerun with that --tp, or measure into a new --out folder.")
     return cells, done
 
 
@@ -266,14 +276,14 @@ def _environment(sglang_dir, acc_len):
 
 @contextlib.contextmanager
 def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int, log_level: str = "warning",
-             port_base: int = PORT_BASE):
+             port_base: int = PORT_BASE, tp: int = 1):
     """Start one engine process per arm (in parallel), yield (procs, startup seconds), stop them.
     Engine i owns the ports from port_base + 100*i (its rendezvous port among them)."""
     models = write_models(out / "models")
     procs = {}
     for i, arm in enumerate(arm_list):
         job = {"engine": engine_kwargs(arm, models, max_bs=max_bs, max_total_tokens=max_total_tokens,
-                                     port=arm_port(port_base, i), log_level=log_level),
+                                     port=arm_port(port_base, i), log_level=log_level, tp=tp),
                "ready_path": str(out / f"{arm.name}.ready.json"),
                "stats_path": str(out / f"{arm.name}.stats.json") if arm.threshold is not None else None}
         Path(job["ready_path"]).unlink(missing_ok=True)
@@ -307,7 +317,8 @@ def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int,
 
 def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"), variants=(), steps: int = 30,
             prompt_len: int = 128, out_len: int = 1024, acc_len: float = 3.0, sglang_dir: str | None = None,
-            max_engines: int = MAX_ENGINES, load: str = "wave", port_base: int = PORT_BASE, console=None) -> dict:
+            max_engines: int = MAX_ENGINES, load: str = "wave", port_base: int = PORT_BASE, tp: int = 1,
+            console=None) -> dict:
     """Profile `steps` steady-state steps per arm and C with SGLang's own profiler and reduce
     each trace (bench/profile.py): profile.json and profile.md in `out`. `load`: "wave" (decode
     steps of one wave of long requests) or "staggered" (the sweep's steady load at `out_len`,
@@ -329,7 +340,7 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
     version, env = _environment(sglang_dir, acc_len)
     rows, raw = {}, {}
     with _engines(arm_list, out, env, max_bs, max_bs * (prompt_len + out_len + 16) + 4096,
-                  port_base=port_base) as (procs, _):
+                  port_base=port_base, tp=tp) as (procs, _):
         for i, C in enumerate(concurrencies):
             k = concurrencies[:i].count(C)  # how often this C was profiled before, on these engines
             tag = f"{C}" + (f"#{k + 1}" if k else "")
@@ -348,7 +359,7 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
                     console.print(f"profiled {arm.name} at C={tag}: {summary.get('step_ms', 0):.2f} ms/step, "
                                   f"GPU busy {summary.get('gpu_busy_ms', 0):.2f} ms")
     (out / "profile.json").write_text(json.dumps({"sglang_version": version, "threshold": threshold, "steps": steps,
-                                                  "load": load, "out_len": out_len, "rows": raw}, indent=1))
+                                                  "load": load, "out_len": out_len, "tp": tp, "rows": raw}, indent=1))
     (out / "profile.md").write_text(prof.markdown(rows))
     return raw
 
@@ -428,7 +439,8 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
         parts.append("Transition workload (alternating C=4 and C=192, closed loop):\n\n"
                      + analyze.transition_markdown(report["transition"]))
     (out / "bench-table.md").write_text("\n".join(parts))
-    title = f"Llama-3.1-8B shape, {gpu or '?'}, SGLang {version or '?'}, acceptance {acc_len}, T={threshold}, {load} load"
+    tp = f", TP={report['tp']}" if report.get("tp", 1) > 1 else ""
+    title = f"Llama-3.1-8B shape, {gpu or '?'}{tp}, SGLang {version or '?'}, acceptance {acc_len}, T={threshold}, {load} load"
     if m:  # a transition-only run (--reps 0) has no cells to plot
         try:
             analyze.plot(m, concurrencies, labels, out / "bench-plot.png", title)
@@ -452,6 +464,7 @@ def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
         report = json.loads((src / "bench-results.json").read_text()) if (src / "bench-results.json").exists() else {}
         src_cells = [c for c in analyze.read_cells(src / "cells.jsonl") if c.get("acc_len", acc_len) == acc_len] if has_cells else []
         held = [("load", load) for load in sorted({cell_load(c) for c in src_cells})]
+        held += [("tp", tp) for tp in sorted({cell_tp(c) for c in src_cells})]
         held += [(k, report[k]) for k in ("sglang_version", "gpu", "threshold") if report.get(k) is not None]
         for key, value in held:
             if meta.setdefault(key, value) != value:
@@ -473,7 +486,7 @@ def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
     concurrencies = sorted({c["C"] for c in cells})
     return summarize(out, cells, concurrencies, meta.get("threshold", 0), acc_len, trans or None, {},
                      meta.get("sglang_version"), meta.get("gpu"), load=meta.get("load", "lockstep"),
-                     extra={"merged_from": [src.name for src in sources]})
+                     extra={"merged_from": [src.name for src in sources], **({"tp": meta["tp"]} if meta.get("tp", 1) > 1 else {})})
 
 
 def _transition_summary(trans, m):
