@@ -254,17 +254,21 @@ def test_kv_only_switch_and_dispatch(patched_release, monkeypatch):
 
 
 def test_kv_only_graphs_are_built_only_where_they_can_replay(patched_release, monkeypatch):
-    """Graphs are captured for the decode-graph batch sizes above the KV-only threshold, on one
-    GPU per engine (the draft's embedding all-reduces under TP), with buffers of the width
-    and dtype of the draft's fc input; none without the KV-only sync, without the decode
-    graph runner, at TP > 1, or with SPECTOOL_FALLBACK_KV_ONLY_GRAPH=0. The capture itself
-    needs a GPU (`spectool verify` checks that every KV-only step replayed a graph)."""
+    """Graphs are captured for the decode-graph batch sizes above the KV-only threshold, at
+    every TP size (inside SGLang's graph_capture(): the draft's embedding all-reduces under
+    TP), with buffers of the width and dtype of the draft's fc input; none without the
+    KV-only sync, without the decode graph runner, or with SPECTOOL_FALLBACK_KV_ONLY_GRAPH=0.
+    The capture itself needs a GPU (`spectool verify` checks that every KV-only step replayed
+    a graph, at TP=1 and TP=2)."""
     torch = pytest.importorskip("torch")
     import os
 
     tree = patched_release("0.5.12")
     build = load_function(tree / WORKER, "EAGLEWorkerV2._spec_fallback_build_kv_only_graphs",
                           {"torch": torch, "os": os})
+    # The capture's graph_capture() is the release's own, imported into the patched module.
+    assert "from sglang.srt.distributed.parallel_state import graph_capture" in (tree / WORKER).read_text()
+    assert "def graph_capture(" in (tree / WORKER).parents[1].joinpath("distributed/parallel_state.py").read_text()
     fc = torch.nn.Linear(3 * H, H, bias=False).to(torch.bfloat16)
     captured = []
 
@@ -276,16 +280,18 @@ def test_kv_only_graphs_are_built_only_where_they_can_replay(patched_release, mo
             _spec_fallback_capture=lambda what, otherwise, fn: captured.append((what, fn)) or "graphs")
 
     monkeypatch.delenv("SPECTOOL_FALLBACK_KV_ONLY_GRAPH", raising=False)
-    w = worker()
-    build(w, SimpleNamespace(tp_size=1))
-    assert w._fallback_kv_only_graphs == "graphs" and len(captured) == 1
+    for tp in (2, 1):
+        captured.clear()
+        w = worker()
+        build(w, SimpleNamespace(tp_size=tp))
+        assert w._fallback_kv_only_graphs == "graphs" and len(captured) == 1, tp
     cells = captured[0][1].__closure__
     sizes = next(c.cell_contents for c in cells if isinstance(c.cell_contents, list))
     bufs = next(c.cell_contents for c in cells if isinstance(c.cell_contents, dict))
     assert sizes == [16, 24, 32], "only sizes above the KV-only threshold"
     assert bufs["hidden"].shape == (32, 3 * H) and bufs["hidden"].dtype == torch.bfloat16
     assert bufs["tokens"].shape == bufs["positions"].shape == bufs["loc"].shape == (32,)
-    for kw, tp in (({"above": None}, 1), ({"runner": False}, 1), ({}, 2), ({"above": 32}, 1)):
+    for kw, tp in (({"above": None}, 1), ({"runner": False}, 1), ({"above": 32}, 1)):
         captured.clear()
         w = worker(**kw)
         build(w, SimpleNamespace(tp_size=tp))

@@ -52,7 +52,7 @@ def _result(files: dict, c, from_log: bool) -> dict:
 def _evaluate(report: dict, cfgs, results: dict, skipped: dict) -> dict:
     new = runner.evaluate(results, cfgs, scenarios.workloads(), {"meta": report["model"]}, report["sglang_version"],
                           report["gpu_arch"], report["gpu"], ROOT / "golden", False, skipped,
-                          recipe_counters=not _from_log(report), tp_size=report.get("tp_size", 1))
+                          recipe_counters=not _from_log(report))
     new["tp_size"] = report.get("tp_size", 1)
     return new
 

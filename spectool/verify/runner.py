@@ -135,7 +135,7 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
 
         results = run_engines(jobs, out_dir, env, parallel, timeout, tick)
     report = evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root, record, skipped,
-                      recipe_counters=not upstream_switch, tp_size=tp_size)
+                      recipe_counters=not upstream_switch)
     report["tp_size"] = tp_size
     report["counters_from"] = "engine log (upstream's batch-size switch)" if upstream_switch else "spectool stats file"
     report["wall_seconds"] = round(time.time() - t_all, 1)
@@ -191,7 +191,7 @@ def plan_jobs(cfgs, wls, models, out_dir: Path, sg_version: str, upstream_switch
 
 
 def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root, record, skipped=None,
-             recipe_counters: bool = True, tp_size: int = 1) -> dict:
+             recipe_counters: bool = True) -> dict:
     """Scenario rows, golden checks and the verdict. `recipe_counters`: the fallback counters
     are spectool's stats file (False where the switch is upstream's and they are rebuilt
     from its log, which has no KV-only path to count)."""
@@ -263,7 +263,7 @@ def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root
         window = compare.stats_window(cand["stats_before"], cand["stats_after"])
         fails = [] if cmp.ok else [f"{len(cmp.mismatches)} request(s) differ from the no-speculation baseline"]
         fails += compare.check_expectations(
-            scenarios.expectations(s.expect, recipe_counters=recipe_counters, tp_size=tp_size), window)
+            scenarios.expectations(s.expect, recipe_counters=recipe_counters), window)
         tr = compare.transitions(window["phases"])
         # No step counted (the patch without the flag): the counts are unknown, not zero.
         counted = compare.counted_steps(window) > 0

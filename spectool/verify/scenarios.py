@@ -57,8 +57,7 @@ class Expect:
     resume_acceptance_not_lower: bool = False
     # "positive" | "zero" | "any": steps on the KV-only draft sync (the recipe's counter; not
     # checked where the switch is upstream's, which has no such path); "graph": positive, and
-    # every one of them replayed from the sync's CUDA graphs; "eager": positive, none from a
-    # graph (what "graph" becomes at TP>1, where the recipe captures no KV-only graphs).
+    # every one of them replayed from the sync's CUDA graphs (at every TP size).
     kv_only: str = "any"
     # "positive" | "any": prefills that wrote only the draft's K/V (the recipe's counter), where
     # the running batch makes them certain whatever the order the requests arrive in.
@@ -73,18 +72,16 @@ class Expect:
 RECIPE_COUNTER_CLAIMS = ("kv_only", "kv_only_prefill")
 
 
-def expectations(expect: Expect, *, recipe_counters: bool = True, tp_size: int = 1) -> dict:
+def expectations(expect: Expect, *, recipe_counters: bool = True) -> dict:
     """A scenario's claims as the run it is checked on can show them: without the recipe's
     counters (upstream's switch) its counter claims, and a claim that nothing is counted, are
-    dropped; at TP>1, where the recipe captures no KV-only graphs, "graph" becomes "eager"."""
+    dropped."""
     claims = asdict(expect)
     if not recipe_counters:
         for claim in RECIPE_COUNTER_CLAIMS:
             claims.pop(claim)
         if not claims["counted"]:  # upstream's log shows every decode step, flag or not
             claims.pop("counted")
-    elif tp_size > 1 and claims["kv_only"] == "graph":
-        claims["kv_only"] = "eager"
     return claims
 
 

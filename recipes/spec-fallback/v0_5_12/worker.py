@@ -30,13 +30,14 @@ import time
 import torch
 
 from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.distributed.parallel_state import graph_capture
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 from sglang.srt.speculative.draft_utils import DraftBackendFactory
 from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
     EAGLEDraftExtendCudaGraphRunner,
 )
 from sglang.srt.speculative.eagle_info import EagleDraftInput
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.utils.common import fast_topk
 
@@ -214,18 +215,16 @@ class EAGLEWorkerV2:
         KV-only threshold, replayed on inputs copied into static buffers (padding rows write
         to the KV pool's dummy slot 0, as padded decode-graph rows do). Eager, the sync is
         29 small kernels per step: on the H200 about 0.1 ms of the fallback step's 0.27 ms
-        extra at C=64 (results/profile-0.5.12-kv-only). One GPU per engine only (the draft's
-        embedding all-reduces under tensor parallelism); SPECTOOL_FALLBACK_KV_ONLY_GRAPH=0
-        keeps the sync eager (a same-run control)."""
+        extra at C=64 (results/profile-0.5.12-kv-only). Under tensor parallelism the draft's
+        embedding all-reduces, so the capture runs inside SGLang's graph_capture(), as the
+        release's own graph runners do (its custom all-reduce registers the graphs' buffers
+        on every rank); eager at TP=2 the sync cost up to 2.5 ms per step on two H200s
+        (results/bench-0.5.12-s12-tp2). SPECTOOL_FALLBACK_KV_ONLY_GRAPH=0 keeps the sync
+        eager (a same-run control)."""
         self._fallback_kv_only_graphs = None
         above = self._fallback_kv_only_above
         runner = getattr(self, "_fallback_graph_runner", None)
-        if (
-            above is None
-            or runner is None
-            or server_args.tp_size != 1
-            or os.environ.get("SPECTOOL_FALLBACK_KV_ONLY_GRAPH", "1") == "0"
-        ):
+        if above is None or runner is None or os.environ.get("SPECTOOL_FALLBACK_KV_ONLY_GRAPH", "1") == "0":
             return
         sizes = sorted(bs for bs in runner.capture_bs if bs > above)
         if not sizes:
@@ -243,18 +242,19 @@ class EAGLEWorkerV2:
 
         def capture():
             graphs, pool = {}, None
-            stream = torch.cuda.Stream()
-            for bs in reversed(sizes):  # largest first, so the smaller share its pool
-                args = [bufs[k][:bs] for k in ("tokens", "hidden", "positions", "loc")]
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):  # warm-up outside capture (writes slot 0)
-                    self._spec_fallback_kv_only_write(*args)
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    self._spec_fallback_kv_only_write(*args)
-                pool = graph.pool()
-                graphs[bs] = graph
+            with graph_capture() as context:  # every rank captures the same sizes in order
+                stream = context.stream
+                for bs in reversed(sizes):  # largest first, so the smaller share its pool
+                    args = [bufs[k][:bs] for k in ("tokens", "hidden", "positions", "loc")]
+                    stream.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(stream):  # warm-up outside capture (writes slot 0)
+                        self._spec_fallback_kv_only_write(*args)
+                    torch.cuda.current_stream().wait_stream(stream)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, stream=stream):
+                        self._spec_fallback_kv_only_write(*args)
+                    pool = graph.pool()
+                    graphs[bs] = graph
             torch.cuda.synchronize()
             # Smallest first: a replay takes the first size that fits the batch.
             return {"graphs": dict(sorted(graphs.items())), "bufs": bufs}
