@@ -341,6 +341,26 @@ def test_cells_of_another_tensor_parallel_size_never_share_a_table(tmp_path):
         load_cells(sharded / "cells.jsonl", 3.0)
     r = CliRunner().invoke(main, ["bench", "--out", str(tmp_path / "m"), "--merge", str(old), "--merge", str(sharded)])
     assert r.exit_code == 2 and "tp" in r.output and not (tmp_path / "m").exists()
+    assert summarize(tmp_path, analyze.read_cells(sharded / "cells.jsonl"), [64], 32, 3.0, None, {})["tp"] == 2
+    assert "tp" not in summarize(
+        old, analyze.read_cells(old / "cells.jsonl"), [64], 32, 3.0, None, {})
+
+
+def test_the_kv_only_sync_graphs_at_tp2_measured_against_the_eager_sync():
+    """Session 12 on two H200s (`bench --tp 2`): the fallback with the KV-only sync's CUDA
+    graphs (A4, 34e13b3) against the same engine with the sync eager (A4E, what every tree
+    before it ran at TP>1), in one run: graphs take back 4-5 points of plain decoding's
+    throughput at C = 16 and 64. The run before the change (eager, A1 beside) read A4/A0
+    0.72 at C=64."""
+    root = RESULTS.parent
+    run = json.loads((root / "bench-0.5.12-s12-tp2-graphs" / "bench-results.json").read_text())
+    assert run["tp"] == 2 and all(c.get("tp") == 2 for c in analyze.read_cells(root / "bench-0.5.12-s12-tp2-graphs" / "cells.jsonl"))
+    r = run["ratios"]
+    for C in ("16", "64"):
+        assert r[C]["A4/A0"] - r[C]["A4E/A0"] > 0.035, (C, r[C])
+    assert round(r["64"]["A4/A0"], 3) == 0.968 and round(r["64"]["A4E/A0"], 3) == 0.918
+    before = json.loads((root / "bench-0.5.12-s12-tp2" / "bench-results.json").read_text())["ratios"]
+    assert before["64"]["A4/A0"] < 0.75 and before["64"]["A2/E"] < 0.82
 
 
 def test_a_transition_only_run_tables_its_phases_on_the_h200_run(tmp_path):

@@ -348,6 +348,21 @@ def test_tensor_parallel_reruns_are_token_exact_and_their_eager_sync_is_named(tm
         assert len(standalone) == 3 and sum(r["fallback_steps"] for r in standalone) > 0
 
 
+def test_the_kv_only_sync_replays_its_graphs_at_tp2(tmp_path, reparse_verify):
+    """Session 12's TP=2 run of the KV-only engines on 34e13b3 (graphs captured inside
+    graph_capture()): token-exact against the TP=2 baselines, and every KV-only step of
+    each scenario that claims it replayed from a CUDA graph."""
+    from pathlib import Path
+
+    run = Path(__file__).resolve().parent.parent / "results/verify-0.5.12-tp2/session12-34e13b3-kv-only"
+    new = reparse_verify(run, tmp_path)
+    assert new["tp_size"] == 2 and new["ok"] and len(new["scenarios"]) == 5
+    assert all(r["ok"] and r["equal"] == r["requests"] > 0 for r in new["scenarios"])
+    kv = {r["scenario"]: (r["kv_only_steps"], r["kv_only_graph_steps"]) for r in new["scenarios"] if r.get("kv_only_steps")}
+    assert kv == {"eagle3 always-fallback stagger (T=0)": (40, 40), "eagle3 KV-only draft sync": (63, 63),
+                  "eagle3 KV-only transition down": (73, 73), "eagle3 KV-only transition up": (32, 32)}
+
+
 def test_a_run_cut_off_before_its_report_is_evaluated_for_its_finished_engines(tmp_path):
     """Session 10's 0.5.17 run reached the device call's time limit after 7 of 9 engines had
     finished: their outputs, evaluated as the complete 0.5.17 run's (counters from upstream's

@@ -416,9 +416,10 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
     per_run = analyze.per_run_ratios(cells, concurrencies, acc_len)
     labels = {a.name: a.label for a in [*make_arms(threshold, max(concurrencies)), *arm_list]}
     labels.update({a: a for a, _ in m if a not in labels})  # variants of an earlier run
+    tp = max((cell_tp(c) for c in cells), default=1)  # one size per folder (load_cells, merge)
     report = {
         "sglang_version": version, "gpu": gpu, "threshold": threshold, "acc_len": acc_len, "concurrencies": concurrencies,
-        "load": load,
+        "load": load, **({"tp": tp} if tp > 1 else {}),
         "cells": {f"{a}@{C}": v for (a, C), v in sorted(m.items(), key=lambda kv: (kv[0][0], kv[0][1]))},
         "ratios": {str(C): v for C, v in analyze.ratios(m, concurrencies).items()},
         "ratio_intervals_90": {str(C): v for C, v in intervals.items()},
@@ -439,8 +440,8 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
         parts.append("Transition workload (alternating C=4 and C=192, closed loop):\n\n"
                      + analyze.transition_markdown(report["transition"]))
     (out / "bench-table.md").write_text("\n".join(parts))
-    tp = f", TP={report['tp']}" if report.get("tp", 1) > 1 else ""
-    title = f"Llama-3.1-8B shape, {gpu or '?'}{tp}, SGLang {version or '?'}, acceptance {acc_len}, T={threshold}, {load} load"
+    sharded = f", TP={tp}" if tp > 1 else ""
+    title = f"Llama-3.1-8B shape, {gpu or '?'}{sharded}, SGLang {version or '?'}, acceptance {acc_len}, T={threshold}, {load} load"
     if m:  # a transition-only run (--reps 0) has no cells to plot
         try:
             analyze.plot(m, concurrencies, labels, out / "bench-plot.png", title)
@@ -486,7 +487,7 @@ def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
     concurrencies = sorted({c["C"] for c in cells})
     return summarize(out, cells, concurrencies, meta.get("threshold", 0), acc_len, trans or None, {},
                      meta.get("sglang_version"), meta.get("gpu"), load=meta.get("load", "lockstep"),
-                     extra={"merged_from": [src.name for src in sources], **({"tp": meta["tp"]} if meta.get("tp", 1) > 1 else {})})
+                     extra={"merged_from": [src.name for src in sources]})
 
 
 def _transition_summary(trans, m):
