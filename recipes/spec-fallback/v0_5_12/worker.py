@@ -218,9 +218,10 @@ class EAGLEWorkerV2:
         extra at C=64 (results/profile-0.5.12-kv-only). Under tensor parallelism the draft's
         embedding all-reduces, so the capture runs inside SGLang's graph_capture(), as the
         release's own graph runners do (its custom all-reduce registers the graphs' buffers
-        on every rank); eager at TP=2 the sync cost up to 2.5 ms per step on two H200s
-        (results/bench-0.5.12-s12-tp2). SPECTOOL_FALLBACK_KV_ONLY_GRAPH=0 keeps the sync
-        eager (a same-run control)."""
+        on every rank). At TP=2 on two H200s, eager, the fallback kept 0.92 of plain
+        decoding's throughput at C = 16 and 64, with the graphs 0.96-0.97
+        (results/bench-0.5.12-s12-tp2-graphs). SPECTOOL_FALLBACK_KV_ONLY_GRAPH=0 keeps the
+        sync eager (a same-run control)."""
         self._fallback_kv_only_graphs = None
         above = self._fallback_kv_only_above
         runner = getattr(self, "_fallback_graph_runner", None)
