@@ -149,26 +149,30 @@ def cell_tp(cell: dict) -> int:
     return int(cell.get("tp", 1))
 
 
+# What cells must share to make one table, resumed (load_cells) or merged (merge): the option,
+# how a cell records it, and how an error names the values found.
+CELL_SETUP = (
+    ("load", cell_load, lambda vs: f"the {' and '.join(vs)} load"),
+    ("tp", cell_tp, lambda vs: f"--tp {' and '.join(map(str, vs))}"),
+)
+
+
 def load_cells(cells_path: Path, acc_len: float, load: str = "lockstep", tp: int = 1) -> tuple[list, set]:
     """The cells a results folder holds and their (arm, C, rep, acc_len) keys, so a run resumes;
-    refused (a one-paragraph error) if they were measured with the other load or another
-    tensor-parallel size: such cells must not share a table."""
+    refused (a one-paragraph error) if they were measured with another setting of CELL_SETUP
+    (the other load, another tensor-parallel size): such cells must not share a table."""
     if not cells_path.exists():
         return [], set()
     cells = analyze.read_cells(cells_path)
     done = {(c["arm"], c["C"], c["rep"], c.get("acc_len", acc_len)) for c in cells}
-    held = {cell_load(c) for c in cells}
-    if held - {load}:
-        kinds = sorted(held)
-        fix = f"Rerun with --load {kinds[0]}, or" if len(kinds) == 1 else "It cannot be resumed;"
-        raise BadInputError(
-            f"{cells_path} holds cells measured with the {' and '.join(kinds)} load, and this run asks "
-            f"for --load {load}; the two kinds must not share a table. {fix} measure into a new --out folder.")
-    sizes = sorted({cell_tp(c) for c in cells} - {tp})
-    if sizes:
-        raise BadInputError(
-            f"{cells_path} holds cells measured at --tp {', '.join(map(str, sizes))}, and this run asks for --tp {tp}; "
-            "engines sharded differently must not share a table. Rerun with that --tp, or measure into a new --out folder.")
+    asked = {"load": load, "tp": tp}
+    for name, read, describe in CELL_SETUP:
+        held = sorted({read(c) for c in cells})
+        if set(held) - {asked[name]}:
+            fix = f"Rerun with --{name} {held[0]}, or" if len(held) == 1 else "It cannot be resumed;"
+            raise BadInputError(
+                f"{cells_path} holds cells measured with {describe(held)}, and this run asks for --{name} {asked[name]}; "
+                f"such cells must not share a table. {fix} measure into a new --out folder.")
     return cells, done
 
 
@@ -359,7 +363,8 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
                     console.print(f"profiled {arm.name} at C={tag}: {summary.get('step_ms', 0):.2f} ms/step, "
                                   f"GPU busy {summary.get('gpu_busy_ms', 0):.2f} ms")
     (out / "profile.json").write_text(json.dumps({"sglang_version": version, "threshold": threshold, "steps": steps,
-                                                  "load": load, "out_len": out_len, "tp": tp, "rows": raw}, indent=1))
+                                                  "load": load, "out_len": out_len,
+                                                  **({"tp": tp} if tp > 1 else {}), "rows": raw}, indent=1))
     (out / "profile.md").write_text(prof.markdown(rows))
     return raw
 
@@ -453,7 +458,7 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
 def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
     """One report from result folders measured apart: a sweep split over GPUs (each its own C)
     or over calls, or repeated runs of the same cells pooled (CPU only). Their cells must share
-    the SGLang version, GPU, threshold and load, and each transition arm may come from one
+    the SGLang version, GPU, threshold and CELL_SETUP (load, TP size), and each transition arm may come from one
     folder only; cells keep their folder (`source`) and medians pool every rep of an (arm, C)."""
     if (out / "cells.jsonl").exists():
         raise BadInputError(f"--merge: {out} already holds cells.jsonl; merge into a new folder.")
@@ -464,8 +469,7 @@ def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
             raise BadInputError(f"--merge: {src} has no cells.jsonl or transition.json (not a bench results folder).")
         report = json.loads((src / "bench-results.json").read_text()) if (src / "bench-results.json").exists() else {}
         src_cells = [c for c in analyze.read_cells(src / "cells.jsonl") if c.get("acc_len", acc_len) == acc_len] if has_cells else []
-        held = [("load", load) for load in sorted({cell_load(c) for c in src_cells})]
-        held += [("tp", tp) for tp in sorted({cell_tp(c) for c in src_cells})]
+        held = [(name, v) for name, read, _ in CELL_SETUP for v in sorted({read(c) for c in src_cells})]
         held += [(k, report[k]) for k in ("sglang_version", "gpu", "threshold") if report.get(k) is not None]
         for key, value in held:
             if meta.setdefault(key, value) != value:
