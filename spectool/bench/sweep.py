@@ -458,8 +458,9 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
 def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
     """One report from result folders measured apart: a sweep split over GPUs (each its own C)
     or over calls, or repeated runs of the same cells pooled (CPU only). Their cells must share
-    the SGLang version, GPU, threshold and CELL_SETUP (load, TP size), and each transition arm may come from one
-    folder only; cells keep their folder (`source`) and medians pool every rep of an (arm, C)."""
+    the SGLang version, GPU, threshold and CELL_SETUP (load, TP size), and each transition arm
+    may come from one folder only; cells keep their folder (`source`) and medians pool every
+    rep of an (arm, C)."""
     if (out / "cells.jsonl").exists():
         raise BadInputError(f"--merge: {out} already holds cells.jsonl; merge into a new folder.")
     cells, trans, meta = [], {}, {}
