@@ -259,7 +259,7 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, early_plan,
 
     mr = SimpleNamespace(attn_backend="a", graph_runner="g")
     worker = SimpleNamespace(
-        device="cpu", _fallback_early_plan=early_plan, speculative_num_draft_tokens=4, req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(40).reshape(2, 20)),
+        device="cpu", _fallback_early_plan=early_plan, _fallback_constants=None, speculative_num_draft_tokens=4, req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(40).reshape(2, 20)),
         speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
         _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
         _fallback_attn_backend="d", _fallback_graph_runner="dg",

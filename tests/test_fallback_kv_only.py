@@ -280,25 +280,23 @@ def test_kv_only_graphs_are_built_only_where_they_can_replay(patched_release, mo
             _spec_fallback_capture=lambda what, otherwise, fn: captured.append((what, fn)) or "graphs")
 
     monkeypatch.delenv("SPECTOOL_FALLBACK_KV_ONLY_GRAPH", raising=False)
-    for tp in (2, 1):
-        captured.clear()
-        w = worker()
-        build(w, SimpleNamespace(tp_size=tp))
-        assert w._fallback_kv_only_graphs == "graphs" and len(captured) == 1, tp
+    w = worker()
+    build(w)
+    assert w._fallback_kv_only_graphs == "graphs" and len(captured) == 1
     cells = captured[0][1].__closure__
     sizes = next(c.cell_contents for c in cells if isinstance(c.cell_contents, list))
     bufs = next(c.cell_contents for c in cells if isinstance(c.cell_contents, dict))
     assert sizes == [16, 24, 32], "only sizes above the KV-only threshold"
     assert bufs["hidden"].shape == (32, 3 * H) and bufs["hidden"].dtype == torch.bfloat16
     assert bufs["tokens"].shape == bufs["positions"].shape == bufs["loc"].shape == (32,)
-    for kw, tp in (({"above": None}, 1), ({"runner": False}, 1), ({"above": 32}, 1)):
+    for kw in ({"above": None}, {"runner": False}, {"above": 32}):
         captured.clear()
         w = worker(**kw)
-        build(w, SimpleNamespace(tp_size=tp))
-        assert w._fallback_kv_only_graphs is None and not captured, (kw, tp)
+        build(w)
+        assert w._fallback_kv_only_graphs is None and not captured, kw
     monkeypatch.setenv("SPECTOOL_FALLBACK_KV_ONLY_GRAPH", "0")
     w = worker()
-    build(w, SimpleNamespace(tp_size=1))
+    build(w)
     assert w._fallback_kv_only_graphs is None and not captured
 
 

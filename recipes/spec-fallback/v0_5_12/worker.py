@@ -85,7 +85,7 @@ class EAGLEWorkerV2:
         finally:
             mr.spec_algorithm, mr.server_args.enable_return_hidden_states = saved
         self._spec_fallback_build_draft_extend_graph(server_args)
-        self._spec_fallback_build_kv_only_graphs(server_args)
+        self._spec_fallback_build_kv_only_graphs()
         logger.info(
             "spec-fallback: decode, one-token draft-extend and KV-only sync CUDA graphs captured in %.1f s",
             time.perf_counter() - tic,
@@ -210,7 +210,7 @@ class EAGLEWorkerV2:
             "a one-token draft-extend CUDA graph", "the draft KV sync will run eagerly", capture
         )
 
-    def _spec_fallback_build_kv_only_graphs(self, server_args):
+    def _spec_fallback_build_kv_only_graphs(self):
         """CUDA graphs of the KV-only draft sync, one per decode-graph batch size above the
         KV-only threshold, replayed on inputs copied into static buffers (padding rows write
         to the KV pool's dummy slot 0, as padded decode-graph rows do). Eager, the sync is
