@@ -132,10 +132,10 @@ def test_transition_reference_brackets_the_schedule(tmp_path, monkeypatch):
     def command(proc, out, cmd):
         sent.append(cmd)
         if cmd["kind"] == "phases":
-            return {"phases": [{"C": ph["C"], "output_tok_s": 900.0, "ttft_ms": 40.0, "tpot_ms": 2.6}
-                               for ph in cmd["schedule"]]}
+            return {"phases": [{"C": ph["C"], "output_tok_s": 900.0, "ttft_ms": 40.0, "tpot_ms": 2.6,
+                                "host_busy_cpus": 9.0} for ph in cmd["schedule"]]}
         return {"output_tok_s": 1000.0 if len(sent) < 4 else 1200.0, "ttft_ms": 30.0 if len(sent) < 4 else 32.0,
-                "tpot_ms": 2.5}
+                "tpot_ms": 2.5, "host_busy_cpus": 3.0 if len(sent) < 4 else 4.0}
 
     monkeypatch.setattr(sweep, "_command", command)
     res = sweep._transition(None, tmp_path, 128, 128)
@@ -155,6 +155,9 @@ def test_transition_reference_brackets_the_schedule(tmp_path, monkeypatch):
     from spectool.bench.analyze import transition_markdown
 
     assert "| A2 | 1 | 4 | 900 | 1100 (1000 / 1200) | 0.818 | 40 / 31 | 2.60 / 2.50 |" in transition_markdown({"A2": rows})
+    # And how busy the host was: a phase beside other work on the host reads slow at C=4.
+    assert rows[0]["host_busy_cpus"] == 9.0 and rows[0]["steady_host_busy_cpus"] == 3.5
+    assert "| 2.60 / 2.50 | 9.0 / 3.5 |" in transition_markdown({"A2": rows})
 
 
 def test_arms_run_in_waves_that_fit_the_gpu():
@@ -411,8 +414,8 @@ def test_merge_makes_one_sweep_of_runs_split_over_two_gpus(tmp_path):
 
 
 def test_merge_refuses_runs_of_another_setup(tmp_path):
-    """Folders of another threshold, the same transition arm twice, or a target that already
-    holds cells: one paragraph, exit 2, nothing written."""
+    """Folders of another threshold, one folder named twice, or a target that already holds
+    cells: one paragraph, exit 2, nothing written."""
     from click.testing import CliRunner
 
     from spectool.cli import main
@@ -423,8 +426,7 @@ def test_merge_refuses_runs_of_another_setup(tmp_path):
     cases = [
         (["--merge", str(high), "--merge", str(RESULTS)], "threshold"),  # T=12
         (["--acc-len", "2.0", "--merge", str(other_t), "--merge", str(high)], "threshold"),
-        (["--merge", str(high), "--merge", str(root / "bench-0.5.12-transition-a2")], "ran the transition on"),
-        (["--merge", str(high), "--merge", str(high)], "ran the transition on"),
+        (["--merge", str(high), "--merge", str(high)], "named more than once"),
         (["--merge", str(tmp_path)], "has no cells.jsonl or transition.json"),
     ]
     for i, (args, needle) in enumerate(cases):
@@ -434,6 +436,28 @@ def test_merge_refuses_runs_of_another_setup(tmp_path):
         assert not out.exists()
     r = CliRunner().invoke(main, ["bench", "--out", str(high), "--merge", str(high)])
     assert r.exit_code == 2 and "already holds cells.jsonl" in r.output
+
+
+def test_merge_lists_each_runs_transition_beside_the_others(tmp_path):
+    """Runs that each ran the transition on A2 merge (session 13 pooled every run since
+    session 9): a transition is one engine's schedule against its own references, so each is
+    kept and listed, the later ones under "ARM (FOLDER)", with the lowest phase of each. On the
+    H200 runs of session 9: A2 beside the sweep's idle engines 0.968, the A1 control 0.997,
+    one A2 engine alone 1.008."""
+    from spectool.bench.sweep import merge
+
+    root = RESULTS.parent
+    alone = "bench-0.5.12-transition-a2"
+    report = merge(tmp_path / "m", [root / "bench-0.5.12-s9-high", root / alone], 3.0)
+    trans = report["transition"]
+    assert list(trans) == ["A1", "A2", f"A2 ({alone})"]
+    lowest = {k: round(min(r["ratio"] for r in rows), 3) for k, rows in trans.items()}
+    assert lowest == {"A1": 0.997, "A2": 0.968, f"A2 ({alone})": 1.008}
+    kept = json.loads((tmp_path / "m" / "transition.json").read_text())
+    assert kept[f"A2 ({alone})"]["arm"] == "A2" and kept[f"A2 ({alone})"]["source"] == alone
+    table = (tmp_path / "m" / "bench-table.md").read_text()
+    assert f"| A2 ({alone}) | 5 | 4 |" in table and f"Per transition: A1 0.997, A2 0.968, A2 ({alone}) 1.008." in table
+    assert "host CPUs busy" not in table, "runs before session 13 kept no host readings"
 
 
 def test_ratio_intervals_resample_each_arms_reps():

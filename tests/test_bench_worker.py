@@ -227,3 +227,46 @@ def test_staggered_profile_starts_when_the_ramp_is_done():
     assert len(calls) == 1 and calls[0][2]["num_steps"] == 30 and calls[0][2]["output_dir"] == "/tmp/x"
     assert calls[0][1] >= 6, "started while the load is still at (about) C in flight"
     assert res["stagger"] and res["n"] == 16
+
+
+def test_host_cpu_readings_parse_proc_stat(tmp_path):
+    """The aggregate line of /proc/stat: idle and iowait are not busy; a missing file or
+    another format gives no reading, and no reading gives no figure."""
+    from spectool.bench import hostload
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 50 0 25 400 25 0 0 0 0 0\n")
+    assert hostload.cpu_times(str(stat)) == (150, 1000)
+    later = (150 + 300, 1000 + 400)  # 300 of 400 ticks busy
+    assert hostload.busy_cores((150, 1000), later, cpus=8) == 6.0
+    assert hostload.cpu_times(str(tmp_path / "missing")) is None
+    stat.write_text("intr 1 2 3\n")
+    assert hostload.cpu_times(str(stat)) is None
+    assert hostload.busy_cores(None, later) is None and hostload.busy_cores(later, later) is None
+
+
+def test_a_cell_records_how_busy_the_host_was():
+    """closed_loop reads the host's busy CPUs over its run from the real /proc/stat: a
+    process spinning on one CPU beside the same load adds about one busy CPU."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from spectool.bench import hostload
+
+    if hostload.cpu_times() is None:
+        pytest.skip("no /proc/stat on this host: the bench records no host load here")
+
+    def measure():
+        return _run(worker.closed_loop(TimedEngine(tpot=0.004, ttft=0.01), 2, 8, 4, 100, 0, 1000))
+
+    quiet = measure()
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        busy = measure()
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert quiet["host_cpus"] >= 1 and 0 <= quiet["host_busy_cpus"] <= quiet["host_cpus"]
+    assert busy["host_busy_cpus"] - quiet["host_busy_cpus"] > 0.6, (quiet["host_busy_cpus"], busy["host_busy_cpus"])

@@ -458,11 +458,16 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
 def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
     """One report from result folders measured apart: a sweep split over GPUs (each its own C)
     or over calls, or repeated runs of the same cells pooled (CPU only). Their cells must share
-    the SGLang version, GPU, threshold and CELL_SETUP (load, TP size), and each transition arm
-    may come from one folder only; cells keep their folder (`source`) and medians pool every
-    rep of an (arm, C)."""
+    the SGLang version, GPU, threshold and CELL_SETUP (load, TP size); cells keep their folder
+    (`source`) and medians pool every rep of an (arm, C). A transition is one engine's schedule
+    against its own references, so transitions are never pooled: the first of an arm keeps the
+    arm's name, a later one is listed beside it as "ARM (FOLDER)"."""
     if (out / "cells.jsonl").exists():
         raise BadInputError(f"--merge: {out} already holds cells.jsonl; merge into a new folder.")
+    named = [src.resolve() for src in sources]
+    twice = sorted({str(src) for src, r in zip(sources, named) if named.count(r) > 1})
+    if twice:
+        raise BadInputError(f"--merge: {', '.join(twice)} named more than once; its cells would count twice.")
     cells, trans, meta = [], {}, {}
     for src in sources:
         has_cells, tpath = (src / "cells.jsonl").exists(), src / "transition.json"
@@ -477,11 +482,10 @@ def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
                 raise BadInputError(f"--merge: {src} was measured with {key} {value!r}, an earlier folder with "
                                     f"{meta[key]!r}; only runs of the same setup make one table.")
         cells += [{**c, "source": c.get("source", src.name)} for c in src_cells]
-        for arm, res in (json.loads(tpath.read_text()) if tpath.exists() else {}).items():
-            if arm in trans:
-                raise BadInputError(f"--merge: both {trans[arm]['source']} and {src.name} ran the transition on {arm}; "
-                                    "merge one of them.")
-            trans[arm] = {**res, "source": src.name}
+        for key, res in (json.loads(tpath.read_text()) if tpath.exists() else {}).items():
+            arm = res.get("arm", key)
+            label = key if key not in trans else f"{arm} ({res.get('source', src.name)})"
+            trans[label] = {**res, "arm": arm, "source": res.get("source", src.name)}
     if not cells:
         raise BadInputError(f"--merge: no cells at acceptance {acc_len:g} in {', '.join(map(str, sources))}.")
     out.mkdir(parents=True, exist_ok=True)
@@ -496,8 +500,11 @@ def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
 
 
 def _transition_summary(trans, m):
+    """Per transition (keyed by arm, or "ARM (FOLDER)" in a merge), each phase against its
+    steady state."""
     out = {}
-    for arm, res in trans.items():
+    for label, res in trans.items():
+        arm = res.get("arm", label)
         rows = []
         for ph in res["phases"]:
             ref, runs, records = _reference(res, ph["C"])
@@ -507,8 +514,10 @@ def _transition_summary(trans, m):
                          "reference_runs": runs,
                          "ttft_ms": ph.get("ttft_ms"), "tpot_ms": ph.get("tpot_ms"),
                          "steady_ttft_ms": _mean(r.get("ttft_ms") for r in records),
-                         "steady_tpot_ms": _mean(r.get("tpot_ms") for r in records)})
-        out[arm] = rows
+                         "steady_tpot_ms": _mean(r.get("tpot_ms") for r in records),
+                         "host_busy_cpus": ph.get("host_busy_cpus"),
+                         "steady_host_busy_cpus": _mean(r.get("host_busy_cpus") for r in records)})
+        out[label] = rows
     return out
 
 

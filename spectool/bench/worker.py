@@ -13,6 +13,7 @@ import statistics
 import sys
 import time
 
+from . import hostload
 from .analyze import quantile  # the spreads' convention, shared with the intervals
 from ..verify.compare import stats_window  # the fallback's counters, read and differenced as verify does
 from ..verify.engine_worker import read_stats
@@ -38,6 +39,7 @@ async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, see
     ramp = [max(1, out_len * (k + 1) // C) for k in range(C)] if stagger else []
     prompts = [[rng.randrange(10, vocab - 10) for _ in range(prompt_len)] for _ in range(n + len(ramp))]
     nxt, recs, ramp_ends, steady = 0, [], [], []
+    cpu0 = hostload.cpu_times()
     t0 = time.perf_counter()
     last_submit = [t0]
 
@@ -80,6 +82,7 @@ async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, see
 
     await asyncio.gather(*(client(k) for k in range(C)))
     t_end = time.perf_counter()
+    cpu1 = hostload.cpu_times()
     await asyncio.gather(*steady)
     measured = [r for r in recs if not r.get("ramp")]
     w0 = max(ramp_ends) if stagger else min((r["end"] for r in measured), default=t0)
@@ -108,6 +111,9 @@ async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, see
         **ttft_spread_ms(ttfts),
         "acceptance": statistics.mean(accepts) if accepts else None,
         "stagger": stagger,
+        # The host's busy CPUs over the whole run, this engine's own processes included.
+        "host_busy_cpus": hostload.busy_cores(cpu0, cpu1),
+        "host_cpus": os.cpu_count(),
     }
 
 
