@@ -238,11 +238,11 @@ def test_host_cpu_readings_parse_proc_stat(tmp_path):
     stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 50 0 25 400 25 0 0 0 0 0\n")
     assert hostload.cpu_times(str(stat)) == (150, 1000)
     later = (150 + 300, 1000 + 400)  # 300 of 400 ticks busy
-    assert hostload.busy_cores((150, 1000), later, cpus=8) == 6.0
+    assert hostload.busy_cpus((150, 1000), later, cpus=8) == 6.0
     assert hostload.cpu_times(str(tmp_path / "missing")) is None
     stat.write_text("intr 1 2 3\n")
     assert hostload.cpu_times(str(stat)) is None
-    assert hostload.busy_cores(None, later) is None and hostload.busy_cores(later, later) is None
+    assert hostload.busy_cpus(None, later) is None and hostload.busy_cpus(later, later) is None
 
 
 def test_a_cell_records_how_busy_the_host_was():

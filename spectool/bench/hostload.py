@@ -36,7 +36,7 @@ def cpu_times(path: str = STAT) -> tuple[int, int] | None:
     return total - ticks[3] - ticks[4], total
 
 
-def busy_cores(before, after, cpus: int | None = None) -> float | None:
+def busy_cpus(before, after, cpus: int | None = None) -> float | None:
     """How many CPUs were busy on average between two cpu_times() readings (0 to the CPU
     count); None without both readings or without time between them."""
     if before is None or after is None:

@@ -112,7 +112,7 @@ async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, see
         "acceptance": statistics.mean(accepts) if accepts else None,
         "stagger": stagger,
         # The host's busy CPUs over the whole run, this engine's own processes included.
-        "host_busy_cpus": hostload.busy_cores(cpu0, cpu1),
+        "host_busy_cpus": hostload.busy_cpus(cpu0, cpu1),
         "host_cpus": os.cpu_count(),
     }
 
