@@ -438,6 +438,40 @@ def test_merge_refuses_runs_of_another_setup(tmp_path):
     assert r.exit_code == 2 and "already holds cells.jsonl" in r.output
 
 
+def test_damaged_results_files_are_named_not_tracebacks(tmp_path):
+    """A results folder damaged by hand or by a run cut while writing (a cut cells.jsonl line,
+    a half-written transition.json or bench-results.json): --merge, --suggest-threshold and a
+    resumed run stop with one paragraph naming the file (and line), exit 2, nothing written;
+    a bug report (exit 3) would blame spectool for the user's file."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from spectool.bench.sweep import load_cells
+    from spectool.cli import main
+    from spectool.errors import BadInputError
+
+    src = RESULTS.parent / "bench-0.5.12-s13-c64"
+    cases = [("cells.jsonl", '{"arm": "A0", "C": 64, ', "cells.jsonl, line 49: not valid JSON"),
+             ("cells.jsonl", "[1, 2]", "cells.jsonl, line 49: a cell is a JSON object, not list"),
+             ("transition.json", "{not json", "transition.json: not valid JSON"),
+             ("bench-results.json", '{"threshold": ', "bench-results.json: not valid JSON")]
+    for i, (name, damage, needle) in enumerate(cases):
+        run = tmp_path / f"run{i}"
+        shutil.copytree(src, run)
+        f = run / name
+        f.write_text(f.read_text() + damage + "\n" if name == "cells.jsonl" else damage)
+        for args in (["--out", str(tmp_path / f"m{i}"), "--merge", str(run)], ["--suggest-threshold", "--out", str(run)]):
+            if name != "cells.jsonl" and "--suggest-threshold" in args:
+                continue  # the threshold is read from the cells alone
+            r = CliRunner().invoke(main, ["bench", *args])
+            assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, (name, args, r.output)
+        assert not (tmp_path / f"m{i}").exists()
+        if name == "cells.jsonl":
+            with pytest.raises(BadInputError, match="mend or delete that line"):
+                load_cells(f, 3.0)
+
+
 def test_merge_lists_each_runs_transition_beside_the_others(tmp_path):
     """Runs that each ran the transition on A2 merge (session 13 pooled every run since
     session 9): a transition is one engine's schedule against its own references, so each is

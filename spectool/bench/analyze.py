@@ -7,6 +7,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from ..errors import BadInputError
+
 from .arms import DEFAULT_ARMS as BUILT_IN  # the rest are variants
 
 
@@ -311,8 +313,30 @@ def medians_from_table(text: str) -> dict:
 
 
 def read_cells(path) -> list[dict]:
-    """The cells of a cells.jsonl (one JSON object per line, as the sweep appends them)."""
-    return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]
+    """The cells of a cells.jsonl (one JSON object per line, as the sweep appends them); a line
+    that is not one is the user's file to mend, named with its line (exit 2, no traceback)."""
+    cells, fix = [], "mend or delete that line (a cut run measures that cell again)."
+    for i, ln in enumerate(Path(path).read_text().splitlines(), 1):
+        if ln.strip():
+            cell = _parse(ln, f"{path}, line {i}", fix)
+            if not isinstance(cell, dict):
+                raise BadInputError(f"{path}, line {i}: a cell is a JSON object, not {type(cell).__name__}; {fix}")
+            cells.append(cell)
+    return cells
+
+
+def read_json(path):
+    """A bench results file (bench-results.json, transition.json), or a one-paragraph error
+    naming it when it is not JSON."""
+    return _parse(Path(path).read_text(), str(path),
+                  "the file is damaged (perhaps a run cut while writing it): mend or remove it.")
+
+
+def _parse(text: str, where: str, fix: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadInputError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); {fix}") from None
 
 
 def load_medians(folder, acc_len: float | None = None) -> dict:

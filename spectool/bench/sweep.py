@@ -97,7 +97,7 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
     out.mkdir(parents=True, exist_ok=True)
     version, env = _environment(sglang_dir, acc_len)
     tpath = out / "transition.json"
-    trans = json.loads(tpath.read_text()) if tpath.exists() else None
+    trans = analyze.read_json(tpath) if tpath.exists() else None
     startup = {}
     plan = plan_steps(arm_list, concurrencies, reps, acc_len, done, transition and trans is None, max_engines,
                       transition_arms, fresh_engines)
@@ -473,7 +473,7 @@ def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
         has_cells, tpath = (src / "cells.jsonl").exists(), src / "transition.json"
         if not has_cells and not tpath.exists():
             raise BadInputError(f"--merge: {src} has no cells.jsonl or transition.json (not a bench results folder).")
-        report = json.loads((src / "bench-results.json").read_text()) if (src / "bench-results.json").exists() else {}
+        report = analyze.read_json(src / "bench-results.json") if (src / "bench-results.json").exists() else {}
         src_cells = [c for c in analyze.read_cells(src / "cells.jsonl") if c.get("acc_len", acc_len) == acc_len] if has_cells else []
         held = [(name, v) for name, read, _ in CELL_SETUP for v in sorted({read(c) for c in src_cells})]
         held += [(k, report[k]) for k in ("sglang_version", "gpu", "threshold") if report.get(k) is not None]
@@ -482,7 +482,7 @@ def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
                 raise BadInputError(f"--merge: {src} was measured with {key} {value!r}, an earlier folder with "
                                     f"{meta[key]!r}; only runs of the same setup make one table.")
         cells += [{**c, "source": c.get("source", src.name)} for c in src_cells]
-        for key, res in (json.loads(tpath.read_text()) if tpath.exists() else {}).items():
+        for key, res in (analyze.read_json(tpath) if tpath.exists() else {}).items():
             arm = res.get("arm", key)
             label = key if key not in trans else f"{arm} ({res.get('source', src.name)})"
             trans[label] = {**res, "arm": arm, "source": res.get("source", src.name)}
