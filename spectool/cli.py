@@ -258,7 +258,7 @@ def fetch(version, dest, as_json):
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="results/verify", help="Where results, logs and the JSON report go.")
 @click.option("--golden-dir", type=click.Path(file_okay=False), default=None, help="Recorded golden files, per SGLang version and GPU arch (default: ./golden, else the shipped ones).")
 @click.option("--record", is_flag=True, help="Record the baseline tokens as the golden file.")
-@click.option("--parallel", type=int, default=4, help="Engines run at once on the GPU.")
+@click.option("--parallel", type=click.IntRange(min=1), default=4, help="Engines run at once on the GPU.")
 @click.option("--only", default="", help="Comma-separated engine configs (baselines always run).")
 @click.option("--tp", "tp_size", type=click.IntRange(min=1), default=1, show_default=True,
               help="Tensor parallelism of every engine, baselines included (needs that many GPUs).")
@@ -289,15 +289,15 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
 @main.command()
 @_dir_opt(required=False)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="results/bench", help="Results folder (resumes from cells.jsonl).")
-@click.option("--threshold", type=int, default=12, help="T for arm A2 (see --suggest-threshold).")
+@click.option("--threshold", type=click.IntRange(min=0), default=12, help="T for arm A2 (see --suggest-threshold).")
 @click.option("--concurrency", default="1,2,4,8,16,32,64,128,256", help="Comma-separated C values.")
 @click.option("--reps", type=click.IntRange(min=0), default=3,
               help="Repetitions per arm and C (arm order rotated); 0 runs only the transition workload.")
 @click.option("--acc-len", default="3.0",
               help="SGLANG_SIMULATE_ACC_LEN for the spec arms; several (e.g. 2.0,3.0) sweep each into OUT/acc-X.")
-@click.option("--prompt-len", type=int, default=128)
-@click.option("--out-len", type=int, default=128)
-@click.option("--budget", type=float, default=540, help="Stop measuring after this many seconds (resume later).")
+@click.option("--prompt-len", type=click.IntRange(min=1), default=128)
+@click.option("--out-len", type=click.IntRange(min=2), default=128, help="Output tokens per request (2 or more: TPOT needs two).")
+@click.option("--budget", type=click.FloatRange(min=0), default=540, help="Stop measuring after this many seconds (resume later).")
 @click.option("--no-transition", is_flag=True,
               help="Skip the transition workload (alternating C=4 and C=192 on A2 and its variants).")
 @click.option("--transition-arms", default="",
@@ -308,10 +308,10 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
 @click.option("--variant", "variants", multiple=True, metavar="NAME=BASE:VAR=VALUE[;VAR=VALUE]",
               help="An extra arm: BASE with environment for its engine, e.g. A4L=A4:SPECTOOL_FALLBACK_EARLY_PLAN=0 "
                    "(a variant of A2 also runs the transition workload, as a same-run control). Repeatable.")
-@click.option("--max-engines", type=int, default=MAX_ENGINES, show_default=True,
+@click.option("--max-engines", type=click.IntRange(min=1), default=MAX_ENGINES, show_default=True,
               help="Engines on the GPU at once; more arms run in waves (an 8B-shaped engine takes ~28 GiB).")
 @click.option("--suggest-threshold", "suggest", is_flag=True, help="Only print T from the recorded results in --out.")
-@click.option("--profile", "profile_steps", type=int, default=0,
+@click.option("--profile", "profile_steps", type=click.IntRange(min=0), default=0,
               help="Instead of the sweep: profile this many steady-state decode steps per arm and C (SGLang's profiler), "
                    "and report ms/step against GPU-busy ms/step (profile.md).")
 @click.option("--load", type=click.Choice(LOADS), default="lockstep", show_default=True,
@@ -344,7 +344,13 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
     from .bench import analyze
     from .bench.sweep import merge, run
 
-    cs = [int(x) for x in _csv(concurrency)]
+    try:
+        cs = [int(x) for x in _csv(concurrency)]
+    except ValueError:
+        cs = []
+    if not cs or min(cs) < 1:
+        raise BadInputError(f"--concurrency {concurrency!r}: expected request counts of 1 or more, "
+                            "such as 64 or 1,4,16,64,256.")
     arms_measured, transition_named = _csv(arm_names), tuple(_csv(transition_arms)) or None
     try:
         accs = [float(x) for x in _csv(acc_len)]

@@ -133,6 +133,10 @@ def test_select_unknown_recipe(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["--arms", "A0,A9"], "unknown arm(s) ['A9']"),
     (["--acc-len", "high"], "expected numbers such as 3.0"),
+    (["--concurrency", "64,abc"], "expected request counts of 1 or more"),
+    (["--concurrency", "0,64"], "expected request counts of 1 or more"),
+    (["--out-len", "1"], "1 is not in the range x>=2"),
+    (["--max-engines", "0"], "0 is not in the range x>=1"),
     (["--variant", "A4D=A9:X=1"], "base arm 'A9' is not one of"),
     (["--profile", "30"], "more than --max-engines 4"),
 ])
@@ -161,10 +165,13 @@ def test_bench_suggest_threshold_per_acceptance(tmp_path):
 @pytest.mark.parametrize("args, needle", [
     (["--tp", "4"], "2 attention heads, which TP=4 cannot split"),
     (["--tp", "2", "--record"], "record at --tp 1"),
+    (["--only", "eagle3-t4,eagle3-kv"], "no engine config named eagle3-kv; the configs are base-graph"),
 ])
-def test_verify_bad_tensor_parallel_is_one_paragraph_exit_2(tmp_path, args, needle):
+def test_verify_bad_input_is_one_paragraph_exit_2(tmp_path, args, needle):
     """Refused before any tree or GPU is looked at: a TP the golden model cannot be split for,
-    and recording golden files with the TP>1 model (their tokens would not be the TP=1 ones)."""
+    recording golden files with the TP>1 model (their tokens would not be the TP=1 ones), an
+    and an --only name that is no engine config (a typo would run the baselines alone and
+    pass)."""
     r = CliRunner().invoke(main, ["verify", "--out", str(tmp_path / "v"), *args])
     assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1

@@ -102,6 +102,11 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
            port_base: int = 31000, console=None) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    known = [c.name for c in scenarios.configs()]
+    unknown = sorted(set(only or ()) - set(known))
+    if unknown:  # else a typo would run the baselines alone and pass
+        raise BadInputError(f"spectool verify --only {','.join(only)}: no engine config named {', '.join(unknown)}; "
+                            f"the configs are {', '.join(known)} (baselines always run).")
     try:
         spec = ModelSpec().for_tp(tp_size)
     except ValueError as exc:
