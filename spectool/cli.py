@@ -22,6 +22,18 @@ def _csv(text: str) -> list[str]:
     return [x for x in text.split(",") if x]
 
 
+def _numbers(option: str, text: str, kind, least, example: str) -> list:
+    """A comma-separated option of numbers of `kind`, each at least `least`, or a one-paragraph
+    error (exit 2) naming the option and an example."""
+    try:
+        values = [kind(x) for x in _csv(text)]
+    except ValueError:
+        values = []
+    if not values or min(values) < least:
+        raise BadInputError(f"{option} {text!r}: expected {example}.")
+    return values
+
+
 def _console() -> Console:
     import shutil
 
@@ -344,18 +356,9 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
     from .bench import analyze
     from .bench.sweep import merge, run
 
-    try:
-        cs = [int(x) for x in _csv(concurrency)]
-    except ValueError:
-        cs = []
-    if not cs or min(cs) < 1:
-        raise BadInputError(f"--concurrency {concurrency!r}: expected request counts of 1 or more, "
-                            "such as 64 or 1,4,16,64,256.")
+    cs = _numbers("--concurrency", concurrency, int, 1, "request counts of 1 or more, such as 64 or 1,4,16,64,256")
+    accs = _numbers("--acc-len", acc_len, float, 1.0, "numbers such as 3.0 or 2.0,3.0 (1.0 or more)")
     arms_measured, transition_named = _csv(arm_names), tuple(_csv(transition_arms)) or None
-    try:
-        accs = [float(x) for x in _csv(acc_len)]
-    except ValueError:
-        raise BadInputError(f"--acc-len {acc_len!r}: expected numbers such as 3.0 or 2.0,3.0") from None
     folders = {a: Path(out_dir) if len(accs) == 1 else Path(out_dir) / f"acc-{a:g}" for a in accs}
     if suggest:
         for a, folder in folders.items():
