@@ -153,7 +153,7 @@ def test_draft_kv_sync_replays_its_one_token_graph(graph_fits, patched_release):
     worker = SimpleNamespace(device="cpu", topk=1, _fallback_draft_extend_runner=runner, _fallback_draft_decode_min_bs=None,
                              _fallback_kv_only_above=None,
                              draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=eager_forward)))
-    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_next_draft_input")
+    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_next_draft_input", "_spec_fallback_kv_only_flush")
     nxt = SimpleNamespace()
     extend(worker, SimpleNamespace(seq_lens=torch.tensor([3, 5, 10])), torch.tensor([7, 8, 9]), torch.zeros(bs, H), nxt)
 
@@ -348,7 +348,7 @@ def test_draft_kv_sync_as_a_plain_decode_step(patched_release, monkeypatch):
                              speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
                              draft_worker=SimpleNamespace(draft_runner=dr))
     bind(path, ns, worker, "_spec_fallback_draft_decode", "_spec_fallback_as_decode",
-         "_spec_fallback_next_draft_input")
+         "_spec_fallback_next_draft_input", "_spec_fallback_kv_only_flush")
     target_hidden = torch.rand(bs, 3 * H)
     batch = SimpleNamespace(seq_lens=torch.tensor([3, 5, 10]), seq_lens_cpu=torch.tensor([3, 5, 10]), seq_lens_sum=18,
                             out_cache_loc=torch.tensor([3, 45, 90]), spec_info="stale", forward_mode="DECODE")

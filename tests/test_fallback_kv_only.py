@@ -126,7 +126,7 @@ def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sliced, patched_rele
     kv_only = load_function(tree / WORKER,
                             "EAGLEWorkerV2._spec_fallback_draft_kv_only", {"torch": torch})
     bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker,
-                 "_spec_fallback_kv_only_replay", "_spec_fallback_kv_only_write",
+                 "_spec_fallback_kv_only_stash", "_spec_fallback_kv_only_flush", "_spec_fallback_kv_only_write",
                  "_spec_fallback_zero_draft_input", "_spec_fallback_constant")  # no graphs: eager
     batch = SimpleNamespace(seq_lens=pre_step.clone(), out_cache_loc=torch.tensor([3, 45, 90]))
     nxt = SimpleNamespace()
@@ -153,40 +153,200 @@ def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sliced, patched_rele
     assert not torch.allclose(writes[0][2].reshape(BS, -1), ref["k"], atol=1e-6)
 
 
-def test_kv_only_graph_replay_pads_to_a_captured_size(patched_release):
-    """The KV-only sync's CUDA graphs: a batch replays the smallest captured size that holds
-    it, its inputs copied into the static buffers and the padding rows sent to the KV pool's
-    dummy slot 0 at position 0 with token 0; a larger batch, or hidden states of another
-    width, run eagerly (False). The graphs are stand-ins that record the buffers they see
-    (capture itself needs a GPU: `spectool verify` runs it)."""
-    torch = pytest.importorskip("torch")
-    tree = patched_release("0.5.12")
-    replay = load_function(tree / WORKER, "EAGLEWorkerV2._spec_fallback_kv_only_replay", {"torch": torch})
-    bufs = {"tokens": torch.full((16,), 9, dtype=torch.int32), "hidden": torch.ones(16, 6),
-            "positions": torch.full((16,), 9), "loc": torch.full((16,), 9)}
+def _stash_worker(tree, torch, graphs=(8, 16), defer=1, width=6):
+    """A worker with the real stash, flush and last-write-wins methods over stand-in graphs
+    that record the rows they would write (capture itself needs a GPU: `spectool verify`
+    runs it)."""
+    size = max(graphs)
+    bufs = {"tokens": torch.full((size,), 9, dtype=torch.int32), "hidden": torch.ones(size, width),
+            "positions": torch.full((size,), 9), "loc": torch.full((size,), 9)}
     seen = []
 
     class Graph:
-        def __init__(self, size):
-            self.size = size
+        def __init__(self, n):
+            self.size = n
 
         def replay(self):
-            seen.append((self.size, {k: v.clone() for k, v in bufs.items()}))
+            seen.append((self.size, {k: v[:self.size].clone() for k, v in bufs.items()}))
 
-    worker = SimpleNamespace(_fallback_kv_only_graphs={"graphs": {8: Graph(8), 16: Graph(16)}, "bufs": bufs})
+    worker = SimpleNamespace(_fallback_stats={}, _fallback_kv_only_defer=defer, _fallback_kv_only_graphs={
+        "graphs": {n: Graph(n) for n in graphs}, "bufs": bufs, "rows": 0, "steps": 0})
+    bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker, "_spec_fallback_kv_only_stash",
+                 "_spec_fallback_kv_only_flush", "_spec_fallback_last_write_wins")
+    return worker, seen
+
+
+def _step(torch, first, n, width=6):
+    """One KV-only step's rows: n requests, tokens/positions/slots counting up from `first`."""
+    rows = torch.arange(first, first + n)
+    return rows.to(torch.int32), torch.full((n, width), float(first)), rows + 100, rows + 1000
+
+
+def test_kv_only_graph_replay_pads_to_a_captured_size(patched_release):
+    """One step at a time (SPECTOOL_FALLBACK_KV_ONLY_DEFER=1): a batch replays the smallest
+    captured size that holds it, its inputs copied into the static buffers and the padding
+    rows sent to the KV pool's dummy slot 0 at position 0 with token 0; a larger batch, or
+    hidden states of another width, are refused (False: they run eagerly)."""
+    torch = pytest.importorskip("torch")
+    tree = patched_release("0.5.12")
+    worker, seen = _stash_worker(tree, torch)
     tokens, hidden = torch.tensor([1, 2, 3, 4, 5], dtype=torch.int32), torch.full((5, 6), 2.0)
     positions, loc = torch.tensor([10, 11, 12, 13, 14]), torch.tensor([40, 41, 42, 43, 44])
-    assert replay(worker, tokens, hidden, positions, loc) is True
+    assert worker._spec_fallback_kv_only_stash(tokens, hidden, positions, loc) is True
     (size, b), = seen
     assert size == 8
-    assert b["tokens"][:8].tolist() == [1, 2, 3, 4, 5, 0, 0, 0]
-    assert b["positions"][:8].tolist() == [10, 11, 12, 13, 14, 0, 0, 0]
-    assert b["loc"][:8].tolist() == [40, 41, 42, 43, 44, 0, 0, 0]
-    assert (b["hidden"][:5] == 2).all() and b["loc"][8:].tolist() == [9] * 8, "rows past the size untouched"
-    assert replay(worker, torch.zeros(17, dtype=torch.int32), torch.zeros(17, 6), torch.zeros(17), torch.zeros(17)) is False
-    assert replay(worker, tokens, torch.zeros(5, 4), positions, loc) is False
-    assert replay(SimpleNamespace(_fallback_kv_only_graphs=None), tokens, hidden, positions, loc) is False
-    assert len(seen) == 1
+    assert b["tokens"].tolist() == [1, 2, 3, 4, 5, 0, 0, 0]
+    assert b["positions"].tolist() == [10, 11, 12, 13, 14, 0, 0, 0]
+    assert b["loc"].tolist() == [40, 41, 42, 43, 44, 0, 0, 0]
+    bufs = worker._fallback_kv_only_graphs["bufs"]
+    assert (b["hidden"][:5] == 2).all() and bufs["loc"][8:].tolist() == [9] * 8, "rows past the size untouched"
+    assert worker._spec_fallback_kv_only_stash(*_step(torch, 0, 17)) is False
+    assert worker._spec_fallback_kv_only_stash(tokens, torch.zeros(5, 4), positions, loc) is False
+    empty = SimpleNamespace(_fallback_kv_only_graphs=None)
+    bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, empty, "_spec_fallback_kv_only_stash",
+                 "_spec_fallback_kv_only_flush")
+    assert empty._spec_fallback_kv_only_stash(tokens, hidden, positions, loc) is False
+    empty._spec_fallback_kv_only_flush()  # nothing stashed, no graphs: nothing to do
+    assert len(seen) == 1 and worker._fallback_stats["draft_kv_only_flushes"] == 1
+
+
+def test_deferred_kv_only_steps_share_one_replay(patched_release):
+    """SPECTOOL_FALLBACK_KV_ONLY_DEFER=3: three steps' rows queue in the static buffers, one
+    after another, and one replay writes them all; a step that would not fit behind the
+    queued rows writes them first; a flush asked for (before a speculative step, a full sync
+    or a prefill) writes what is queued, and nothing when nothing is."""
+    torch = pytest.importorskip("torch")
+    tree = patched_release("0.5.12")
+    worker, seen = _stash_worker(tree, torch, graphs=(8, 16, 24), defer=3)
+    stash, flush = worker._spec_fallback_kv_only_stash, worker._spec_fallback_kv_only_flush
+    for first in (0, 5, 10):
+        assert stash(*_step(torch, first, 5))
+        assert len(seen) == (first == 10), "written at the third step, not before"
+    (size, b), = seen
+    assert size == 16
+    assert b["tokens"].tolist() == list(range(15)) + [0]
+    assert b["positions"].tolist() == list(range(100, 115)) + [0]
+    assert b["loc"].tolist() == list(range(1000, 1015)) + [0]
+    assert [float(h) for h in b["hidden"][:15, 0]] == [0.0] * 5 + [5.0] * 5 + [10.0] * 5
+    assert worker._fallback_kv_only_graphs["rows"] == 0 and worker._fallback_kv_only_graphs["steps"] == 0
+
+    seen.clear()
+    assert stash(*_step(torch, 0, 13))  # 13 rows queued; 13 more would not fit in 24
+    (size, b), = seen
+    assert size == 16 and b["loc"].tolist()[:13] == list(range(1000, 1013)), "written at once: the next would not fit"
+    seen.clear()
+    assert stash(*_step(torch, 0, 7)) and stash(*_step(torch, 7, 5)) and not seen
+    assert stash(*_step(torch, 12, 13)), "12 queued + 13 > 24: the queue is written first"
+    assert [s for s, _ in seen] == [16, 16], "then the 13 at once: 13 more would not fit"
+    assert seen[0][1]["loc"].tolist() == list(range(1000, 1012)) + [0] * 4
+    assert seen[1][1]["loc"].tolist() == list(range(1012, 1025)) + [0] * 3
+    seen.clear()
+    assert stash(*_step(torch, 0, 4)) and not seen
+    flush()
+    (size, b), = seen
+    assert size == 8 and b["loc"].tolist() == [1000, 1001, 1002, 1003, 0, 0, 0, 0]
+    flush()
+    assert len(seen) == 1, "nothing queued, nothing replayed"
+
+
+def test_a_slot_given_again_keeps_the_latest_write(patched_release):
+    """Two queued steps that write one slot (freed by a finished request and handed to
+    another): the earlier row goes to the dummy slot 0, so the later write is the one that
+    stays, as it would one step at a time."""
+    torch = pytest.importorskip("torch")
+    tree = patched_release("0.5.12")
+    worker, seen = _stash_worker(tree, torch, graphs=(8, 16), defer=2)
+    tokens, hidden, positions, loc = _step(torch, 0, 4)
+    worker._spec_fallback_kv_only_stash(tokens, hidden, positions, torch.tensor([50, 51, 52, 53]))
+    worker._spec_fallback_kv_only_stash(tokens, hidden, positions, torch.tensor([60, 52, 61, 50]))
+    (size, b), = seen
+    assert b["loc"].tolist() == [0, 51, 0, 53, 60, 52, 61, 50]
+    loc = torch.tensor([7, 3, 7, 7, 3, 9])
+    worker._spec_fallback_last_write_wins(loc)
+    assert loc.tolist() == [0, 0, 0, 7, 3, 9]
+
+
+def test_every_other_draft_forward_writes_the_queue_first(patched_release):
+    """Queued KV-only rows land before anything reads or writes the draft KV: the prefill's
+    draft half (the release's or the KV-only one) and, in the patched
+    forward_batch_generation, the speculative path's draft() after the decode hook declines.
+    (The full draft sync below the KV-only threshold: test_kv_only_switch_and_dispatch.)"""
+    torch = pytest.importorskip("torch")
+    import ast
+
+    tree = patched_release("0.5.12")
+    worker, seen = _stash_worker(tree, torch, defer=4)
+    order = []
+    worker.draft_worker = SimpleNamespace(_draft_extend_for_prefill=lambda *a: order.append(("release prefill", len(seen))))
+    worker._spec_fallback_kv_only_prefill_applies = lambda batch, mm: False
+    prefill = load_function(tree / WORKER, "EAGLEWorkerV2._spec_fallback_draft_prefill", {"torch": torch})
+    assert worker._spec_fallback_kv_only_stash(*_step(torch, 0, 3)) and not seen
+    prefill(worker, SimpleNamespace(), None, None, None)
+    assert order == [("release prefill", 1)], "the queue was written before the draft prefill"
+
+    fn = next(n for n in ast.walk(ast.parse((tree / WORKER).read_text()))
+              if isinstance(n, ast.FunctionDef) and n.name == "forward_batch_generation"
+              and "_spec_fallback_should_run" in ast.unparse(n))
+    calls = [(n.lineno, ast.unparse(n.func)) for n in ast.walk(fn) if isinstance(n, ast.Call)]
+    flush = [line for line, name in calls if name == "self._spec_fallback_kv_only_flush"]
+    draft = [line for line, name in calls if name == "self.draft_worker.draft"]
+    decline = [line for line, name in calls if name == "self._spec_fallback_should_run"]
+    assert len(flush) == 1 and len(draft) == 1 and decline[0] < flush[0] < draft[0]
+
+
+def test_deferred_kv_only_writes_equal_the_step_by_step_ones(patched_release):
+    """End to end over the miniature EAGLE-3 head and a real KV pool (tensors indexed by
+    slot): four steps of changing batches, one slot handed on, written through the real
+    _spec_fallback_kv_only_write as the graphs' body, four steps per replay against one step
+    per replay. The pools must be equal, and differ from a run that drops a step."""
+    torch = pytest.importorskip("torch")
+    tree = patched_release("0.5.12")
+    model, _ = _eagle3_model(torch, tree, fc_norm=True, sliced=True)
+    torch.manual_seed(3)
+    steps = []
+    for n, first in ((5, 0), (4, 5), (6, 9), (3, 15)):
+        loc = torch.arange(first, first + n) + 10
+        steps.append((torch.randint(1, V, (n,), dtype=torch.int32), torch.randn(n, 3 * H),
+                      torch.randint(0, 40, (n,)), loc))
+    steps[3][3][0] = steps[0][3][1]  # a slot of step 0 given again at step 3
+
+    def run(defer, drop=None):
+        pool = {"k": torch.zeros(40, KV_HEADS, HEAD_DIM), "v": torch.zeros(40, KV_HEADS, HEAD_DIM)}
+
+        def set_kv_buffer(layer, loc, k, v, *scales):
+            pool["k"][loc], pool["v"][loc] = k, v
+
+        worker = SimpleNamespace(_fallback_stats={}, _fallback_kv_only_defer=defer, draft_worker=SimpleNamespace(
+            draft_runner=SimpleNamespace(model=SimpleNamespace(model=model),
+                                         token_to_kv_pool=SimpleNamespace(set_kv_buffer=set_kv_buffer))))
+        bufs = {"tokens": torch.zeros(24, dtype=torch.int32), "hidden": torch.zeros(24, 3 * H),
+                "positions": torch.zeros(24, dtype=torch.int64), "loc": torch.zeros(24, dtype=torch.int64)}
+
+        class Graph:  # the graph's body, on its static buffers
+            def __init__(self, n):
+                self.n = n
+
+            def replay(self):
+                worker._spec_fallback_kv_only_write(*(bufs[k][:self.n] for k in ("tokens", "hidden", "positions", "loc")))
+
+        worker._fallback_kv_only_graphs = {"graphs": {n: Graph(n) for n in (8, 16, 24)}, "bufs": bufs,
+                                           "rows": 0, "steps": 0}
+        bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker, "_spec_fallback_kv_only_stash",
+                     "_spec_fallback_kv_only_flush", "_spec_fallback_last_write_wins", "_spec_fallback_kv_only_write")
+        with torch.no_grad():
+            for i, step in enumerate(steps):
+                if i != drop:
+                    assert worker._spec_fallback_kv_only_stash(*step)
+            worker._spec_fallback_kv_only_flush()
+        pool["k"][0] = pool["v"][0] = 0  # the dummy slot takes padding and superseded rows
+        return pool, worker._fallback_stats["draft_kv_only_flushes"]
+
+    (one, n1), (four, n4) = run(1), run(4)
+    assert (n1, n4) == (4, 1)
+    assert one["k"][10:28].abs().sum() > 0
+    assert torch.allclose(one["k"], four["k"], atol=1e-6) and torch.allclose(one["v"], four["v"], atol=1e-6)
+    dropped, _ = run(4, drop=2)
+    assert not torch.allclose(one["k"], dropped["k"], atol=1e-6), "the comparison can fail"
 
 
 def test_kv_only_switch_and_dispatch(patched_release, monkeypatch):
@@ -247,10 +407,11 @@ def test_kv_only_switch_and_dispatch(patched_release, monkeypatch):
     taken = []
     w = SimpleNamespace(draft_worker=None, _fallback_kv_only_above=40, _fallback_draft_decode_min_bs=16,
                         _spec_fallback_draft_kv_only=lambda *a: taken.append("kv_only"),
+                        _spec_fallback_kv_only_flush=lambda: taken.append("flush"),
                         _spec_fallback_draft_decode=lambda *a: taken.append("decode"))
     for bs in (41, 40, 33):
         extend(w, SimpleNamespace(seq_lens=torch.zeros(bs)), None, None, None)
-    assert taken == ["kv_only", "decode", "decode"]
+    assert taken == ["kv_only", "flush", "decode", "flush", "decode"], "stashed K/V written before the draft reads"
 
 
 def test_kv_only_graphs_are_built_only_where_they_can_replay(patched_release, monkeypatch):
@@ -264,8 +425,8 @@ def test_kv_only_graphs_are_built_only_where_they_can_replay(patched_release, mo
     import os
 
     tree = patched_release("0.5.12")
-    build = load_function(tree / WORKER, "EAGLEWorkerV2._spec_fallback_build_kv_only_graphs",
-                          {"torch": torch, "os": os})
+    ns = {"torch": torch, "os": os, "logger": SimpleNamespace(warning=lambda *a: None)}
+    build = load_function(tree / WORKER, "EAGLEWorkerV2._spec_fallback_build_kv_only_graphs", ns)
     # The capture's graph_capture() is the release's own, imported into the patched module.
     assert "from sglang.srt.distributed.parallel_state import graph_capture" in (tree / WORKER).read_text()
     assert "def graph_capture(" in (tree / WORKER).parents[1].joinpath("distributed/parallel_state.py").read_text()
@@ -273,11 +434,13 @@ def test_kv_only_graphs_are_built_only_where_they_can_replay(patched_release, mo
     captured = []
 
     def worker(above=12, runner=True):
-        return SimpleNamespace(
+        w = SimpleNamespace(
             _fallback_kv_only_above=above, device="cpu",
             _fallback_graph_runner=SimpleNamespace(capture_bs=[1, 2, 4, 8, 12, 16, 24, 32]) if runner else None,
             draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(model=SimpleNamespace(model=SimpleNamespace(fc=fc)))),
             _spec_fallback_capture=lambda what, otherwise, fn: captured.append((what, fn)) or "graphs")
+        bind_methods(tree / WORKER, "EAGLEWorkerV2", ns, w, "_spec_fallback_env_count")
+        return w
 
     monkeypatch.delenv("SPECTOOL_FALLBACK_KV_ONLY_GRAPH", raising=False)
     w = worker()
@@ -358,6 +521,7 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_
     worker = SimpleNamespace(device="cpu", topk=1, draft_worker=dw, _fallback_kv_only_above=2, _fallback_kv_only_prefill=True,
                              _fallback_active=False, _fallback_stats={"last_batch_size": 0})
     bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_kv_only_prefill_applies", "_spec_fallback_kv_only_write",
+                 "_spec_fallback_kv_only_flush",
                  "_spec_fallback_zero_draft_input", "_spec_fallback_constant", "_spec_fallback_eligible")
     prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
     batch, _ = _prefill_batch(torch)
@@ -419,7 +583,8 @@ def test_an_engine_without_the_flag_runs_the_release_prefill(patched_release):
     worker = SimpleNamespace(_target_worker=SimpleNamespace(tp_rank=0), draft_worker=SimpleNamespace(
         _draft_extend_for_prefill=lambda *a: calls.append(a) or "the release's draft input"))
     bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_init", "_spec_fallback_should_run",
-                 "_spec_fallback_on_verify", "_spec_fallback_kv_only_prefill_applies", "_spec_fallback_eligible")
+                 "_spec_fallback_on_verify", "_spec_fallback_kv_only_prefill_applies", "_spec_fallback_eligible",
+                 "_spec_fallback_kv_only_flush")
     worker._spec_fallback_init(SimpleNamespace())  # a ServerArgs without the threshold flag
     prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
     batch, tokens = _prefill_batch(torch)

@@ -44,6 +44,12 @@ from sglang.srt.utils.common import fast_topk
 logger = logging.getLogger(__name__)
 
 
+def decode_hook(self, model_worker_batch):
+    if self._spec_fallback_should_run(model_worker_batch):
+        return self._spec_fallback_decode(model_worker_batch)
+    self._spec_fallback_kv_only_flush()  # a speculative step reads the draft KV
+
+
 def draft_prefill_call(SELF, BATCH, HIDDEN, TOKENS, MM):
     # forward_batch_generation's prefill branch: the draft's half goes through the fallback.
     return SELF._spec_fallback_draft_prefill(BATCH, HIDDEN, TOKENS, MM)
@@ -223,6 +229,10 @@ class EAGLEWorkerV2:
         (results/bench-0.5.12-s12-tp2-graphs). SPECTOOL_FALLBACK_KV_ONLY_GRAPH=0 keeps the
         sync eager (a same-run control)."""
         self._fallback_kv_only_graphs = None
+        # How many KV-only steps share one replay: _spec_fallback_kv_only_stash.
+        self._fallback_kv_only_defer = max(1, self._spec_fallback_env_count(
+            "SPECTOOL_FALLBACK_KV_ONLY_DEFER", "4", "each step's K/V is written in its own replay"
+        ) or 1)
         above = self._fallback_kv_only_above
         runner = getattr(self, "_fallback_graph_runner", None)
         if above is None or runner is None or os.environ.get("SPECTOOL_FALLBACK_KV_ONLY_GRAPH", "1") == "0":
@@ -257,8 +267,9 @@ class EAGLEWorkerV2:
                     pool = graph.pool()
                     graphs[bs] = graph
             torch.cuda.synchronize()
-            # Smallest first: a replay takes the first size that fits the batch.
-            return {"graphs": dict(sorted(graphs.items())), "bufs": bufs}
+            # Smallest first: a replay takes the first size that fits the rows. The buffers
+            # hold the rows of the steps not yet written (_spec_fallback_kv_only_stash).
+            return {"graphs": dict(sorted(graphs.items())), "bufs": bufs, "rows": 0, "steps": 0}
 
         self._fallback_kv_only_graphs = self._spec_fallback_capture(
             "the KV-only draft sync's CUDA graphs", "the KV-only sync will run eagerly", capture
@@ -327,6 +338,7 @@ class EAGLEWorkerV2:
             return self._spec_fallback_draft_kv_only(
                 batch, tokens, hidden_states, next_draft_input
             )
+        self._spec_fallback_kv_only_flush()  # the draft reads its KV below
         min_bs = self._fallback_draft_decode_min_bs
         if min_bs is not None and bs >= min_bs:
             return self._spec_fallback_draft_decode(
@@ -393,15 +405,16 @@ class EAGLEWorkerV2:
         next_draft_input.hidden_states = draft_logits.hidden_states
 
     def _spec_fallback_draft_kv_only(self, batch, tokens, hidden_states, next_draft_input):
-        """The draft sync of K and V only (_spec_fallback_kv_only_write), replayed from a
-        CUDA graph where one was captured for this batch size, else eager. The next draft
-        input is zeros, right in shape for the scheduler's FutureMap (why: the docstring of
-        _spec_fallback_init_draft_kv_only)."""
+        """The draft sync of K and V only (_spec_fallback_kv_only_write): stashed for a CUDA
+        graph replay where graphs were captured, else (after the stash is written) eager. The
+        next draft input is zeros, right in shape for the scheduler's FutureMap (why: the
+        docstring of _spec_fallback_init_draft_kv_only)."""
         args = (tokens, hidden_states, batch.seq_lens, batch.out_cache_loc)
         stats = self._fallback_stats
-        if self._spec_fallback_kv_only_replay(*args):
+        if self._spec_fallback_kv_only_stash(*args):
             stats["draft_kv_only_graph_steps"] = stats.get("draft_kv_only_graph_steps", 0) + 1
         else:
+            self._spec_fallback_kv_only_flush()
             self._spec_fallback_kv_only_write(*args)
         self._spec_fallback_zero_draft_input(next_draft_input, len(batch.seq_lens))
         stats["draft_kv_only_steps"] = stats.get("draft_kv_only_steps", 0) + 1
@@ -417,27 +430,75 @@ class EAGLEWorkerV2:
             "hidden_states", bs, (embed.shape[-1],), embed.dtype, 0
         )
 
-    def _spec_fallback_kv_only_replay(self, tokens, hidden_states, positions, out_cache_loc):
-        """Replay the smallest captured KV-only graph that fits the batch; False if none does
-        (no graphs, a larger batch, or hidden states of another width)."""
+    def _spec_fallback_kv_only_stash(self, tokens, hidden_states, positions, out_cache_loc):
+        """Queue one KV-only step's rows in the graphs' static buffers, after the rows of the
+        steps before it; False if no captured graph can take them (no graphs, a batch larger
+        than the largest, hidden states of another width).
+
+        Up to SPECTOOL_FALLBACK_KV_ONLY_DEFER steps (default 4; 1 writes every step) share
+        one replay: the draft's fc and K/V GEMMs then read their weights (133 MB, 8B shape)
+        once for all of them, and the graph's dozen kernels launch once. Nothing reads the
+        draft KV in between: every other draft forward (speculative step, full sync,
+        prefill) first writes the stash (_spec_fallback_kv_only_flush), and this far above
+        the threshold the next step cannot speculate. Rows are independent (token, hidden
+        states, position, slot), so steps of different batches share a replay."""
         captured = getattr(self, "_fallback_kv_only_graphs", None)
         bs = len(positions)
         if captured is None or hidden_states.shape[-1] != captured["bufs"]["hidden"].shape[-1]:
             return False
-        size = next((s for s in captured["graphs"] if s >= bs), None)
-        if size is None:
+        capacity = next(reversed(captured["graphs"]))
+        if bs > capacity:
             return False
-        bufs = captured["bufs"]
-        bufs["tokens"][:bs].copy_(tokens)
-        bufs["hidden"][:bs].copy_(hidden_states)
-        bufs["positions"][:bs].copy_(positions)
-        bufs["loc"][:bs].copy_(out_cache_loc)
-        if size > bs:  # padding rows: token 0 at position 0, written to the dummy slot 0
-            bufs["tokens"][bs:size].zero_()
-            bufs["positions"][bs:size].zero_()
-            bufs["loc"][bs:size].zero_()
-        captured["graphs"][size].replay()
+        if captured["rows"] + bs > capacity:
+            self._spec_fallback_kv_only_flush()
+        bufs, start = captured["bufs"], captured["rows"]
+        end = start + bs
+        bufs["tokens"][start:end].copy_(tokens)
+        bufs["hidden"][start:end].copy_(hidden_states)
+        bufs["positions"][start:end].copy_(positions)
+        bufs["loc"][start:end].copy_(out_cache_loc)
+        captured["rows"], captured["steps"] = end, captured["steps"] + 1
+        # Written now rather than at the next step when the next step of this size could
+        # not join (same outcome, one step earlier).
+        if captured["steps"] >= self._fallback_kv_only_defer or end + bs > capacity:
+            self._spec_fallback_kv_only_flush()
         return True
+
+    def _spec_fallback_kv_only_flush(self):
+        """Write the stashed KV-only rows: replay the smallest captured graph that holds
+        them, padding rows sent to the KV pool's dummy slot 0 at position 0 with token 0 (as
+        padded decode-graph rows are). A no-op with nothing stashed, or without graphs (an
+        engine without the flag or without the KV-only sync). Every TP rank stashes and
+        flushes at the same steps: both depend only on the batch sizes."""
+        captured = getattr(self, "_fallback_kv_only_graphs", None)
+        if not captured or not captured["rows"]:
+            return
+        rows, bufs = captured["rows"], captured["bufs"]
+        size = next(s for s in captured["graphs"] if s >= rows)
+        if captured["steps"] > 1:
+            self._spec_fallback_last_write_wins(bufs["loc"][:rows])
+        if size > rows:
+            bufs["tokens"][rows:size].zero_()
+            bufs["positions"][rows:size].zero_()
+            bufs["loc"][rows:size].zero_()
+        captured["graphs"][size].replay()
+        captured["rows"] = captured["steps"] = 0
+        stats = self._fallback_stats
+        stats["draft_kv_only_flushes"] = stats.get("draft_kv_only_flushes", 0) + 1
+
+    def _spec_fallback_last_write_wins(self, loc):
+        """In place: where rows of several steps write one slot, only the latest keeps it;
+        the earlier go to the dummy slot 0. A slot freed by a finished request can be given
+        to another request a step later; written one step at a time, the later write lands
+        last, but one scatter with a repeated index leaves either. Sorting is stable, so
+        within a slot the rows stay in step order. No host sync (no unique())."""
+        order = torch.sort(loc, stable=True).indices
+        ordered = loc[order]
+        superseded = torch.zeros_like(ordered, dtype=torch.bool)
+        superseded[:-1] = ordered[:-1] == ordered[1:]
+        dropped = torch.empty_like(superseded)
+        dropped[order] = superseded
+        loc.masked_fill_(dropped, 0)
 
     def _spec_fallback_kv_only_write(self, tokens, hidden_states, positions, out_cache_loc):
         """Write the draft layer's K and V for the tokens the target produced, as its forward
@@ -506,6 +567,9 @@ class EAGLEWorkerV2:
         blocking: a blocking copy's stream sync held the overlap scheduler behind each
         prefill (TTFT 421 against 245 ms at C=128 in its first H200 run)."""
         dw = self.draft_worker
+        # Stashed KV-only rows land before any prefill writes the draft KV: a slot a
+        # finished request freed may be one of this prefill's.
+        self._spec_fallback_kv_only_flush()
         if not self._spec_fallback_kv_only_prefill_applies(batch, mm_input_embeds):
             return dw._draft_extend_for_prefill(
                 batch, target_hidden_states, next_token_ids, mm_input_embeds
