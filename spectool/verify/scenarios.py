@@ -142,6 +142,10 @@ DRAFT_KV_ONLY = {"SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN": "0"}
 # margin) and at T=4 with margin 0, then speculation resumes over the draft KV it wrote
 # (T=4). Exact on the H200 on d7cba07 and f79ebae.
 KV_ONLY_PREFILL = {"SPECTOOL_FALLBACK_KV_ONLY_PREFILL": "1"}
+# The KV-only engine at T=4 writes four steps' K/V per graph replay (opt-in; the T=0 engine
+# keeps the default, one step per replay): tokens stay exact through its switches, where the
+# queue is written before the speculative step's draft.
+KV_ONLY_DEFER = {"SPECTOOL_FALLBACK_KV_ONLY_DEFER": "4"}
 
 
 def configs() -> list[EngineConfig]:
@@ -156,7 +160,7 @@ def configs() -> list[EngineConfig]:
                      env=DRAFT_DECODE),
         EngineConfig("eagle3-t4-chunked", "EAGLE3", T, chunked_prefill=64, workloads=["long"]),
         EngineConfig("eagle3-t4-kv-only", "EAGLE3", T, workloads=[f"bs{T+1}", "stagger", "arrive"],
-                     env={**DRAFT_KV_ONLY, **KV_ONLY_PREFILL}),
+                     env={**DRAFT_KV_ONLY, **KV_ONLY_PREFILL, **KV_ONLY_DEFER}),
         EngineConfig("standalone-t4", "STANDALONE", T, workloads=["bs1", "stagger", "arrive"]),
         # The patch without the flag: what every user who has not opted in runs.
         EngineConfig("eagle3-unset", "EAGLE3", None, workloads=["bs8", "stagger"]),

@@ -229,9 +229,10 @@ class EAGLEWorkerV2:
         (results/bench-0.5.12-s12-tp2-graphs). SPECTOOL_FALLBACK_KV_ONLY_GRAPH=0 keeps the
         sync eager (a same-run control)."""
         self._fallback_kv_only_graphs = None
-        # How many KV-only steps share one replay: _spec_fallback_kv_only_stash.
+        # How many KV-only steps share one replay (_spec_fallback_kv_only_stash): 1 by
+        # default, each step's own replay; more is opt-in until an A/B resolves it.
         self._fallback_kv_only_defer = max(1, self._spec_fallback_env_count(
-            "SPECTOOL_FALLBACK_KV_ONLY_DEFER", "4", "each step's K/V is written in its own replay"
+            "SPECTOOL_FALLBACK_KV_ONLY_DEFER", "1", "each step's K/V is written in its own replay"
         ) or 1)
         above = self._fallback_kv_only_above
         runner = getattr(self, "_fallback_graph_runner", None)
@@ -435,9 +436,13 @@ class EAGLEWorkerV2:
         steps before it; False if no captured graph can take them (no graphs, a batch larger
         than the largest, hidden states of another width).
 
-        Up to SPECTOOL_FALLBACK_KV_ONLY_DEFER steps (default 4; 1 writes every step) share
-        one replay: the draft's fc and K/V GEMMs then read their weights (133 MB, 8B shape)
-        once for all of them, and the graph's dozen kernels launch once. Nothing reads the
+        Up to SPECTOOL_FALLBACK_KV_ONLY_DEFER steps (default 1, every step written in its
+        own replay; opt-in) share one replay: the draft's fc and K/V GEMMs then read their
+        weights (133 MB, 8B shape) once for all of them, and the graph's dozen kernels
+        launch once. Measured on the H200 (results/bench-0.5.12-s14-defer*, 4 against 1,
+        T=0): TPOT 0.005 and 0.06 ms per step shorter at C=64 in two runs, 0.05 ms longer
+        at C=128 in one (2 steps per replay there), within the engine-to-engine spread, so
+        it stays opt-in. Nothing reads the
         draft KV in between: every other draft forward (speculative step, full sync,
         prefill) first writes the stash (_spec_fallback_kv_only_flush), and this far above
         the threshold the next step cannot speculate. Rows are independent (token, hidden
