@@ -251,16 +251,17 @@ def test_golden_files_speak_only_for_their_model(tmp_path):
 
 def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, reparse_verify):
     """The scenarios that claim the KV-only draft paths (and those that claim the sync stays
-    off) are checked against the recipe's counters. The runs on ea9ea95 (session 13, the final
-    recipes), fdfb10d (session 10), 25f148c (session 9), f79ebae (session 8) and d7cba07
-    (KV-only prefill counted, on by default in all five) pass every claim. The earlier runs, re-evaluated, fail exactly what they lacked:
+    off) are checked against the recipe's counters. The runs on 54df3f6 (session 14, the final
+    recipes: the T=4 KV-only engine writes four steps per graph replay), ea9ea95 (session 13),
+    fdfb10d (session 10), 25f148c (session 9), f79ebae (session 8) and d7cba07 (KV-only prefill
+    counted, on by default in all six) pass every claim. The earlier runs, re-evaluated, fail exactly what they lacked:
     no KV-only prefill before d7cba07 (0574c06, 80f522d); the sync not yet replayed from graphs (85503b5); the sync still opt-in (609b3ff, which fails
     the scenario that pins the default margin, 12 requests at T=0). So each check can fail."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
     failed = {}
-    runs = (".", "session10-fdfb10d", "session9-25f148c", "session8-f79ebae", "session7-d7cba07", "session7-0574c06", "session6-80f522d", "session5-85503b5", "session5-609b3ff")
+    runs = (".", "session13-ea9ea95", "session10-fdfb10d", "session9-25f148c", "session8-f79ebae", "session7-d7cba07", "session7-0574c06", "session6-80f522d", "session5-85503b5", "session5-609b3ff")
     reports = {}
     for run in runs:
         reports[run] = reparse_verify(root / "results/verify-0.5.12" / run, tmp_path / run.replace(".", "latest"))
@@ -282,7 +283,7 @@ def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, rep
     # session 10's run (fdfb10d) has 0 there with every token and step count unchanged.
     session9 = {r["scenario"]: r["kv_only_prefills"] for r in reports["session9-25f148c"]["scenarios"]}
     assert session9["eagle3 transition down"] == 1 and prefills["eagle3 transition down"] in (0, 1)
-    for run in (".", "session10-fdfb10d", "session9-25f148c", "session8-f79ebae", "session7-d7cba07"):
+    for run in (".", "session13-ea9ea95", "session10-fdfb10d", "session9-25f148c", "session8-f79ebae", "session7-d7cba07"):
         assert failed[run] == {}, run
     # Session 9 added the patch without the flag (the engine that crashed on its first prefill
     # before 25f148c): it ran, token-exact, and the fallback counted nothing.
