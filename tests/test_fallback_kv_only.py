@@ -153,24 +153,26 @@ def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sliced, patched_rele
     assert not torch.allclose(writes[0][2].reshape(BS, -1), ref["k"], atol=1e-6)
 
 
-def _stash_worker(tree, torch, graphs=(8, 16), defer=1, width=6):
+BUFS = ("tokens", "hidden", "positions", "loc")
+
+
+def _stash_worker(tree, torch, graphs=(8, 16), defer=1, width=6, bufs=None, replay=None):
     """A worker with the real stash, flush and last-write-wins methods over stand-in graphs
-    that record the rows they would write (capture itself needs a GPU: `spectool verify`
-    runs it)."""
+    (capture itself needs a GPU: `spectool verify` runs it). A graph's replay runs
+    `replay(worker, bufs, size)`; by default it records the rows it would write."""
     size = max(graphs)
-    bufs = {"tokens": torch.full((size,), 9, dtype=torch.int32), "hidden": torch.ones(size, width),
-            "positions": torch.full((size,), 9), "loc": torch.full((size,), 9)}
+    if bufs is None:
+        bufs = {"tokens": torch.full((size,), 9, dtype=torch.int32), "hidden": torch.ones(size, width),
+                "positions": torch.full((size,), 9), "loc": torch.full((size,), 9)}
     seen = []
+    if replay is None:
+        def replay(worker, bufs, n):
+            seen.append((n, {k: v[:n].clone() for k, v in bufs.items()}))
 
-    class Graph:
-        def __init__(self, n):
-            self.size = n
-
-        def replay(self):
-            seen.append((self.size, {k: v[:self.size].clone() for k, v in bufs.items()}))
-
-    worker = SimpleNamespace(_fallback_stats={}, _fallback_kv_only_defer=defer, _fallback_kv_only_graphs={
-        "graphs": {n: Graph(n) for n in graphs}, "bufs": bufs, "rows": 0, "steps": 0})
+    worker = SimpleNamespace(_fallback_stats={}, _fallback_kv_only_defer=defer)
+    worker._fallback_kv_only_graphs = {
+        "graphs": {n: SimpleNamespace(replay=lambda n=n: replay(worker, bufs, n)) for n in graphs},
+        "bufs": bufs, "rows": 0, "steps": 0}
     bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker, "_spec_fallback_kv_only_stash",
                  "_spec_fallback_kv_only_flush", "_spec_fallback_last_write_wins")
     return worker, seen
@@ -316,23 +318,13 @@ def test_deferred_kv_only_writes_equal_the_step_by_step_ones(patched_release):
         def set_kv_buffer(layer, loc, k, v, *scales):
             pool["k"][loc], pool["v"][loc] = k, v
 
-        worker = SimpleNamespace(_fallback_stats={}, _fallback_kv_only_defer=defer, draft_worker=SimpleNamespace(
-            draft_runner=SimpleNamespace(model=SimpleNamespace(model=model),
-                                         token_to_kv_pool=SimpleNamespace(set_kv_buffer=set_kv_buffer))))
         bufs = {"tokens": torch.zeros(24, dtype=torch.int32), "hidden": torch.zeros(24, 3 * H),
                 "positions": torch.zeros(24, dtype=torch.int64), "loc": torch.zeros(24, dtype=torch.int64)}
-
-        class Graph:  # the graph's body, on its static buffers
-            def __init__(self, n):
-                self.n = n
-
-            def replay(self):
-                worker._spec_fallback_kv_only_write(*(bufs[k][:self.n] for k in ("tokens", "hidden", "positions", "loc")))
-
-        worker._fallback_kv_only_graphs = {"graphs": {n: Graph(n) for n in (8, 16, 24)}, "bufs": bufs,
-                                           "rows": 0, "steps": 0}
-        bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker, "_spec_fallback_kv_only_stash",
-                     "_spec_fallback_kv_only_flush", "_spec_fallback_last_write_wins", "_spec_fallback_kv_only_write")
+        worker, _ = _stash_worker(tree, torch, graphs=(8, 16, 24), defer=defer, bufs=bufs,  # the graph's body
+                                  replay=lambda w, b, n: w._spec_fallback_kv_only_write(*(b[k][:n] for k in BUFS)))
+        worker.draft_worker = SimpleNamespace(draft_runner=SimpleNamespace(
+            model=SimpleNamespace(model=model), token_to_kv_pool=SimpleNamespace(set_kv_buffer=set_kv_buffer)))
+        bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker, "_spec_fallback_kv_only_write")
         with torch.no_grad():
             for i, step in enumerate(steps):
                 if i != drop:
