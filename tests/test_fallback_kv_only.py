@@ -208,8 +208,9 @@ def test_kv_only_graph_replay_pads_to_a_captured_size(patched_release):
     bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, empty, "_spec_fallback_kv_only_stash",
                  "_spec_fallback_kv_only_flush")
     assert empty._spec_fallback_kv_only_stash(tokens, hidden, positions, loc) is False
-    empty._spec_fallback_kv_only_flush()  # nothing stashed, no graphs: nothing to do
+    empty._spec_fallback_kv_only_flush("spec")  # nothing stashed, no graphs: nothing to do
     assert len(seen) == 1 and worker._fallback_stats["draft_kv_only_flushes"] == 1
+    assert worker._fallback_stats["draft_kv_only_flush_causes"] == {"queued": 1}
 
 
 def test_deferred_kv_only_steps_share_one_replay(patched_release):
@@ -244,11 +245,14 @@ def test_deferred_kv_only_steps_share_one_replay(patched_release):
     assert seen[1][1]["loc"].tolist() == list(range(1012, 1025)) + [0] * 3
     seen.clear()
     assert stash(*_step(torch, 0, 4)) and not seen
-    flush()
+    flush("spec")
     (size, b), = seen
     assert size == 8 and b["loc"].tolist() == [1000, 1001, 1002, 1003, 0, 0, 0, 0]
-    flush()
+    flush("prefill")
     assert len(seen) == 1, "nothing queued, nothing replayed"
+    stats = worker._fallback_stats
+    assert stats["draft_kv_only_flush_causes"] == {"queued": 1, "full": 3, "spec": 1}, "each replay counted by cause"
+    assert stats["draft_kv_only_flushes"] == 5
 
 
 def test_a_slot_given_again_keeps_the_latest_write(patched_release):
@@ -329,7 +333,7 @@ def test_deferred_kv_only_writes_equal_the_step_by_step_ones(patched_release):
             for i, step in enumerate(steps):
                 if i != drop:
                     assert worker._spec_fallback_kv_only_stash(*step)
-            worker._spec_fallback_kv_only_flush()
+            worker._spec_fallback_kv_only_flush("prefill")
         pool["k"][0] = pool["v"][0] = 0  # the dummy slot takes padding and superseded rows
         return pool, worker._fallback_stats["draft_kv_only_flushes"]
 
@@ -399,11 +403,11 @@ def test_kv_only_switch_and_dispatch(patched_release, monkeypatch):
     taken = []
     w = SimpleNamespace(draft_worker=None, _fallback_kv_only_above=40, _fallback_draft_decode_min_bs=16,
                         _spec_fallback_draft_kv_only=lambda *a: taken.append("kv_only"),
-                        _spec_fallback_kv_only_flush=lambda: taken.append("flush"),
+                        _spec_fallback_kv_only_flush=lambda cause: taken.append(f"flush:{cause}"),
                         _spec_fallback_draft_decode=lambda *a: taken.append("decode"))
     for bs in (41, 40, 33):
         extend(w, SimpleNamespace(seq_lens=torch.zeros(bs)), None, None, None)
-    assert taken == ["kv_only", "flush", "decode", "flush", "decode"], "stashed K/V written before the draft reads"
+    assert taken == ["kv_only", "flush:sync", "decode", "flush:sync", "decode"], "stashed K/V written before the draft reads"
 
 
 def test_kv_only_graphs_are_built_only_where_they_can_replay(patched_release, monkeypatch):

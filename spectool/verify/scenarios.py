@@ -142,10 +142,11 @@ DRAFT_KV_ONLY = {"SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN": "0"}
 # margin) and at T=4 with margin 0, then speculation resumes over the draft KV it wrote
 # (T=4). Exact on the H200 on d7cba07 and f79ebae.
 KV_ONLY_PREFILL = {"SPECTOOL_FALLBACK_KV_ONLY_PREFILL": "1"}
-# The KV-only engine at T=4 writes four steps' K/V per graph replay (opt-in; the T=0 engine
-# keeps the default, one step per replay): tokens stay exact through its switches, where the
-# queue is written before the speculative step's draft.
+# The KV-only engine at T=4 writes four steps' K/V per graph replay (the default since
+# session 15, asked for by name): tokens stay exact through its switches, where the queue is
+# written before the speculative step's draft. The T=0 engine pins one step per replay.
 KV_ONLY_DEFER = {"SPECTOOL_FALLBACK_KV_ONLY_DEFER": "4"}
+KV_ONLY_EACH_STEP = {"SPECTOOL_FALLBACK_KV_ONLY_DEFER": "1"}
 
 
 def configs() -> list[EngineConfig]:
@@ -155,7 +156,8 @@ def configs() -> list[EngineConfig]:
         EngineConfig("base-eager", None, cuda_graph=False, workloads=[f"bs{T+1}", "stagger"]),
         EngineConfig("base-chunked", None, chunked_prefill=64, workloads=["long"]),
         EngineConfig("eagle3-t4", "EAGLE3", T, workloads=["bs1", f"bs{T-1}", f"bs{T}", f"bs{T+1}", "stagger", "arrive"]),
-        EngineConfig("eagle3-t0", "EAGLE3", 0, workloads=["bs8", "stagger"], env={**DRAFT_DECODE, **KV_ONLY_PREFILL}),
+        EngineConfig("eagle3-t0", "EAGLE3", 0, workloads=["bs8", "stagger"],
+                     env={**DRAFT_DECODE, **KV_ONLY_PREFILL, **KV_ONLY_EACH_STEP}),
         EngineConfig("eagle3-t4-eager", "EAGLE3", T, cuda_graph=False, workloads=[f"bs{T+1}", "stagger"],
                      env=DRAFT_DECODE),
         EngineConfig("eagle3-t4-chunked", "EAGLE3", T, chunked_prefill=64, workloads=["long"]),

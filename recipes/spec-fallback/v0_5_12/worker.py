@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 def decode_hook(self, model_worker_batch):
     if self._spec_fallback_should_run(model_worker_batch):
         return self._spec_fallback_decode(model_worker_batch)
-    self._spec_fallback_kv_only_flush()  # a speculative step reads the draft KV
+    self._spec_fallback_kv_only_flush("spec")  # a speculative step reads the draft KV
 
 
 def draft_prefill_call(SELF, BATCH, HIDDEN, TOKENS, MM):
@@ -229,10 +229,10 @@ class EAGLEWorkerV2:
         (results/bench-0.5.12-s12-tp2-graphs). SPECTOOL_FALLBACK_KV_ONLY_GRAPH=0 keeps the
         sync eager (a same-run control)."""
         self._fallback_kv_only_graphs = None
-        # How many KV-only steps share one replay (_spec_fallback_kv_only_stash): 1 by
-        # default, each step's own replay; more is opt-in until an A/B resolves it.
+        # How many KV-only steps share one replay (_spec_fallback_kv_only_stash): 4 by
+        # default; 1 gives each step its own replay.
         self._fallback_kv_only_defer = max(1, self._spec_fallback_env_count(
-            "SPECTOOL_FALLBACK_KV_ONLY_DEFER", "1", "each step's K/V is written in its own replay"
+            "SPECTOOL_FALLBACK_KV_ONLY_DEFER", "4", "each step's K/V is written in its own replay"
         ) or 1)
         above = self._fallback_kv_only_above
         runner = getattr(self, "_fallback_graph_runner", None)
@@ -339,7 +339,7 @@ class EAGLEWorkerV2:
             return self._spec_fallback_draft_kv_only(
                 batch, tokens, hidden_states, next_draft_input
             )
-        self._spec_fallback_kv_only_flush()  # the draft reads its KV below
+        self._spec_fallback_kv_only_flush("sync")  # the draft reads its KV below
         min_bs = self._fallback_draft_decode_min_bs
         if min_bs is not None and bs >= min_bs:
             return self._spec_fallback_draft_decode(
@@ -415,7 +415,7 @@ class EAGLEWorkerV2:
         if self._spec_fallback_kv_only_stash(*args):
             stats["draft_kv_only_graph_steps"] = stats.get("draft_kv_only_graph_steps", 0) + 1
         else:
-            self._spec_fallback_kv_only_flush()
+            self._spec_fallback_kv_only_flush("eager")
             self._spec_fallback_kv_only_write(*args)
         self._spec_fallback_zero_draft_input(next_draft_input, len(batch.seq_lens))
         stats["draft_kv_only_steps"] = stats.get("draft_kv_only_steps", 0) + 1
@@ -436,13 +436,12 @@ class EAGLEWorkerV2:
         steps before it; False if no captured graph can take them (no graphs, a batch larger
         than the largest, hidden states of another width).
 
-        Up to SPECTOOL_FALLBACK_KV_ONLY_DEFER steps (default 1, every step written in its
-        own replay; opt-in) share one replay: the draft's fc and K/V GEMMs then read their
-        weights (133 MB, 8B shape) once for all of them, and the graph's dozen kernels
-        launch once. Measured on the H200 (results/bench-0.5.12-s14-defer*, 4 against 1,
-        T=0): TPOT 0.005 and 0.06 ms per step shorter at C=64 in two runs, 0.05 ms longer
-        at C=128 in one (2 steps per replay there), within the engine-to-engine spread, so
-        it stays opt-in. Nothing reads the
+        Up to SPECTOOL_FALLBACK_KV_ONLY_DEFER steps (default 4; 1 writes every step in its
+        own replay) share one replay: the draft's fc and K/V GEMMs then read their weights
+        (133 MB, 8B shape) once for all of them, and the graph's dozen kernels launch once.
+        Measured on the H200 (docs/performance.md, "Deferred KV-only writes": same-run
+        A/Bs of 4 against 1 at T=0 on two GPUs): A4/A0 higher at C=64 in every run, median
+        TPOT 0.015-0.05 ms per step shorter. Nothing reads the
         draft KV in between: every other draft forward (speculative step, full sync,
         prefill) first writes the stash (_spec_fallback_kv_only_flush), and this far above
         the threshold the next step cannot speculate. Rows are independent (token, hidden
@@ -455,7 +454,7 @@ class EAGLEWorkerV2:
         if bs > capacity:
             return False
         if captured["rows"] + bs > capacity:
-            self._spec_fallback_kv_only_flush()
+            self._spec_fallback_kv_only_flush("full")
         bufs, start = captured["bufs"], captured["rows"]
         end = start + bs
         bufs["tokens"][start:end].copy_(tokens)
@@ -465,16 +464,21 @@ class EAGLEWorkerV2:
         captured["rows"], captured["steps"] = end, captured["steps"] + 1
         # Written now rather than at the next step when the next step of this size could
         # not join (same outcome, one step earlier).
-        if captured["steps"] >= self._fallback_kv_only_defer or end + bs > capacity:
-            self._spec_fallback_kv_only_flush()
+        if captured["steps"] >= self._fallback_kv_only_defer:
+            self._spec_fallback_kv_only_flush("queued")
+        elif end + bs > capacity:
+            self._spec_fallback_kv_only_flush("full")
         return True
 
-    def _spec_fallback_kv_only_flush(self):
+    def _spec_fallback_kv_only_flush(self, cause):
         """Write the stashed KV-only rows: replay the smallest captured graph that holds
         them, padding rows sent to the KV pool's dummy slot 0 at position 0 with token 0 (as
         padded decode-graph rows are). A no-op with nothing stashed, or without graphs (an
         engine without the flag or without the KV-only sync). Every TP rank stashes and
-        flushes at the same steps: both depend only on the batch sizes."""
+        flushes at the same steps: both depend only on the batch sizes. `cause` is counted
+        (draft_kv_only_flush_causes): "queued" (N steps stashed), "full" (the next step
+        would not fit), "spec", "sync", "prefill" (a draft forward that reads or writes the
+        draft KV), "eager" (a batch no graph takes)."""
         captured = getattr(self, "_fallback_kv_only_graphs", None)
         if not captured or not captured["rows"]:
             return
@@ -490,6 +494,8 @@ class EAGLEWorkerV2:
         captured["rows"] = captured["steps"] = 0
         stats = self._fallback_stats
         stats["draft_kv_only_flushes"] = stats.get("draft_kv_only_flushes", 0) + 1
+        causes = stats.setdefault("draft_kv_only_flush_causes", {})
+        causes[cause] = causes.get(cause, 0) + 1
 
     def _spec_fallback_last_write_wins(self, loc):
         """In place: where rows of several steps write one slot, only the latest keeps it;
@@ -574,7 +580,7 @@ class EAGLEWorkerV2:
         dw = self.draft_worker
         # Stashed KV-only rows land before any prefill writes the draft KV: a slot a
         # finished request freed may be one of this prefill's.
-        self._spec_fallback_kv_only_flush()
+        self._spec_fallback_kv_only_flush("prefill")
         if not self._spec_fallback_kv_only_prefill_applies(batch, mm_input_embeds):
             return dw._draft_extend_for_prefill(
                 batch, target_hidden_states, next_token_ids, mm_input_embeds
