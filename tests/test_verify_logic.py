@@ -261,7 +261,7 @@ def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, rep
 
     root = Path(__file__).resolve().parent.parent
     failed = {}
-    runs = (".", "session13-ea9ea95", "session10-fdfb10d", "session9-25f148c", "session8-f79ebae", "session7-d7cba07", "session7-0574c06", "session6-80f522d", "session5-85503b5", "session5-609b3ff")
+    runs = (".", "session14-54df3f6", "session13-ea9ea95", "session10-fdfb10d", "session9-25f148c", "session8-f79ebae", "session7-d7cba07", "session7-0574c06", "session6-80f522d", "session5-85503b5", "session5-609b3ff")
     reports = {}
     for run in runs:
         reports[run] = reparse_verify(root / "results/verify-0.5.12" / run, tmp_path / run.replace(".", "latest"))
@@ -283,7 +283,8 @@ def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, rep
     # session 10's run (fdfb10d) has 0 there with every token and step count unchanged.
     session9 = {r["scenario"]: r["kv_only_prefills"] for r in reports["session9-25f148c"]["scenarios"]}
     assert session9["eagle3 transition down"] == 1 and prefills["eagle3 transition down"] in (0, 1)
-    for run in (".", "session13-ea9ea95", "session10-fdfb10d", "session9-25f148c", "session8-f79ebae", "session7-d7cba07"):
+    for run in (".", "session14-54df3f6", "session13-ea9ea95", "session10-fdfb10d", "session9-25f148c", "session8-f79ebae",
+                "session7-d7cba07"):
         assert failed[run] == {}, run
     # Session 9 added the patch without the flag (the engine that crashed on its first prefill
     # before 25f148c): it ran, token-exact, and the fallback counted nothing.
@@ -362,6 +363,38 @@ def test_the_kv_only_sync_replays_its_graphs_at_tp2(tmp_path, reparse_verify):
     kv = {r["scenario"]: (r["kv_only_steps"], r["kv_only_graph_steps"]) for r in new["scenarios"] if r.get("kv_only_steps")}
     assert kv == {"eagle3 always-fallback stagger (T=0)": (40, 40), "eagle3 KV-only draft sync": (63, 63),
                   "eagle3 KV-only transition down": (73, 73), "eagle3 KV-only transition up": (32, 32)}
+
+
+def _engine_stats(run, engine: str) -> dict:
+    """The fallback's counters as an engine of a recorded verify run left them (its stats
+    file, inside the run's verify-logs.tgz)."""
+    import tarfile
+
+    with tarfile.open(run / "verify-logs.tgz") as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(f"{engine}.stats.json"))
+        return json.load(tar.extractfile(member))
+
+
+def test_deferred_kv_only_writes_ran_token_exact_on_the_h200(tmp_path, reparse_verify):
+    """Session 15's runs of the final tree at TP=1 and TP=2 (deferral on by default, 4 steps
+    per replay): every scenario token-exact and passing; the KV-only engine wrote its 168
+    KV-only steps in far fewer replays, counted by cause, two of them the queue written before
+    a speculative step's draft (the switch back to speculation, tokens exact); the T=0 engine,
+    pinned to one step per replay, replayed once per step. Session 14's run (54df3f6) has no
+    causes counted, so this can fail."""
+    root = Path(__file__).resolve().parent.parent / "results"
+    for run, tp in ((root / "verify-0.5.12", 1), (root / "verify-0.5.12-tp2/session15-1f22c7e", 2)):
+        new = reparse_verify(run, tmp_path / f"tp{tp}")
+        assert new["tp_size"] == tp and new["ok"] and len(new["scenarios"]) == 19
+        assert all(r["ok"] and r["equal"] == r["requests"] > 0 for r in new["scenarios"]), tp
+        deferred, single = _engine_stats(run, "eagle3-t4-kv-only"), _engine_stats(run, "eagle3-t0")
+        causes = deferred["draft_kv_only_flush_causes"]
+        assert sum(causes.values()) == deferred["draft_kv_only_flushes"]
+        assert deferred["draft_kv_only_graph_steps"] == deferred["draft_kv_only_steps"] == 168
+        assert deferred["draft_kv_only_flushes"] <= 168 / 3 and causes.get("spec", 0) >= 1, (tp, causes)
+        assert single["draft_kv_only_flush_causes"] == {"queued": single["draft_kv_only_flushes"]}
+        assert single["draft_kv_only_flushes"] == single["draft_kv_only_steps"] == 40
+    assert "draft_kv_only_flush_causes" not in _engine_stats(root / "verify-0.5.12/session14-54df3f6", "eagle3-t4-kv-only")
 
 
 def test_a_run_cut_off_before_its_report_is_evaluated_for_its_finished_engines(tmp_path):
