@@ -439,13 +439,14 @@ class EAGLEWorkerV2:
         Up to SPECTOOL_FALLBACK_KV_ONLY_DEFER steps (default 4; 1 writes every step in its
         own replay) share one replay: the draft's fc and K/V GEMMs then read their weights
         (133 MB, 8B shape) once for all of them, and the graph's dozen kernels launch once.
-        Measured on the H200 (docs/performance.md, "Deferred KV-only writes": same-run
-        A/Bs of 4 against 1 at T=0 on two GPUs): A4/A0 higher at C=64 in every run, median
-        TPOT 0.015-0.05 ms per step shorter. Nothing reads the
-        draft KV in between: every other draft forward (speculative step, full sync,
-        prefill) first writes the stash (_spec_fallback_kv_only_flush), and this far above
-        the threshold the next step cannot speculate. Rows are independent (token, hidden
-        states, position, slot), so steps of different batches share a replay."""
+        The queue holds the largest graph's rows (the engine's cuda_graph_max_bs), so with
+        256 four steps of 64 share a replay. On the H200 that cut the replays four-fold at
+        C=64, and throughput did not move beyond one run's resolution (docs/performance.md,
+        session 15): the GPU work it saves is not what limits a fallback step there. Nothing
+        reads the draft KV in between: every other draft forward (speculative step, full
+        sync, prefill) first writes the stash (_spec_fallback_kv_only_flush), and this far
+        above the threshold the next step cannot speculate. Rows are independent (token,
+        hidden states, position, slot), so steps of different batches share a replay."""
         captured = getattr(self, "_fallback_kv_only_graphs", None)
         bs = len(positions)
         if captured is None or hidden_states.shape[-1] != captured["bufs"]["hidden"].shape[-1]:
