@@ -74,7 +74,8 @@ def patched_release(sglang_release):
 @pytest.fixture(scope="session")
 def reparse_verify():
     """A recorded verify run (a folder under results/) re-evaluated by tools/reparse_verify.py
-    with today's checks, no GPU: reparse(run, workdir) -> the new report."""
+    with today's checks, no GPU: reparse(run, workdir) -> the new report. reparse.engine_files(run)
+    is the tool's own reader of the run's engine files (verify-logs.tgz), by file name."""
     import importlib.util
     import json
     import shutil
@@ -91,4 +92,5 @@ def reparse_verify():
         assert mod.main(workdir) == 0
         return json.loads((workdir / "verify-results-reparsed.json").read_text())
 
+    reparse.engine_files = mod._engine_files
     return reparse

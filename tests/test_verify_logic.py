@@ -365,16 +365,6 @@ def test_the_kv_only_sync_replays_its_graphs_at_tp2(tmp_path, reparse_verify):
                   "eagle3 KV-only transition down": (73, 73), "eagle3 KV-only transition up": (32, 32)}
 
 
-def _engine_stats(run, engine: str) -> dict:
-    """The fallback's counters as an engine of a recorded verify run left them (its stats
-    file, inside the run's verify-logs.tgz)."""
-    import tarfile
-
-    with tarfile.open(run / "verify-logs.tgz") as tar:
-        member = next(m for m in tar.getmembers() if m.name.endswith(f"{engine}.stats.json"))
-        return json.load(tar.extractfile(member))
-
-
 def test_deferred_kv_only_writes_ran_token_exact_on_the_h200(tmp_path, reparse_verify):
     """Session 15's runs of the final tree at TP=1 and TP=2 (deferral on by default, 4 steps
     per replay): every scenario token-exact and passing; the KV-only engine wrote its 168
@@ -383,18 +373,22 @@ def test_deferred_kv_only_writes_ran_token_exact_on_the_h200(tmp_path, reparse_v
     pinned to one step per replay, replayed once per step. Session 14's run (54df3f6) has no
     causes counted, so this can fail."""
     root = Path(__file__).resolve().parent.parent / "results"
+
+    def engine_stats(run, engine):  # the fallback's counters as the engine left them
+        return json.loads(reparse_verify.engine_files(run)[f"{engine}.stats.json"])
+
     for run, tp in ((root / "verify-0.5.12", 1), (root / "verify-0.5.12-tp2/session15-1f22c7e", 2)):
         new = reparse_verify(run, tmp_path / f"tp{tp}")
         assert new["tp_size"] == tp and new["ok"] and len(new["scenarios"]) == 19
         assert all(r["ok"] and r["equal"] == r["requests"] > 0 for r in new["scenarios"]), tp
-        deferred, single = _engine_stats(run, "eagle3-t4-kv-only"), _engine_stats(run, "eagle3-t0")
+        deferred, single = engine_stats(run, "eagle3-t4-kv-only"), engine_stats(run, "eagle3-t0")
         causes = deferred["draft_kv_only_flush_causes"]
         assert sum(causes.values()) == deferred["draft_kv_only_flushes"]
         assert deferred["draft_kv_only_graph_steps"] == deferred["draft_kv_only_steps"] == 168
         assert deferred["draft_kv_only_flushes"] <= 168 / 3 and causes.get("spec", 0) >= 1, (tp, causes)
         assert single["draft_kv_only_flush_causes"] == {"queued": single["draft_kv_only_flushes"]}
         assert single["draft_kv_only_flushes"] == single["draft_kv_only_steps"] == 40
-    assert "draft_kv_only_flush_causes" not in _engine_stats(root / "verify-0.5.12/session14-54df3f6", "eagle3-t4-kv-only")
+    assert "draft_kv_only_flush_causes" not in engine_stats(root / "verify-0.5.12/session14-54df3f6", "eagle3-t4-kv-only")
 
 
 def test_a_run_cut_off_before_its_report_is_evaluated_for_its_finished_engines(tmp_path):
