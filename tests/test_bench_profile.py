@@ -73,3 +73,72 @@ def test_a_repeated_c_is_a_later_wave_on_the_same_engines():
     assert "| A0 | 64 | 9.50 |" in md and "| A0 | 64 (wave 2) |" in md and "| A4 | 64 (wave 2) |" in md
     assert "A4 against A0 at C=64 (wave 2): +0.000 ms GPU busy" in md
     assert md.count(" against ") == 1
+
+
+def _frames_trace(extra_host_us: int):
+    """Two steps of a scheduler loop as the torch profiler records it with stacks: Python
+    frames (nested per thread), runtime launches and GPU work joined by correlation ids. Each
+    step launches a 3 ms graph at t+100; then the host prepares the next step: result
+    processing (400 us) and, in the slow arm, `extra_host_us` more in the fallback's
+    prepare. The second step's kernel is launched only when the host is done: when the host
+    takes longer than the GPU's 3 ms, the GPU waits for it."""
+    ev, corr, t = [], 0, 0
+    tid = 7
+    py = lambda name, ts, dur: {"ph": "X", "cat": "python_function", "name": name, "ts": ts, "dur": dur, "tid": tid}
+    for step in range(2):
+        corr += 1
+        host = 2900 + extra_host_us
+        ev.append(py("sglang/srt/managers/scheduler.py(900): event_loop_overlap", t, 100 + host + 50))
+        ev.append(py("sglang/srt/managers/scheduler.py(2996): run_batch", t + 10, 90))
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": t + 90, "dur": 5, "tid": tid,
+                   "args": {"correlation": corr}})
+        ev.append({"ph": "X", "cat": "kernel", "name": "decode_graph_gemm", "ts": t + 100, "dur": 3000,
+                   "args": {"correlation": corr}})
+        gpu_end = t + 3100
+        ev.append(py("sglang/srt/managers/scheduler_output_processor_mixin.py(400): process_batch_result", t + 100, 2900))
+        if extra_host_us:
+            ev.append(py("sglang/srt/managers/schedule_batch.py(2286): prepare_for_decode", t + 3000, extra_host_us))
+            ev.append(py("sglang/srt/speculative/eagle_info_v2.py(89): prepare_for_decode", t + 3010, extra_host_us - 20))
+            ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::_local_scalar_dense", "ts": t + 3020,
+                       "dur": extra_host_us - 40, "tid": tid})
+        t += 100 + host
+    # A queued copy: launched early, started after a gap (waits on another stream).
+    corr += 1
+    ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 50, "dur": 3, "tid": tid,
+               "args": {"correlation": corr}})
+    ev.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH", "ts": gpu_end + 50, "dur": 10,
+               "args": {"correlation": corr}})
+    return ev
+
+
+def test_idle_gaps_name_where_the_host_was_when_the_gpu_ran_dry():
+    """The arm whose host prepares longer than the GPU step leaves the GPU idle, and the idle
+    goes to the frame that kept the host: the spec-v2 prepare, inside the op that blocked."""
+    fast = profile.summarize(_frames_trace(0), steps=2)
+    slow = profile.summarize(_frames_trace(500), steps=2)
+    # Fast arm: the second graph is launched at 3090, the first ended at 3100: no host gap.
+    assert "host" not in fast["idle_by_kind_ms_per_step"]
+    # Slow arm: the GPU ran dry at 3100 and the next launch came at 3590 (gap 500 us, step 2).
+    (where, ms, n), *_ = slow["idle_where_ms_per_step"]
+    assert where == ("host: eagle_info_v2.py:prepare_for_decode < prepare_for_decode "
+                     "[aten::_local_scalar_dense]")
+    assert abs(ms - 0.25) < 1e-9 and n == 0.5
+    # The copy was launched at 50 but ran after the last graph: queued, at its launch.
+    queued = [(w, ms) for w, ms, _ in slow["idle_where_ms_per_step"] if w.startswith("queued")]
+    assert queued == [("queued: scheduler.py:run_batch < event_loop_overlap [cudaMemcpyAsync]", 0.025)]
+    # A trace without launch records (older torch, or none kept) gives no attribution.
+    assert "idle_where" not in profile.summarize(_trace()["traceEvents"], steps=2)
+    md = profile.markdown({("A0", 64): fast, ("A4", 64): slow})
+    assert "A4 against A0 at C=64: +0.250 ms GPU idle per step" in md
+    assert ("| `host: eagle_info_v2.py:prepare_for_decode < prepare_for_decode [aten::_local_scalar_dense]` "
+            "| 0.000 | 0.250 | +0.250 |") in md
+
+
+def test_excerpt_keeps_the_middle_steps_whole():
+    ev = _frames_trace(500)
+    cut = profile.excerpt(ev, steps=2, keep=1)
+    # GPU window 100..7060 (the queued copy ends it): the middle half is 1840..5320.
+    kept = {(e["name"], e["ts"]) for e in cut}
+    assert ("decode_graph_gemm", 100) in kept and ("decode_graph_gemm", 3600) in kept  # overlap the cut
+    assert ("Memcpy DtoH", 6650) not in kept and ("cudaMemcpyAsync", 50) not in kept
+    assert profile.excerpt([], steps=2) == []

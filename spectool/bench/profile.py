@@ -75,7 +75,112 @@ def summarize(events: list[dict], steps: int, top: int = 8) -> dict:
         "top_host_ms_per_step": [(k, v * per) for k, v in by_host.most_common(top)],
         # Every kernel: [ms per step, launches per step], for kernel_diff.
         "kernels": {k: [v * per, n_kernel[k] / steps] for k, v in by_kernel.most_common()},
+        **idle_gaps(events, gpu, steps),
     }
+
+
+LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}
+STACK_CATS = {"python_function", "cpu_op", "cuda_runtime", "cuda_driver", "user_annotation"}
+
+
+def _frame(name: str) -> str:
+    """'sglang/srt/managers/scheduler.py(3040): run_batch' -> 'scheduler.py:run_batch'."""
+    where, _, fn = name.partition("): ")
+    return f"{where.rsplit('/', 1)[-1].split('(')[0]}:{fn}" if fn else name
+
+
+def _stacks_at(events: list[dict], queries: list[tuple[int, float]]) -> list[list[str]]:
+    """The host call stack (outermost first) open at each (tid, time) query: the trace's
+    Python frames and the ops and runtime calls inside them, which nest per thread."""
+    by_tid: dict = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in STACK_CATS:
+            by_tid.setdefault(e.get("tid"), []).append((e["ts"], -e.get("dur", 0), e.get("name", "?")))
+    for spans in by_tid.values():
+        spans.sort()
+    result: list[list[str]] = [[] for _ in queries]
+    order = sorted(range(len(queries)), key=lambda i: (str(queries[i][0]), queries[i][1]))
+    tid, spans, pos, stack = object(), [], 0, []
+    for i in order:
+        qtid, t = queries[i]
+        if qtid != tid:
+            tid, spans, pos, stack = qtid, by_tid.get(qtid, []), 0, []
+        while pos < len(spans) and spans[pos][0] <= t:
+            ts, neg, name = spans[pos]
+            while stack and stack[-1][0] <= ts:
+                stack.pop()
+            stack.append((ts - neg, name))
+            pos += 1
+        while stack and stack[-1][0] <= t:
+            stack.pop()
+        result[i] = [name for _, name in stack]
+    return result
+
+
+def _label(stack: list[str]) -> str:
+    """Where the host was: the innermost SGLang frame (the recipes' code is inside SGLang's
+    files) and its caller, and the op or runtime call open inside it, if any."""
+    frames = [i for i, name in enumerate(stack) if "sglang/" in name and "): " in name]
+    if not frames:
+        return stack[-1] if stack else "(no host activity)"
+    inner = frames[-1]
+    label = _frame(stack[inner])
+    if len(frames) > 1:
+        label += f" < {_frame(stack[frames[-2]]).split(':', 1)[1]}"
+    ops = [name for name in stack[inner + 1:] if "): " not in name]
+    return label + (f" [{ops[-1]}]" if ops else "")
+
+
+def idle_gaps(events: list[dict], gpu: list[dict], steps: int, min_gap_us: float = 1.0,
+              top: int = 10) -> dict:
+    """Why the GPU was idle: each gap between busy spans, by the kernel (or copy) that ended
+    it. If that work was launched after the GPU ran dry, the host was late ("host"), and
+    the gap goes to where the host was when the GPU ran dry (_label); if it was launched
+    before, it waited on another stream, an event or a graph's launch ("queued"), and goes
+    to where it was launched. A fallback step that is longer than a plain one at the same
+    GPU-busy time shows up here as host frames that plain decoding does not have."""
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})}
+    if not launches:
+        return {}  # nothing joins the GPU work to the host: no attribution
+    gaps = []
+    ordered = sorted(gpu, key=lambda e: e["ts"])
+    end = None
+    for e in ordered:
+        if end is not None and e["ts"] - end >= min_gap_us:
+            launch = launches.get(e.get("args", {}).get("correlation"))
+            if launch is None:
+                gaps.append(("unknown", None, end, e))
+            elif launch["ts"] >= end:
+                gaps.append(("host", (launch.get("tid"), end), end, e))
+            else:
+                gaps.append(("queued", (launch.get("tid"), launch["ts"]), end, e))
+        stop = e["ts"] + e.get("dur", 0)
+        end = stop if end is None else max(end, stop)
+    asked = [g[1] for g in gaps if g[1] is not None]
+    stacks = iter(_stacks_at(events, asked))
+    per = 1e-3 / steps if steps > 0 else 0
+    by_where, n_where, by_kind = Counter(), Counter(), Counter()
+    for kind, query, start, e in gaps:
+        ms = (e["ts"] - start) * per
+        where = f"{kind}: " + (_label(next(stacks)) if query is not None else _short(e.get("name", "?"), 50))
+        by_where[where] += ms
+        n_where[where] += 1
+        by_kind[kind] += ms
+    return {
+        "idle_by_kind_ms_per_step": dict(by_kind),
+        "idle_where_ms_per_step": [(k, v, n_where[k] / steps) for k, v in by_where.most_common(top)],
+        # Every place: ms per step, for idle_diff.
+        "idle_where": {k: v for k, v in by_where.most_common()},
+    }
+
+
+def idle_diff(row: dict, base: dict, top: int = 10) -> list[tuple[str, float, float]]:
+    """The places whose GPU-idle time per step differs most between `row` and `base`
+    (summarize() results of two arms at one C): (place, base ms, row ms)."""
+    a, b = base.get("idle_where", {}), row.get("idle_where", {})
+    names = sorted(set(a) | set(b), key=lambda k: -abs(b.get(k, 0) - a.get(k, 0)))
+    return [(k, a.get(k, 0), b.get(k, 0)) for k in names[:top]]
 
 
 def kernel_diff(row: dict, base: dict, top: int = 12) -> list[tuple[str, float, float, float, float]]:
@@ -114,6 +219,10 @@ def markdown(rows: dict, base_arm: str = "A0") -> str:
                      + "; ".join(f"{name} {v:.3f}" for name, v in r["top_kernels_ms_per_step"]))
         lines.append(f"{arm} at C={at(C, k)}: top host ops (ms/step): "
                      + "; ".join(f"{name} {v:.3f}" for name, v in r["top_host_ms_per_step"]))
+        if r.get("idle_where_ms_per_step"):
+            kinds = ", ".join(f"{kind} {ms:.3f}" for kind, ms in sorted(r["idle_by_kind_ms_per_step"].items()))
+            lines.append(f"{arm} at C={at(C, k)}: GPU idle by cause (ms/step): {kinds}; where: "
+                         + "; ".join(f"{name} {v:.3f} ({n:.1f}x)" for name, v, n in r["idle_where_ms_per_step"]))
     for (arm, C, k), r in order:
         base = rows.get((base_arm, C, k))
         if arm == base_arm or not base or "kernels" not in r or "kernels" not in base:
@@ -126,4 +235,25 @@ def markdown(rows: dict, base_arm: str = "A0") -> str:
                   "|---|---|---|---|---|---|"]
         for name, ms_a, ms_b, n_a, n_b in kernel_diff(r, base):
             lines.append(f"| `{name}` | {ms_a:.3f} | {ms_b:.3f} | {ms_b - ms_a:+.3f} | {n_a:.1f} | {n_b:.1f} |")
+        if "idle_where" in r and "idle_where" in base:
+            lines += [f"\n{arm} against {base_arm} at C={at(C, k)}: {r['gpu_idle_ms'] - base['gpu_idle_ms']:+.3f} ms "
+                      "GPU idle per step; where the GPU waits differently (host: launched after the GPU ran "
+                      "dry, at the host's place then; queued: launched earlier, at its launch):\n",
+                      f"| where | {base_arm} idle ms/step | {arm} idle ms/step | difference ms |", "|---|---|---|---|"]
+            for name, ms_a, ms_b in idle_diff(r, base):
+                lines.append(f"| `{name}` | {ms_a:.3f} | {ms_b:.3f} | {ms_b - ms_a:+.3f} |")
     return "\n".join(lines) + "\n"
+
+
+def excerpt(events: list[dict], steps: int, keep: int = 2) -> list[dict]:
+    """The middle `keep` of `steps` profiled steps (by time), every event kept: small enough
+    to commit beside profile.md, so the idle attribution can be re-read off the device."""
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATS]
+    if not gpu or steps <= 0:
+        return []
+    t0 = min(e["ts"] for e in gpu)
+    t1 = max(e["ts"] + e.get("dur", 0) for e in gpu)
+    span = (t1 - t0) * min(keep, steps) / steps
+    a = t0 + ((t1 - t0) - span) / 2
+    b = a + span
+    return [e for e in events if e.get("ph") != "X" or (e["ts"] < b and e["ts"] + e.get("dur", 0) > a)]

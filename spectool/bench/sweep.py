@@ -6,6 +6,7 @@ by a time limit resumes where it stopped."""
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import subprocess
@@ -355,7 +356,12 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
                                                        "out_len": out_len, "seed": C + 1000 * k, "steps": steps,
                                                        "dir": str(tdir), "stagger": load == "staggered"})
                 traces = sorted(tdir.glob("*TP-0*.trace.json*")) or sorted(tdir.glob("*.trace.json*"))
-                summary = prof.summarize(prof.load_events(traces[0]), steps) if traces else {"error": "no trace written"}
+                events = prof.load_events(traces[0]) if traces else []
+                summary = prof.summarize(events, steps) if traces else {"error": "no trace written"}
+                if events:  # the middle two steps, every event: the idle attribution can be re-read
+                    cut = out / "excerpts" / f"{arm.name}-C{tag.replace('#', '-')}.trace.json.gz"
+                    cut.parent.mkdir(exist_ok=True)
+                    cut.write_bytes(gzip.compress(json.dumps({"traceEvents": prof.excerpt(events, steps)}).encode()))
                 summary["output_tok_s"] = res.get("output_tok_s")
                 rows[(arm.name, C, k)] = summary
                 raw[f"{arm.name}@{tag}"] = summary
