@@ -330,8 +330,9 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
               help="lockstep: C clients start together (waves of C); staggered: an unmeasured ramp spreads their "
                    "starts over one request lifetime (docs/performance.md says why lockstep is the default).")
 @click.option("--profile-load", type=click.Choice(PROFILE_LOADS), default="wave", show_default=True,
-              help="wave: decode steps of one wave of 1024-token requests; staggered: the sweep's steady load at "
-                   "--out-len, the prefills of arriving requests included.")
+              help="wave: decode steps of one wave of 1024-token requests; lockstep: the sweep's own waves at "
+                   "--out-len, prefills and wave ends included (profile enough steps for whole waves, e.g. 260 at "
+                   "128); staggered: the sweep's steady load at --out-len, the prefills of arriving requests included.")
 @click.option("--merge", "merge_from", multiple=True, type=click.Path(file_okay=False, exists=True),
               help="Instead of measuring (no GPU): one table, JSON and plot in --out from these result folders, e.g. "
                    "a sweep split over two GPUs or calls. Repeatable.")
@@ -378,7 +379,7 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
         rows = profile(Path(out_dir), threshold=threshold, concurrencies=cs, arm_names=arms_measured,
                        variants=variants, steps=profile_steps, prompt_len=prompt_len, acc_len=accs[0], sglang_dir=sglang_dir,
                        max_engines=max_engines, load=profile_load, port_base=port_base, tp=tp, console=_console(),
-                       **({"out_len": out_len} if profile_load == "staggered" else {}))
+                       **({"out_len": out_len} if profile_load != "wave" else {}))
         click.echo(to_json(rows) if as_json else (Path(out_dir) / "profile.md").read_text())
         return
     reports = {}

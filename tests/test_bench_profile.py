@@ -142,3 +142,10 @@ def test_excerpt_keeps_the_middle_steps_whole():
     assert ("decode_graph_gemm", 100) in kept and ("decode_graph_gemm", 3600) in kept  # overlap the cut
     assert ("Memcpy DtoH", 6650) not in kept and ("cudaMemcpyAsync", 50) not in kept
     assert profile.excerpt([], steps=2) == []
+
+
+def test_a_lockstep_profile_has_waves_for_the_warmup_the_steps_and_one_more():
+    from spectool.bench.sweep import _profile_requests, _requests_for
+    assert _profile_requests(64, "lockstep", steps=260, out_len=128) == 64 * 6  # 2 + 3 + 1 waves
+    assert _profile_requests(64, "wave", steps=30, out_len=1024) == 64
+    assert _profile_requests(64, "staggered", steps=30, out_len=128) == _requests_for(64, "staggered")

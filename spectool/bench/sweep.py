@@ -37,7 +37,8 @@ WAVE_ORDER = ("A0", "A1", "A2", "A4", "A3")  # then the variants
 
 
 LOADS = ("lockstep", "staggered")  # the sweep's (`_requests_for`)
-PROFILE_LOADS = ("wave", "staggered")  # the profile's: one wave of long requests, or the staggered load
+# The profile's: one wave of long requests, the sweep's lockstep waves, or the staggered load.
+PROFILE_LOADS = ("wave", "lockstep", "staggered")
 # Engine ports: PORT_BASE + 100*i. Two benches on one host (one per GPU) need their own base,
 # below 32768, where Linux hands out ephemeral ports: the rendezvous ports are fixed.
 PORT_BASE = 32000
@@ -68,6 +69,18 @@ def _requests_for(C: int, load: str = "lockstep") -> int:
     if load == "staggered":
         return max(16, 3 * C)
     return max(16, 2 * C) if C <= 64 else int(1.5 * C)
+
+
+def _profile_requests(C: int, load: str, steps: int, out_len: int) -> int:
+    """Requests for a profile: one wave; the staggered sweep's; or for lockstep, waves enough
+    for the profiler's warm-up (worker.profiled waits two seconds: two waves of 128 tokens at
+    C=64 on the H200) and `steps` forward steps (out_len - 1 decode steps and about one
+    prefill step per wave), and one more so the last profiled wave is not the drain."""
+    if load == "staggered":
+        return _requests_for(C, "staggered")
+    if load == "lockstep":
+        return C * (2 + -(-steps // out_len) + 1)
+    return C
 
 
 def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, prompt_len: int = 128,
@@ -326,8 +339,10 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
             console=None) -> dict:
     """Profile `steps` steady-state steps per arm and C with SGLang's own profiler and reduce
     each trace (bench/profile.py): profile.json and profile.md in `out`. `load`: "wave" (decode
-    steps of one wave of long requests) or "staggered" (the sweep's steady load at `out_len`,
-    prefills of arriving requests included). A C listed again is profiled again on the same
+    steps of one wave of long requests), "lockstep" (the sweep's own waves of `out_len`, for
+    `steps` that span whole waves: what a bench cell measures, prefills and wave ends included)
+    or "staggered" (the sweep's steady load at `out_len`, prefills of arriving requests
+    included). A C listed again is profiled again on the same
     engines, after the waves before it (with prompts of its own): whether a gap between arms
     stays as the engines age, e.g. `--concurrency 64,64,64`."""
     if load not in PROFILE_LOADS:
@@ -351,7 +366,7 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
             tag = f"{C}" + (f"#{k + 1}" if k else "")
             for arm in arm_list:
                 tdir = out / "traces" / f"{arm.name}-C{tag}"
-                n = _requests_for(C, "staggered") if load == "staggered" else C
+                n = _profile_requests(C, load, steps, out_len)
                 res = _command(procs[arm.name], out, {"kind": "profile", "C": C, "n": n, "prompt_len": prompt_len,
                                                        "out_len": out_len, "seed": C + 1000 * k, "steps": steps,
                                                        "dir": str(tdir), "stagger": load == "staggered"})
