@@ -156,7 +156,7 @@ def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sliced, patched_rele
 BUFS = ("tokens", "hidden", "positions", "loc")
 
 
-def _stash_worker(tree, torch, graphs=(8, 16), defer=1, width=6, bufs=None, replay=None):
+def _stash_worker(tree, torch, graphs=(8, 16), defer=1, width=6, bufs=None, replay=None, pd_decode=False):
     """A worker with the real stash, flush and last-write-wins methods over stand-in graphs
     (capture itself needs a GPU: `spectool verify` runs it). A graph's replay runs
     `replay(worker, bufs, size)`; by default it records the rows it would write."""
@@ -172,7 +172,7 @@ def _stash_worker(tree, torch, graphs=(8, 16), defer=1, width=6, bufs=None, repl
     worker = SimpleNamespace(_fallback_stats={}, _fallback_kv_only_defer=defer)
     worker._fallback_kv_only_graphs = {
         "graphs": {n: SimpleNamespace(replay=lambda n=n: replay(worker, bufs, n)) for n in graphs},
-        "bufs": bufs, "rows": 0, "steps": 0}
+        "bufs": bufs, "rows": 0, "steps": 0, "sizes": set(), "dedup_always": pd_decode}
     bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker, "_spec_fallback_kv_only_stash",
                  "_spec_fallback_kv_only_flush", "_spec_fallback_last_write_wins")
     return worker, seen
@@ -209,8 +209,7 @@ def test_kv_only_graph_replay_pads_to_a_captured_size(patched_release):
                  "_spec_fallback_kv_only_flush")
     assert empty._spec_fallback_kv_only_stash(tokens, hidden, positions, loc) is False
     empty._spec_fallback_kv_only_flush("spec")  # nothing stashed, no graphs: nothing to do
-    assert len(seen) == 1 and worker._fallback_stats["draft_kv_only_flushes"] == 1
-    assert worker._fallback_stats["draft_kv_only_flush_causes"] == {"queued": 1}
+    assert len(seen) == 1 and worker._fallback_stats["draft_kv_only_flush_causes"] == {"queued": 1}
 
 
 def test_deferred_kv_only_steps_share_one_replay(patched_release):
@@ -252,21 +251,41 @@ def test_deferred_kv_only_steps_share_one_replay(patched_release):
     assert len(seen) == 1, "nothing queued, nothing replayed"
     stats = worker._fallback_stats
     assert stats["draft_kv_only_flush_causes"] == {"queued": 1, "full": 3, "spec": 1}, "each replay counted by cause"
-    assert stats["draft_kv_only_flushes"] == 5
+    assert "draft_kv_only_flushes" not in stats, "the total is the causes' sum"
 
 
 def test_a_slot_given_again_keeps_the_latest_write(patched_release):
-    """Two queued steps that write one slot (freed by a finished request and handed to
-    another): the earlier row goes to the dummy slot 0, so the later write is the one that
-    stays, as it would one step at a time."""
+    """Two queued steps that write one slot (freed by a request that left the batch, handed
+    to another): the earlier row goes to the dummy slot 0, so the later write is the one
+    that stays, as it would one step at a time. A slot is freed only when a request leaves,
+    which shrinks the batch, so a queue of one batch size is written as it is (no sort);
+    on a PD-disaggregated decode server (requests join without a prefill) every queue is
+    deduplicated."""
     torch = pytest.importorskip("torch")
     tree = patched_release("0.5.12")
+    tokens, hidden, positions, _ = _step(torch, 0, 4)
+
+    def queue(worker, second):
+        worker._spec_fallback_kv_only_stash(tokens, hidden, positions, torch.tensor([50, 51, 52, 53]))
+        n = len(second)
+        worker._spec_fallback_kv_only_stash(tokens[:n], hidden[:n], positions[:n], torch.tensor(second))
+
     worker, seen = _stash_worker(tree, torch, graphs=(8, 16), defer=2)
-    tokens, hidden, positions, loc = _step(torch, 0, 4)
-    worker._spec_fallback_kv_only_stash(tokens, hidden, positions, torch.tensor([50, 51, 52, 53]))
-    worker._spec_fallback_kv_only_stash(tokens, hidden, positions, torch.tensor([60, 52, 61, 50]))
+    queue(worker, [60, 52, 50])  # a request left: 4 then 3 rows, slots 52 and 50 given again
     (size, b), = seen
-    assert b["loc"].tolist() == [0, 51, 0, 53, 60, 52, 61, 50]
+    assert b["loc"].tolist() == [0, 51, 0, 53, 60, 52, 50, 0]
+    assert worker._fallback_stats["draft_kv_only_dedups"] == 1
+
+    worker, seen = _stash_worker(tree, torch, graphs=(8, 16), defer=2)
+    queue(worker, [60, 61, 62, 63])  # one batch size: every slot is new, written as queued
+    assert seen[0][1]["loc"].tolist() == [50, 51, 52, 53, 60, 61, 62, 63]
+    assert "draft_kv_only_dedups" not in worker._fallback_stats
+    assert not worker._fallback_kv_only_graphs["sizes"], "the next queue starts with no sizes"
+
+    worker, seen = _stash_worker(tree, torch, graphs=(8, 16), defer=2, pd_decode=True)
+    queue(worker, [60, 52, 61, 50])  # PD decode: a request may have joined as another left
+    assert seen[0][1]["loc"].tolist() == [0, 51, 0, 53, 60, 52, 61, 50]
+
     loc = torch.tensor([7, 3, 7, 7, 3, 9])
     worker._spec_fallback_last_write_wins(loc)
     assert loc.tolist() == [0, 0, 0, 7, 3, 9]
@@ -335,7 +354,7 @@ def test_deferred_kv_only_writes_equal_the_step_by_step_ones(patched_release):
                     assert worker._spec_fallback_kv_only_stash(*step)
             worker._spec_fallback_kv_only_flush("prefill")
         pool["k"][0] = pool["v"][0] = 0  # the dummy slot takes padding and superseded rows
-        return pool, worker._fallback_stats["draft_kv_only_flushes"]
+        return pool, sum(worker._fallback_stats["draft_kv_only_flush_causes"].values())
 
     (one, n1), (four, n4) = run(1), run(4)
     assert (n1, n4) == (4, 1)
@@ -439,23 +458,30 @@ def test_kv_only_graphs_are_built_only_where_they_can_replay(patched_release, mo
         return w
 
     monkeypatch.delenv("SPECTOOL_FALLBACK_KV_ONLY_GRAPH", raising=False)
+    args = SimpleNamespace(disaggregation_mode="null")
     w = worker()
-    build(w)
+    build(w, args)
     assert w._fallback_kv_only_graphs == "graphs" and len(captured) == 1
     cells = captured[0][1].__closure__
     sizes = next(c.cell_contents for c in cells if isinstance(c.cell_contents, list))
     bufs = next(c.cell_contents for c in cells if isinstance(c.cell_contents, dict))
+    pd_decode = next(c.cell_contents for c in cells if isinstance(c.cell_contents, bool))
     assert sizes == [16, 24, 32], "only sizes above the KV-only threshold"
     assert bufs["hidden"].shape == (32, 3 * H) and bufs["hidden"].dtype == torch.bfloat16
     assert bufs["tokens"].shape == bufs["positions"].shape == bufs["loc"].shape == (32,)
+    assert pd_decode is False
+    captured.clear()
+    build(worker(), SimpleNamespace(disaggregation_mode="decode"))
+    assert next(c.cell_contents for c in captured[0][1].__closure__ if isinstance(c.cell_contents, bool)) is True, \
+        "a PD-disaggregated decode server deduplicates every queue"
     for kw in ({"above": None}, {"runner": False}, {"above": 32}):
         captured.clear()
         w = worker(**kw)
-        build(w)
+        build(w, args)
         assert w._fallback_kv_only_graphs is None and not captured, kw
     monkeypatch.setenv("SPECTOOL_FALLBACK_KV_ONLY_GRAPH", "0")
     w = worker()
-    build(w)
+    build(w, args)
     assert w._fallback_kv_only_graphs is None and not captured
 
 

@@ -36,6 +36,7 @@ def verify_complete_hook(self, num_correct_drafts_per_req):
 def decode_hook(self, model_worker_batch):
     if self._spec_fallback_should_run(model_worker_batch):
         return self._spec_fallback_decode(model_worker_batch)
+    self._spec_fallback_kv_only_flush("spec")  # a speculative step reads the draft KV
 
 
 class EAGLEWorkerV2:

@@ -115,3 +115,7 @@ class EAGLEWorkerV2:
             probs, self.topk, dim=-1
         )
         next_draft_input.hidden_states = draft_logits.hidden_states
+
+    def _spec_fallback_kv_only_flush(self, cause):
+        """Nothing to write: this era has no KV-only draft sync, so no rows are ever queued
+        (the decode hook, shared by every era, calls it before a speculative step)."""
