@@ -131,7 +131,7 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
                 break
             if len(plan) > 1:
                 bar.console.print(f"engines for {', '.join(a.name for a in wave)} (at most {max_engines} share the GPU)")
-            with _engines(wave, out, env, max_bs, max_bs * (prompt_len + out_len + 16) + 4096,
+            with _engines(wave, out, env, max_bs, kv_pool_tokens(max_bs, prompt_len, out_len),
                           log_level=engine_log_level, port_base=port_base, tp=tp) as (procs, started):
                 startup.update(started)
                 for step in steps:
@@ -293,6 +293,13 @@ def _environment(sglang_dir, acc_len):
 
 
 @contextlib.contextmanager
+def kv_pool_tokens(max_bs: int, prompt_len: int, out_len: int) -> int:
+    """The engines' KV pool (max_total_tokens), the same for every arm of a bench or profile:
+    every request of the largest load at its full length, with a few slots each to spare (the
+    speculative arms allocate ahead of their verified length), and a fixed margin."""
+    return max_bs * (prompt_len + out_len + 16) + 4096
+
+
 def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int, log_level: str = "warning",
              port_base: int = PORT_BASE, tp: int = 1):
     """Start one engine process per arm (in parallel), yield (procs, startup seconds), stop them.
@@ -359,7 +366,7 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
     out.mkdir(parents=True, exist_ok=True)
     version, env = _environment(sglang_dir, acc_len)
     rows, raw = {}, {}
-    with _engines(arm_list, out, env, max_bs, max_bs * (prompt_len + out_len + 16) + 4096,
+    with _engines(arm_list, out, env, max_bs, kv_pool_tokens(max_bs, prompt_len, out_len),
                   port_base=port_base, tp=tp) as (procs, _):
         for i, C in enumerate(concurrencies):
             k = concurrencies[:i].count(C)  # how often this C was profiled before, on these engines
