@@ -149,3 +149,34 @@ def test_a_lockstep_profile_has_waves_for_the_warmup_the_steps_and_one_more():
     assert _profile_requests(64, "lockstep", steps=260, out_len=128) == 64 * 6  # 2 + 3 + 1 waves
     assert _profile_requests(64, "wave", steps=30, out_len=1024) == 64
     assert _profile_requests(64, "staggered", steps=30, out_len=128) == _requests_for(64, "staggered")
+
+
+def test_step_anatomy_on_the_h200_excerpts():
+    """Session 16's lockstep profile, re-read from its committed two-step excerpts: between
+    two forwards of the model, plain decoding (A0) runs 5 kernels in about 0.056 ms; the
+    fallback (A4, spec v2) runs 23, with seven more device-to-device copies (the KV-only
+    queue's and the FutureMap's) and five index kernels (the FutureMap's gathers, the slot
+    lookup), while the forward itself takes the same time. The figures
+    docs/performance.md's session 16 table quotes."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("reread_profile", root / "tools/reread_profile.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    rows = tool.reread(root / "results/profile-0.5.12-s16-lockstep")
+    a0, a4 = rows[("A0", 64, 1)]["anatomy"], rows[("A4", 64, 0)]["anatomy"]
+    assert a0["between_kernels"] == 5 and a4["between_kernels"] == 23
+    assert 0.05 < a0["between_ms"] < 0.06 and 0.10 < a4["between_ms"] < 0.12
+    assert abs(a4["forward_ms"] - a0["forward_ms"]) < 0.01, "the model's forward is the same"
+    # The same engines' second profile (no KV-only replay between its two steps), by kernel.
+    later = rows[("A4", 64, 1)]["anatomy"]["between_by_kernel"]
+    copies = "Memcpy DtoD (Device -> Device)"
+    assert a0["between_by_kernel"][copies] == 1 and later[copies] == 8
+    index = next(k for k in later if k.startswith("void at::native::index_elementwise_kernel"))
+    assert later[index] == 5 and index not in a0["between_by_kernel"]
+    assert "anatomy" not in rows[("A0", 64, 0)], "A0's first excerpt caught no decode steps"
+    md = profile.markdown(rows)
+    assert "| A0 | 64 (wave 2) | 2 | 6.059 | 6.114 (6.114) | 0.056 | 5 | 0.043 |" in md
+    assert "A4 against A0 at C=64 (wave 2): the kernels between two forwards that differ" in md

@@ -76,7 +76,47 @@ def summarize(events: list[dict], steps: int, top: int = 8) -> dict:
         # Every kernel: [ms per step, launches per step], for kernel_diff.
         "kernels": {k: [v * per, n_kernel[k] / steps] for k, v in by_kernel.most_common()},
         **idle_gaps(events, gpu, steps),
+        **step_anatomy(events, gpu),
     }
+
+
+def step_anatomy(events: list[dict], gpu: list[dict], kind: str = "DECODE") -> dict:
+    """A decode step taken apart on the GPU: the model's forward (SGLang annotates each step,
+    `step[DECODE bs=N]`, and the trace carries its GPU span) and the kernels between two
+    forwards (sampling, the scheduler's and the worker's bookkeeping, a fallback's draft
+    sync). Where a fallback step is longer than a plain one at the same forward, the
+    difference is in `between`: how many kernels, their busy time, and which
+    (`between_kernels`, launches per step). Medians over consecutive annotated steps (the
+    mean interval spreads work that comes every few steps, such as a KV-only replay)."""
+    steps = sorted((e for e in events if e.get("cat") == "gpu_user_annotation" and e.get("ph") == "X"
+                    and e.get("name", "").startswith(f"step[{kind}")), key=lambda e: e["ts"])
+    if len(steps) < 2:
+        return {}
+    ordered = sorted(gpu, key=lambda e: e["ts"])
+    starts = [e["ts"] for e in ordered]
+    from bisect import bisect_left
+
+    spans, intervals, counts, busy, names = [], [], [], [], Counter()
+    for a, b in zip(steps, steps[1:]):
+        end = a["ts"] + a.get("dur", 0)
+        between = ordered[bisect_left(starts, end):bisect_left(starts, b["ts"])]
+        spans.append(a.get("dur", 0))
+        intervals.append(b["ts"] - a["ts"])
+        counts.append(len(between))
+        busy.append(sum(e.get("dur", 0) for e in between))
+        names.update(_short(e.get("name", "?")) for e in between)
+    n = len(intervals)
+    med = lambda xs: sorted(xs)[len(xs) // 2] if len(xs) % 2 else sum(sorted(xs)[len(xs) // 2 - 1:len(xs) // 2 + 1]) / 2  # noqa: E731
+    return {"anatomy": {
+        "steps": n,
+        "forward_ms": med(spans) / 1e3,
+        "interval_ms": med(intervals) / 1e3,
+        "interval_mean_ms": sum(intervals) / n / 1e3,
+        "between_ms": med([i - s for i, s in zip(intervals, spans)]) / 1e3,
+        "between_kernels": med(counts),
+        "between_busy_ms": med(busy) / 1e3,
+        "between_by_kernel": {k: v / n for k, v in names.most_common()},
+    }}
 
 
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}
@@ -212,6 +252,16 @@ def markdown(rows: dict, base_arm: str = "A0") -> str:
             continue
         lines.append(f"| {arm} | {at(C, k)} | {r['step_ms']:.2f} | {r['gpu_busy_ms']:.2f} | {r['gpu_idle_ms']:.2f} | "
                      f"{r['gpu_busy_fraction']:.0%} | {r['kernels_per_step']:.0f} | {r['graph_launches_per_step']:.1f} |")
+    anatomies = [(arm, C, k, r["anatomy"]) for (arm, C, k), r in order if r.get("anatomy")]
+    if anatomies:
+        lines += ["\nDecode steps taken apart on the GPU (medians over consecutive steps; `between`: from the end of "
+                  "one step's forward to the start of the next):\n",
+                  "| arm | C | steps | forward ms | step to step ms (mean) | between ms | kernels between | busy between ms |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for arm, C, k, a in anatomies:
+            lines.append(f"| {arm} | {at(C, k)} | {a['steps']} | {a['forward_ms']:.3f} | {a['interval_ms']:.3f} "
+                         f"({a['interval_mean_ms']:.3f}) | {a['between_ms']:.3f} | {a['between_kernels']:g} | "
+                         f"{a['between_busy_ms']:.3f} |")
     for (arm, C, k), r in order:
         if r.get("error"):
             continue
@@ -225,7 +275,7 @@ def markdown(rows: dict, base_arm: str = "A0") -> str:
                          + "; ".join(f"{name} {v:.3f} ({n:.1f}x)" for name, v, n in r["idle_where_ms_per_step"]))
     for (arm, C, k), r in order:
         base = rows.get((base_arm, C, k))
-        if arm == base_arm or not base or "kernels" not in r or "kernels" not in base:
+        if arm == base_arm or not base or r.get("error") or base.get("error"):
             continue
         lines += [f"\n{arm} against {base_arm} at C={at(C, k)}: {r['gpu_busy_ms'] - base['gpu_busy_ms']:+.3f} ms GPU busy, "
                   f"{r['step_ms'] - base['step_ms']:+.3f} ms per step, "
@@ -235,6 +285,14 @@ def markdown(rows: dict, base_arm: str = "A0") -> str:
                   "|---|---|---|---|---|---|"]
         for name, ms_a, ms_b, n_a, n_b in kernel_diff(r, base):
             lines.append(f"| `{name}` | {ms_a:.3f} | {ms_b:.3f} | {ms_b - ms_a:+.3f} | {n_a:.1f} | {n_b:.1f} |")
+        if r.get("anatomy") and base.get("anatomy"):
+            a, b0 = r["anatomy"]["between_by_kernel"], base["anatomy"]["between_by_kernel"]
+            diff = sorted(set(a) | set(b0), key=lambda name: -abs(a.get(name, 0) - b0.get(name, 0)))
+            diff = [name for name in diff if abs(a.get(name, 0) - b0.get(name, 0)) >= 0.05][:12]
+            if diff:
+                lines += [f"\n{arm} against {base_arm} at C={at(C, k)}: the kernels between two forwards that differ "
+                          "(launches per step):\n", f"| kernel | {base_arm} | {arm} |", "|---|---|---|"]
+                lines += [f"| `{name}` | {b0.get(name, 0):.2f} | {a.get(name, 0):.2f} |" for name in diff]
         if "idle_where" in r and "idle_where" in base:
             lines += [f"\n{arm} against {base_arm} at C={at(C, k)}: {r['gpu_idle_ms'] - base['gpu_idle_ms']:+.3f} ms "
                       "GPU idle per step; where the GPU waits differently (host: launched after the GPU ran "
@@ -256,4 +314,5 @@ def excerpt(events: list[dict], steps: int, keep: int = 2) -> list[dict]:
     span = (t1 - t0) * min(keep, steps) / steps
     a = t0 + ((t1 - t0) - span) / 2
     b = a + span
-    return [e for e in events if e.get("ph") != "X" or (e["ts"] < b and e["ts"] + e.get("dur", 0) > a)]
+    # Metadata (thread names) whole; everything else, flow arrows included, inside the cut.
+    return [e for e in events if e.get("ph") == "M" or ("ts" in e and e["ts"] < b and e["ts"] + e.get("dur", 0) > a)]
