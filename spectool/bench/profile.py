@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+FLOW_PHASES = {"s", "t", "f"}  # chrome-trace flow events (arrows), not activity
 HOST_CATS = {"cpu_op", "user_annotation", "python_function"}
 
 
@@ -219,7 +220,7 @@ def idle_diff(row: dict, base: dict, top: int = 10) -> list[tuple[str, float, fl
     """The places whose GPU-idle time per step differs most between `row` and `base`
     (summarize() results of two arms at one C): (place, base ms, row ms)."""
     a, b = base.get("idle_where", {}), row.get("idle_where", {})
-    names = sorted(set(a) | set(b), key=lambda k: -abs(b.get(k, 0) - a.get(k, 0)))
+    names = sorted(set(a) | set(b), key=lambda k: (-abs(b.get(k, 0) - a.get(k, 0)), k))
     return [(k, a.get(k, 0), b.get(k, 0)) for k in names[:top]]
 
 
@@ -229,7 +230,7 @@ def kernel_diff(row: dict, base: dict, top: int = 12) -> list[tuple[str, float, 
     largest absolute difference first. Kernels of one arm only appear with 0 in the other."""
     a, b = base.get("kernels", {}), row.get("kernels", {})
     none = (0, 0)  # [ms, launches] of a kernel the arm does not run
-    names = sorted(set(a) | set(b), key=lambda k: -abs(b.get(k, none)[0] - a.get(k, none)[0]))
+    names = sorted(set(a) | set(b), key=lambda k: (-abs(b.get(k, none)[0] - a.get(k, none)[0]), k))
     return [(k, a.get(k, none)[0], b.get(k, none)[0], a.get(k, none)[1], b.get(k, none)[1]) for k in names[:top]]
 
 
@@ -287,7 +288,7 @@ def markdown(rows: dict, base_arm: str = "A0") -> str:
             lines.append(f"| `{name}` | {ms_a:.3f} | {ms_b:.3f} | {ms_b - ms_a:+.3f} | {n_a:.1f} | {n_b:.1f} |")
         if r.get("anatomy") and base.get("anatomy"):
             a, b0 = r["anatomy"]["between_by_kernel"], base["anatomy"]["between_by_kernel"]
-            diff = sorted(set(a) | set(b0), key=lambda name: -abs(a.get(name, 0) - b0.get(name, 0)))
+            diff = sorted(set(a) | set(b0), key=lambda name: (-abs(a.get(name, 0) - b0.get(name, 0)), name))
             diff = [name for name in diff if abs(a.get(name, 0) - b0.get(name, 0)) >= 0.05][:12]
             if diff:
                 lines += [f"\n{arm} against {base_arm} at C={at(C, k)}: the kernels between two forwards that differ "
@@ -314,5 +315,8 @@ def excerpt(events: list[dict], steps: int, keep: int = 2) -> list[dict]:
     span = (t1 - t0) * min(keep, steps) / steps
     a = t0 + ((t1 - t0) - span) / 2
     b = a + span
-    # Metadata (thread names) whole; everything else, flow arrows included, inside the cut.
-    return [e for e in events if e.get("ph") == "M" or ("ts" in e and e["ts"] < b and e["ts"] + e.get("dur", 0) > a)]
+    # Metadata (thread names) whole; everything else inside the cut, but no flow arrows (the
+    # viewer's CPU-to-GPU links: a lockstep trace has some 70 000 per step, and the
+    # correlation ids that join launches to kernels are in the events' own args).
+    return [e for e in events if e.get("ph") == "M"
+            or (e.get("ph") not in FLOW_PHASES and "ts" in e and e["ts"] < b and e["ts"] + e.get("dur", 0) > a)]
