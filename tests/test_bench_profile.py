@@ -135,10 +135,14 @@ def test_idle_gaps_name_where_the_host_was_when_the_gpu_ran_dry():
 
 
 def test_excerpt_keeps_the_middle_steps_whole():
-    ev = _frames_trace(500)
+    """The middle of the profiled window, every event overlapping it, thread names, and no
+    flow arrows (the viewer's links; the correlation ids are in the events' args)."""
+    ev = _frames_trace(500) + [{"ph": "s", "cat": "ac2g", "name": "ac2g", "ts": 3000, "id": 1},
+                               {"ph": "M", "name": "thread_name", "tid": 7, "args": {"name": "scheduler"}}]
     cut = profile.excerpt(ev, steps=2, keep=1)
+    assert not [e for e in cut if e.get("ph") == "s"] and [e for e in cut if e.get("ph") == "M"]
     # GPU window 100..7060 (the queued copy ends it): the middle half is 1840..5320.
-    kept = {(e["name"], e["ts"]) for e in cut}
+    kept = {(e["name"], e["ts"]) for e in cut if "ts" in e}
     assert ("decode_graph_gemm", 100) in kept and ("decode_graph_gemm", 3600) in kept  # overlap the cut
     assert ("Memcpy DtoH", 6650) not in kept and ("cudaMemcpyAsync", 50) not in kept
     assert profile.excerpt([], steps=2) == []
