@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import gzip
 import json
+from bisect import bisect_left
 from collections import Counter
+from statistics import median
 from pathlib import Path
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -95,8 +97,6 @@ def step_anatomy(events: list[dict], gpu: list[dict], kind: str = "DECODE") -> d
         return {}
     ordered = sorted(gpu, key=lambda e: e["ts"])
     starts = [e["ts"] for e in ordered]
-    from bisect import bisect_left
-
     spans, intervals, counts, busy, names = [], [], [], [], Counter()
     for a, b in zip(steps, steps[1:]):
         end = a["ts"] + a.get("dur", 0)
@@ -107,15 +107,14 @@ def step_anatomy(events: list[dict], gpu: list[dict], kind: str = "DECODE") -> d
         busy.append(sum(e.get("dur", 0) for e in between))
         names.update(_short(e.get("name", "?")) for e in between)
     n = len(intervals)
-    med = lambda xs: sorted(xs)[len(xs) // 2] if len(xs) % 2 else sum(sorted(xs)[len(xs) // 2 - 1:len(xs) // 2 + 1]) / 2  # noqa: E731
     return {"anatomy": {
         "steps": n,
-        "forward_ms": med(spans) / 1e3,
-        "interval_ms": med(intervals) / 1e3,
+        "forward_ms": median(spans) / 1e3,
+        "interval_ms": median(intervals) / 1e3,
         "interval_mean_ms": sum(intervals) / n / 1e3,
-        "between_ms": med([i - s for i, s in zip(intervals, spans)]) / 1e3,
-        "between_kernels": med(counts),
-        "between_busy_ms": med(busy) / 1e3,
+        "between_ms": median([i - s for i, s in zip(intervals, spans)]) / 1e3,
+        "between_kernels": median(counts),
+        "between_busy_ms": median(busy) / 1e3,
         "between_by_kernel": {k: v / n for k, v in names.most_common()},
     }}
 
@@ -178,8 +177,9 @@ def idle_gaps(events: list[dict], gpu: list[dict], steps: int, min_gap_us: float
     it. If that work was launched after the GPU ran dry, the host was late ("host"), and
     the gap goes to where the host was when the GPU ran dry (_label); if it was launched
     before, it waited on another stream, an event or a graph's launch ("queued"), and goes
-    to where it was launched. A fallback step that is longer than a plain one at the same
-    GPU-busy time shows up here as host frames that plain decoding does not have."""
+    to where it was launched. Extra time that the GPU spends idle shows up here; extra GPU
+    work, such as small kernels between two forwards, in step_anatomy (on the H200 the
+    fallback's extra time at C=64 was the latter: docs/performance.md, session 16)."""
     launches = {e["args"]["correlation"]: e for e in events
                 if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})}
     if not launches:
