@@ -184,3 +184,19 @@ def test_step_anatomy_on_the_h200_excerpts():
     md = profile.markdown(rows)
     assert "| A0 | 64 (wave 2) | 2 | 6.059 | 6.114 (6.114) | 0.056 | 5 | 0.043 |" in md
     assert "A4 against A0 at C=64 (wave 2): the kernels between two forwards that differ" in md
+
+
+def test_the_engines_of_a_bench_and_a_profile_share_one_kv_pool_size():
+    """One function sizes the KV pool for the sweep and the profile alike, and the engines'
+    lifecycle stays a context manager (a helper placed under its decorator once took it)."""
+    import contextlib
+    import inspect
+
+    from spectool.bench import sweep
+    assert sweep.kv_pool_tokens(64, 128, 128) == 64 * (128 + 128 + 16) + 4096
+    assert isinstance(sweep.kv_pool_tokens(1, 1, 1), int)
+    assert inspect.isgeneratorfunction(sweep._engines.__wrapped__)
+    assert isinstance(sweep._engines([], None, {}, 1, 1), contextlib.AbstractContextManager)
+    src = inspect.getsource(sweep)
+    assert src.count("kv_pool_tokens(max_bs, prompt_len, out_len)") == 2 and "+ 16) + 4096" not in src.replace(
+        inspect.getsource(sweep.kv_pool_tokens), "")

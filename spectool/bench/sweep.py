@@ -292,7 +292,6 @@ def _environment(sglang_dir, acc_len):
     return version, env
 
 
-@contextlib.contextmanager
 def kv_pool_tokens(max_bs: int, prompt_len: int, out_len: int) -> int:
     """The engines' KV pool (max_total_tokens), the same for every arm of a bench or profile:
     every request of the largest load at its full length, with a few slots each to spare (the
@@ -300,6 +299,7 @@ def kv_pool_tokens(max_bs: int, prompt_len: int, out_len: int) -> int:
     return max_bs * (prompt_len + out_len + 16) + 4096
 
 
+@contextlib.contextmanager
 def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int, log_level: str = "warning",
              port_base: int = PORT_BASE, tp: int = 1):
     """Start one engine process per arm (in parallel), yield (procs, startup seconds), stop them.
