@@ -1,0 +1,157 @@
+"""The sweep's orchestration end to end on the CPU: engine processes started per arm (the
+real bench worker, over a stand-in `sglang` package whose Engine serves requests after a
+delay), every cell measured and appended, a rerun resuming, and the table and ratios written.
+What the H200 measures is not checked here; that the sweep drives its engines is."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from spectool.bench import sweep
+
+ENGINE = '''
+import asyncio, json, os
+
+
+class Engine:
+    """Serves every request after a delay per token; speculative arms a little faster."""
+
+    def __init__(self, **kw):
+        with open(os.environ["STUB_ENGINE_ARGS"], "a") as f:
+            f.write(json.dumps(kw) + "\\n")
+        self.per_token = 0.0002 if kw.get("speculative_algorithm") else 0.0003
+
+    async def async_generate(self, input_ids, sampling_params, stream=False):
+        n = sampling_params["max_new_tokens"]
+
+        async def chunks():
+            await asyncio.sleep(0.002)
+            yield {"meta_info": {"completion_tokens": 1}}
+            await asyncio.sleep(self.per_token * n)
+            yield {"meta_info": {"completion_tokens": n}, "output_ids": [1] * n}
+
+        return chunks()
+
+    def generate(self, input_ids, sampling_params):
+        return {"meta_info": {"completion_tokens": sampling_params["max_new_tokens"]}}
+
+    def shutdown(self):
+        pass
+
+    @property
+    def tokenizer_manager(self):
+        return self
+
+    async def start_profile(self, output_dir, num_steps, activities, with_stack, record_shapes):
+        """A trace as SGLang's profiler leaves it: decode steps annotated on the GPU, one
+        launch per kernel, the forward 5 ms and 3 kernels between two of them."""
+        import gzip
+        ev, t = [], 0.0
+        for step in range(num_steps):
+            ev.append({"ph": "X", "cat": "gpu_user_annotation", "name": "step[DECODE bs=8]", "ts": t, "dur": 5000})
+            for i, (name, at, dur) in enumerate([("gemm", 0, 4990), ("argmax", 5010, 30), ("copy", 5050, 2),
+                                                 ("resolve", 5060, 2)]):
+                corr = step * 10 + i
+                ev.append({"ph": "X", "cat": "kernel", "name": name, "ts": t + at, "dur": dur, "args": {"correlation": corr}})
+                ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": t + at - 100, "dur": 5,
+                           "tid": 1, "args": {"correlation": corr}})
+            ev.append({"ph": "s", "cat": "ac2g", "name": "ac2g", "ts": t, "id": step})
+            t += 5100
+        os.makedirs(output_dir, exist_ok=True)
+        with open(os.path.join(output_dir, "stub-TP-0.trace.json.gz"), "wb") as f:
+            f.write(gzip.compress(json.dumps({"traceEvents": ev}).encode()))
+'''
+
+SERVER_ARGS = '''
+import dataclasses
+
+
+@dataclasses.dataclass
+class ServerArgs:  # the fields the bench sets, as 0.5.12 names them
+    model_path: str = ""
+    load_format: str = ""
+    skip_tokenizer_init: bool = False
+    attention_backend: str = ""
+    sampling_backend: str = ""
+    grammar_backend: str = ""
+    cuda_graph_max_bs: int = 0
+    max_running_requests: int = 0
+    disable_piecewise_cuda_graph: bool = False
+    mem_fraction_static: float = 0.0
+    max_total_tokens: int = 0
+    random_seed: int = 0
+    port: int = 0
+    nccl_port: int = 0
+    enable_metrics: bool = False
+    log_level: str = ""
+    sleep_on_idle: bool = False
+    speculative_algorithm: str = ""
+    speculative_draft_model_path: str = ""
+    speculative_draft_load_format: str = ""
+    speculative_num_steps: int = 0
+    speculative_eagle_topk: int = 0
+    speculative_num_draft_tokens: int = 0
+    speculative_disable_batch_size_threshold: int = 0
+'''
+
+
+@pytest.fixture
+def stub_engines(tmp_path, monkeypatch):
+    """A stand-in sglang on the engines' PYTHONPATH, and a GPU as far as the sweep asks."""
+    stub = tmp_path / "stub"
+    (stub / "sglang/srt").mkdir(parents=True)
+    (stub / "sglang/__init__.py").write_text(ENGINE)
+    (stub / "sglang/srt/__init__.py").write_text("")
+    (stub / "sglang/srt/server_args.py").write_text(SERVER_ARGS)
+    args = tmp_path / "engine-args.jsonl"
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(stub), str(repo)]), STUB_ENGINE_ARGS=str(args),
+               PYTHONUNBUFFERED="1")
+    monkeypatch.setattr(sweep, "_environment", lambda sglang_dir, acc_len: ("0.5.12", env))
+    monkeypatch.setattr("spectool.verify.runner.gpu_info", lambda command="verify": ("sm90", "stand-in GPU"))
+    return args
+
+
+def test_a_sweep_starts_its_engines_measures_every_cell_and_resumes(tmp_path, stub_engines):
+    out = tmp_path / "bench"
+    kw = dict(threshold=4, concurrencies=(1, 8), prompt_len=4, out_len=8, transition=False, budget_s=120,
+              arm_names=["A0", "A1", "A2"], port_base=27000)
+    sweep.run(out, reps=1, **kw)
+    engines = [json.loads(line) for line in stub_engines.read_text().splitlines()]
+    assert len(engines) == 3, "one engine per arm"
+    assert {e["max_total_tokens"] for e in engines} == {sweep.kv_pool_tokens(8, 4, 8)}
+    assert {e["cuda_graph_max_bs"] for e in engines} == {8}, "shaped for the sweep's largest C"
+    assert sorted(e.get("speculative_disable_batch_size_threshold", -1) for e in engines) == [-1, -1, 4]
+    cells = [json.loads(line) for line in (out / "cells.jsonl").read_text().splitlines()]
+    assert sorted((c["arm"], c["C"]) for c in cells) == [(a, C) for a in ("A0", "A1", "A2") for C in (1, 8)]
+    assert all(c["output_tok_s"] > 0 and c["rep"] == 0 for c in cells)
+    results = json.loads((out / "bench-results.json").read_text())
+    assert set(results["ratios"]["8"]) >= {"A2/E"} and (out / "bench-table.md").exists()
+
+    sweep.run(out, reps=2, **kw)  # resumes: only the second repetition is measured
+    cells = [json.loads(line) for line in (out / "cells.jsonl").read_text().splitlines()]
+    assert sorted(c["rep"] for c in cells) == [0] * 6 + [1] * 6
+    assert len(stub_engines.read_text().splitlines()) == 6, "the rerun started its engines once"
+
+
+def test_a_profile_reduces_each_trace_and_keeps_an_excerpt(tmp_path, stub_engines):
+    """--profile: each arm's trace reduced (per-step time, the decode-step anatomy), a
+    two-step excerpt kept beside profile.md without flow arrows, and every arm diffed
+    against A0."""
+    out = tmp_path / "profile"
+    rows = sweep.profile(out, threshold=4, concurrencies=[8, 8], arm_names=["A0", "A2"], steps=10, out_len=8,
+                         prompt_len=4, port_base=27500)
+    assert set(rows) == {"A0@8", "A2@8", "A0@8#2", "A2@8#2"}
+    anatomy = rows["A2@8#2"]["anatomy"]
+    assert anatomy["steps"] == 9 and anatomy["between_kernels"] == 3 and abs(anatomy["forward_ms"] - 5.0) < 1e-9
+    excerpts = sorted(p.name for p in (out / "excerpts").iterdir())
+    assert excerpts == ["A0-C8-2.trace.json.gz", "A0-C8.trace.json.gz", "A2-C8-2.trace.json.gz", "A2-C8.trace.json.gz"]
+    from spectool.bench import profile as prof
+    cut = prof.load_events(out / "excerpts" / "A2-C8.trace.json.gz")
+    assert cut and not [e for e in cut if e.get("ph") == "s"]
+    md = (out / "profile.md").read_text()
+    assert "A2 against A0 at C=8 (wave 2)" in md and "Decode steps taken apart on the GPU" in md
