@@ -49,10 +49,11 @@ def _short(name: str, n: int = 70) -> str:
 
 def summarize(events: list[dict], steps: int, top: int = 8) -> dict:
     """Per-step figures of a trace covering `steps` decode steps."""
-    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATS]
+    # In time order, once: the idle attribution and the step anatomy walk it in that order.
+    gpu = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATS), key=lambda e: e["ts"])
     if not gpu or steps <= 0:
         return {"steps": steps, "kernels": 0, "error": "no GPU activity in the trace"}
-    t0 = min(e["ts"] for e in gpu)
+    t0 = gpu[0]["ts"]
     t1 = max(e["ts"] + e.get("dur", 0) for e in gpu)
     busy = _union_us([(e["ts"], e["ts"] + e.get("dur", 0)) for e in gpu])
     by_kernel, n_kernel = Counter(), Counter()
@@ -95,12 +96,11 @@ def step_anatomy(events: list[dict], gpu: list[dict], kind: str = "DECODE") -> d
                     and e.get("name", "").startswith(f"step[{kind}")), key=lambda e: e["ts"])
     if len(steps) < 2:
         return {}
-    ordered = sorted(gpu, key=lambda e: e["ts"])
-    starts = [e["ts"] for e in ordered]
+    starts = [e["ts"] for e in gpu]  # in time order (summarize)
     spans, intervals, counts, busy, names = [], [], [], [], Counter()
     for a, b in zip(steps, steps[1:]):
         end = a["ts"] + a.get("dur", 0)
-        between = ordered[bisect_left(starts, end):bisect_left(starts, b["ts"])]
+        between = gpu[bisect_left(starts, end):bisect_left(starts, b["ts"])]
         spans.append(a.get("dur", 0))
         intervals.append(b["ts"] - a["ts"])
         counts.append(len(between))
@@ -185,9 +185,8 @@ def idle_gaps(events: list[dict], gpu: list[dict], steps: int, min_gap_us: float
     if not launches:
         return {}  # nothing joins the GPU work to the host: no attribution
     gaps = []
-    ordered = sorted(gpu, key=lambda e: e["ts"])
     end = None
-    for e in ordered:
+    for e in gpu:  # in time order (summarize)
         if end is not None and e["ts"] - end >= min_gap_us:
             launch = launches.get(e.get("args", {}).get("correlation"))
             if launch is None:
