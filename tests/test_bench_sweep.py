@@ -66,37 +66,17 @@ class Engine:
             f.write(gzip.compress(json.dumps({"traceEvents": ev}).encode()))
 '''
 
-SERVER_ARGS = '''
-import dataclasses
 
+def _server_args() -> str:
+    """A ServerArgs with exactly the fields the bench sets on its engines (every arm's, a
+    threshold included): the real worker maps its arguments onto these as onto SGLang's."""
+    from spectool.bench.arms import arms, engine_kwargs
 
-@dataclasses.dataclass
-class ServerArgs:  # the fields the bench sets, as 0.5.12 names them
-    model_path: str = ""
-    load_format: str = ""
-    skip_tokenizer_init: bool = False
-    attention_backend: str = ""
-    sampling_backend: str = ""
-    grammar_backend: str = ""
-    cuda_graph_max_bs: int = 0
-    max_running_requests: int = 0
-    disable_piecewise_cuda_graph: bool = False
-    mem_fraction_static: float = 0.0
-    max_total_tokens: int = 0
-    random_seed: int = 0
-    port: int = 0
-    nccl_port: int = 0
-    enable_metrics: bool = False
-    log_level: str = ""
-    sleep_on_idle: bool = False
-    speculative_algorithm: str = ""
-    speculative_draft_model_path: str = ""
-    speculative_draft_load_format: str = ""
-    speculative_num_steps: int = 0
-    speculative_eagle_topk: int = 0
-    speculative_num_draft_tokens: int = 0
-    speculative_disable_batch_size_threshold: int = 0
-'''
+    fields = set()
+    for arm in arms(threshold=4):
+        fields |= set(engine_kwargs(arm, {"target": "t", "draft": "d"}, max_bs=8, max_total_tokens=1, port=1))
+    return "import dataclasses\n\n\n@dataclasses.dataclass\nclass ServerArgs:\n" + "".join(
+        f"    {name}: object = None\n" for name in sorted(fields))
 
 
 @pytest.fixture
@@ -106,7 +86,7 @@ def stub_engines(tmp_path, monkeypatch):
     (stub / "sglang/srt").mkdir(parents=True)
     (stub / "sglang/__init__.py").write_text(ENGINE)
     (stub / "sglang/srt/__init__.py").write_text("")
-    (stub / "sglang/srt/server_args.py").write_text(SERVER_ARGS)
+    (stub / "sglang/srt/server_args.py").write_text(_server_args())
     args = tmp_path / "engine-args.jsonl"
     repo = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(stub), str(repo)]), STUB_ENGINE_ARGS=str(args),
