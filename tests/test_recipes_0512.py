@@ -195,7 +195,7 @@ def test_acceptance_is_counted_per_phase(patched):
         ("spec", 4, 11), ("fallback", 16, 0), ("spec", 2, 5)]
 
 
-def test_future_map_reads_an_unfiltered_batch_as_views_and_gathers_the_rest(patched):
+def test_future_map_reads_an_unfiltered_batch_as_views_and_gathers_the_rest(patched, monkeypatch):
     """The patched 0.5.12 FutureMap, whole: a decode batch whose future indices are still the
     interval they were stored at gets views of the buffers (no gather kernels); a filtered
     batch (its interval kept, fewer indices) and a merged one (no interval) are gathered as
@@ -205,7 +205,9 @@ def test_future_map_reads_an_unfiltered_batch_as_views_and_gathers_the_rest(patc
     from typing import Optional
 
     path = patched / "sglang/srt/managers/overlap_utils.py"
-    ns = {"torch": torch, "dataclass": dataclasses.dataclass, "Optional": Optional}
+    import os
+
+    ns = {"torch": torch, "dataclass": dataclasses.dataclass, "Optional": Optional, "os": os}
     future_indices = load_function(path, "FutureIndices", ns)
     ns.update(FutureIndices=future_indices, spec_need_hidden_states=lambda: True,
               _resolve_future_token_ids=None)
@@ -248,3 +250,11 @@ def test_future_map_reads_an_unfiltered_batch_as_views_and_gathers_the_rest(patc
         assert torch.equal(getattr(filtered, name), getattr(d1, name)[keep]) and not is_view(getattr(filtered, name), name)
         assert torch.equal(getattr(merged, name), torch.cat([getattr(d1, name), getattr(d2, name)]))
         assert not is_view(getattr(merged, name), name)
+    # SPECTOOL_FUTURE_MAP_VIEWS=0 (a same-run control), read at a map's first resolve.
+    monkeypatch.setenv("SPECTOOL_FUTURE_MAP_VIEWS", "0")
+    fm = future_map(max_running_requests=4, chunked_prefill_size=8, context_len=16, device="cpu",
+                    spec_algo=SimpleNamespace(is_none=lambda: False))
+    fi1, d1 = stored(3)
+    control = resolve(fi1.indices, fi1.interval)
+    for name in fields:
+        assert torch.equal(getattr(control, name), getattr(d1, name)) and not is_view(getattr(control, name), name)

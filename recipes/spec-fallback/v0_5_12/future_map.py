@@ -9,6 +9,8 @@ H200 at C=64 these are five of the 18 kernels a fallback step runs between two f
 plain decoding does not (docs/performance.md, session 16); a speculative step saves them too.
 """
 
+import os
+
 from sglang.srt.speculative.spec_utils import spec_need_hidden_states
 
 
@@ -26,11 +28,17 @@ class FutureMap:
 
         Views are safe where copies were: each stored interval is read by one step, and its
         slots are written again only after the circular buffer comes round (three batches
-        of the largest size at least), later on the same stream."""
+        of the largest size at least), later on the same stream.
+        SPECTOOL_FUTURE_MAP_VIEWS=0 gathers every batch as the release does (a same-run
+        control: `spectool bench --variant A4G=A4:SPECTOOL_FUTURE_MAP_VIEWS=0`)."""
+        views = getattr(self, "_spectool_views", None)
+        if views is None:  # read once per map
+            views = self._spectool_views = os.environ.get("SPECTOOL_FUTURE_MAP_VIEWS", "1") != "0"
         future = draft_input.future_indices
         interval = future.interval
         if (
-            interval is None
+            not views
+            or interval is None
             or not self.buf_initialized
             or future.indices.shape[0] != interval.stop - interval.start
         ):
