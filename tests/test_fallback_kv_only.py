@@ -172,7 +172,8 @@ def _stash_worker(tree, torch, graphs=(8, 16), defer=1, width=6, bufs=None, repl
     worker = SimpleNamespace(_fallback_stats={}, _fallback_kv_only_defer=defer)
     worker._fallback_kv_only_graphs = {
         "graphs": {n: SimpleNamespace(replay=lambda n=n: replay(worker, bufs, n)) for n in graphs},
-        "bufs": bufs, "rows": 0, "steps": 0, "sizes": set(), "dedup_always": pd_decode}
+        "bufs": bufs, "rows": 0, "steps": 0, "sizes": set(), "dedup_always": pd_decode,
+        "pending": {"tokens": [], "positions": [], "loc": []}}
     bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker, "_spec_fallback_kv_only_stash",
                  "_spec_fallback_kv_only_flush", "_spec_fallback_last_write_wins")
     return worker, seen
@@ -663,3 +664,22 @@ def test_zero_draft_inputs_come_from_one_buffer_per_engine(cached, patched_relea
     assert first.hidden_states.shape == (4, H) and not first.hidden_states.any(), "earlier views stay valid"
     ones = worker._spec_fallback_constant("accept_lens", 5, (), torch.int32, 1)
     assert ones.tolist() == [1] * 5 and ones.dtype == torch.int32
+
+
+def test_queued_rows_are_kept_by_reference_and_written_once_per_replay(patched_release):
+    """Tokens, positions and slots of the queued steps are the steps' own tensors until the
+    replay, which concatenates them into the static buffers (hidden states are copied at
+    once: the target graph's next replay overwrites them); a dtype the buffer must cast
+    (tokens as int64 into the int32 buffer) is copied part by part."""
+    torch = pytest.importorskip("torch")
+    tree = patched_release("0.5.12")
+    worker, seen = _stash_worker(tree, torch, graphs=(8, 16), defer=2)
+    tokens, hidden, positions, loc = _step(torch, 0, 3)
+    assert worker._spec_fallback_kv_only_stash(tokens.to(torch.int64), hidden, positions, loc) and not seen
+    captured = worker._fallback_kv_only_graphs
+    assert captured["pending"]["loc"][0] is loc and (captured["bufs"]["hidden"][:3] == 0).all()
+    assert captured["bufs"]["loc"][:3].tolist() == [9, 9, 9], "the slots wait for the replay"
+    worker._spec_fallback_kv_only_stash(*_step(torch, 3, 3))
+    (size, b), = seen
+    assert b["tokens"].tolist() == [0, 1, 2, 3, 4, 5, 0, 0] and b["loc"].tolist()[:6] == list(range(1000, 1006))
+    assert not any(captured["pending"].values()), "the queue starts empty again"

@@ -42,7 +42,7 @@ def test_apply_noop_revert(sglang_release):
         "spec-disable-threshold": "applied", "spec-fallback": "applied", "sm120": "applied"}
     changed = {k for k, v in _hashes(tree).items() if before[k] != v}
     assert changed == {ARGS, WORKER, "sglang/srt/speculative/standalone_worker_v2.py",
-                       "sglang/srt/layers/deep_gemm_wrapper/configurer.py"}
+                       "sglang/srt/managers/overlap_utils.py", "sglang/srt/layers/deep_gemm_wrapper/configurer.py"}
     for rel in changed:
         compile((tree / rel).read_bytes(), rel, "exec")
     again = api.apply(tree)
@@ -193,3 +193,68 @@ def test_acceptance_is_counted_per_phase(patched):
     ph = w._fallback_stats["phases"]
     assert [(p["mode"], p["reqs"], p["correct_drafts"]) for p in ph] == [
         ("spec", 4, 11), ("fallback", 16, 0), ("spec", 2, 5)]
+
+
+def test_future_map_reads_an_unfiltered_batch_as_views_and_gathers_the_rest(patched, monkeypatch):
+    """The patched 0.5.12 FutureMap, whole: a decode batch whose future indices are still the
+    interval they were stored at gets views of the buffers (no gather kernels); a filtered
+    batch (its interval kept, fewer indices) and a merged one (no interval) are gathered as
+    the release does. Values equal the stored rows in every case."""
+    torch = pytest.importorskip("torch")
+    import dataclasses
+    from typing import Optional
+
+    path = patched / "sglang/srt/managers/overlap_utils.py"
+    import os
+
+    ns = {"torch": torch, "dataclass": dataclasses.dataclass, "Optional": Optional, "os": os}
+    future_indices = load_function(path, "FutureIndices", ns)
+    ns.update(FutureIndices=future_indices, spec_need_hidden_states=lambda: True,
+              _resolve_future_token_ids=None)
+    future_map = load_function(path, "FutureMap", ns)
+    fm = future_map(max_running_requests=4, chunked_prefill_size=8, context_len=16, device="cpu",
+                    spec_algo=SimpleNamespace(is_none=lambda: False))
+    torch.manual_seed(0)
+
+    def stored(bs):
+        draft = SimpleNamespace(topk_p=torch.rand(bs, 1), topk_index=torch.randint(0, 99, (bs, 1)),
+                                bonus_tokens=torch.randint(0, 99, (bs,), dtype=torch.int32),
+                                new_seq_lens=torch.randint(1, 99, (bs,)), hidden_states=torch.randn(bs, 6))
+        fi = fm.alloc_future_indices(bs)
+        fm.store_to_map_for_new_batch(fi, draft)
+        return fi, draft
+
+    (fi1, d1), (fi2, d2) = stored(3), stored(2)
+    fields = ("topk_p", "topk_index", "bonus_tokens", "new_seq_lens", "hidden_states")
+
+    class CpuIndices(torch.Tensor):  # the gather path records the indices on a CUDA stream
+        def record_stream(self, stream):
+            pass
+
+    def resolve(indices, interval):
+        got = SimpleNamespace(future_indices=future_indices(indices=indices.as_subclass(CpuIndices), interval=interval))
+        fm.resolve_future(SimpleNamespace(spec_info=got))
+        return got
+
+    def is_view(t, name):
+        buf = getattr(fm, f"{name}_buf")
+        return t.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+
+    whole = resolve(fi1.indices, fi1.interval)
+    for name in fields:
+        assert torch.equal(getattr(whole, name), getattr(d1, name)) and is_view(getattr(whole, name), name), name
+    keep = torch.tensor([0, 2])
+    filtered = resolve(fi1.indices[keep], fi1.interval)  # what filter_batch leaves
+    merged = resolve(torch.cat([fi1.indices, fi2.indices]), None)  # what merge_batch leaves
+    for name in fields:
+        assert torch.equal(getattr(filtered, name), getattr(d1, name)[keep]) and not is_view(getattr(filtered, name), name)
+        assert torch.equal(getattr(merged, name), torch.cat([getattr(d1, name), getattr(d2, name)]))
+        assert not is_view(getattr(merged, name), name)
+    # SPECTOOL_FUTURE_MAP_VIEWS=0 (a same-run control), read at a map's first resolve.
+    monkeypatch.setenv("SPECTOOL_FUTURE_MAP_VIEWS", "0")
+    fm = future_map(max_running_requests=4, chunked_prefill_size=8, context_len=16, device="cpu",
+                    spec_algo=SimpleNamespace(is_none=lambda: False))
+    fi1, d1 = stored(3)
+    control = resolve(fi1.indices, fi1.interval)
+    for name in fields:
+        assert torch.equal(getattr(control, name), getattr(d1, name)) and not is_view(getattr(control, name), name)

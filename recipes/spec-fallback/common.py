@@ -194,7 +194,7 @@ class EAGLEWorkerV2:
             json.dump(self._fallback_stats, f)
         os.replace(tmp, path)
 
-    def _spec_fallback_target_decode(self, batch, input_ids):
+    def _spec_fallback_target_decode(self, batch, input_ids, new_seq_lens=None):
         """One plain DECODE step of the target over `input_ids` (one token per request), on
         the fallback's own attention backend and decode graph; the spec path's TARGET_VERIFY
         graph is swapped out for the call, never replayed with wrong shapes.
@@ -202,7 +202,8 @@ class EAGLEWorkerV2:
         The token's KV goes to req_to_token[req, seq_len], inside the v2 per-request
         over-allocation, exactly where verify would put its first token. Afterwards the batch
         holds its pre-step lengths again and out_cache_loc = those slots, which is what the
-        draft extend over the same tokens needs."""
+        draft extend over the same tokens needs. `new_seq_lens`: the lengths + 1 if the
+        caller has them already (one kernel fewer)."""
         batch.seq_lens.record_stream(
             torch.get_device_module(self.device).current_stream()
         )
@@ -210,7 +211,7 @@ class EAGLEWorkerV2:
             batch.req_pool_indices, batch.seq_lens
         ].to(torch.int64)
         batch.out_cache_loc = out_cache_loc
-        pre_step = self._spec_fallback_as_decode(batch, input_ids)
+        pre_step = self._spec_fallback_as_decode(batch, input_ids, new_seq_lens)
         mr = self._target_worker.model_runner
         saved = (mr.attn_backend, mr.graph_runner)
         mr.attn_backend = self._fallback_attn_backend
@@ -223,15 +224,17 @@ class EAGLEWorkerV2:
         batch.out_cache_loc = out_cache_loc
         return target_out
 
-    def _spec_fallback_as_decode(self, batch, input_ids):
+    def _spec_fallback_as_decode(self, batch, input_ids, new_seq_lens=None):
         """Make the batch a plain one-token DECODE batch over `input_ids`: lengths + 1, no
         spec_info, and the hidden-state capture EAGLE-3's draft needs (none for STANDALONE).
         Returns the pre-step (seq_lens, seq_lens_cpu, seq_lens_sum) for the caller to put
-        back; out_cache_loc is the caller's."""
+        back; out_cache_loc is the caller's. `new_seq_lens` (the lengths + 1, already made by
+        the caller for the next draft input) becomes the batch's lengths for the step: nothing
+        writes a batch's lengths in place in overlap mode."""
         pre_step = (batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum)
         bs = len(batch.seq_lens)
         batch.input_ids = input_ids.to(torch.int64)
-        batch.seq_lens = pre_step[0] + 1
+        batch.seq_lens = pre_step[0] + 1 if new_seq_lens is None else new_seq_lens
         batch.seq_lens_cpu = pre_step[1] + 1
         batch.seq_lens_sum = pre_step[2] + bs
         batch.forward_mode = ForwardMode.DECODE

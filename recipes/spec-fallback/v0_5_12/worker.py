@@ -269,7 +269,8 @@ class EAGLEWorkerV2:
             # without a prefill step, so a slot can repeat in a queue of one batch size:
             # there every queue of two or more steps is deduplicated.
             return {"graphs": dict(sorted(graphs.items())), "bufs": bufs, "rows": 0, "steps": 0,
-                    "sizes": set(), "dedup_always": pd_decode}
+                    "sizes": set(), "dedup_always": pd_decode,
+                    "pending": {"tokens": [], "positions": [], "loc": []}}
 
         self._fallback_kv_only_graphs = self._spec_fallback_capture(
             "the KV-only draft sync's CUDA graphs", "the KV-only sync will run eagerly", capture
@@ -290,7 +291,9 @@ class EAGLEWorkerV2:
         verify_done = torch.get_device_module(device).Event()
         if self._fallback_early_plan:
             verify_done.record()
-        target_out = self._spec_fallback_target_decode(batch, batch.spec_info.bonus_tokens)
+        target_out = self._spec_fallback_target_decode(
+            batch, batch.spec_info.bonus_tokens, new_seq_lens
+        )
         if not self._fallback_early_plan:
             verify_done.record()
         logits_output = target_out.logits_output
@@ -431,8 +434,9 @@ class EAGLEWorkerV2:
         )
 
     def _spec_fallback_kv_only_stash(self, tokens, hidden_states, positions, out_cache_loc):
-        """Queue one KV-only step's rows in the graphs' static buffers, after the rows of the
-        steps before it; False if no captured graph can take them (no graphs, a batch larger
+        """Queue one KV-only step's rows for the graphs' static buffers, after the rows of the
+        steps before it (hidden states copied in now, tokens, positions and slots kept until
+        the replay); False if no captured graph can take them (no graphs, a batch larger
         than the largest, hidden states of another width).
 
         Up to SPECTOOL_FALLBACK_KV_ONLY_DEFER steps (default 4; 1 writes every step in its
@@ -457,10 +461,14 @@ class EAGLEWorkerV2:
             self._spec_fallback_kv_only_flush("full")
         bufs, start = captured["bufs"], captured["rows"]
         end = start + bs
-        bufs["tokens"][start:end].copy_(tokens)
+        # The hidden states live in the target graph's output, which its next replay
+        # overwrites: copied now. Tokens, positions and slots are this step's own tensors,
+        # which nothing writes again: kept, and concatenated into the buffers once per replay.
         bufs["hidden"][start:end].copy_(hidden_states)
-        bufs["positions"][start:end].copy_(positions)
-        bufs["loc"][start:end].copy_(out_cache_loc)
+        pending = captured["pending"]
+        pending["tokens"].append(tokens)
+        pending["positions"].append(positions)
+        pending["loc"].append(out_cache_loc)
         captured["rows"], captured["steps"] = end, captured["steps"] + 1
         captured["sizes"].add(bs)
         # Written now rather than at the next step when the next step of this size could
@@ -495,6 +503,16 @@ class EAGLEWorkerV2:
             return
         rows, bufs = captured["rows"], captured["bufs"]
         size = next(s for s in captured["graphs"] if s >= rows)
+        for name, parts in captured["pending"].items():
+            out = bufs[name][:rows]
+            if len(parts) > 1 and all(p.dtype == out.dtype for p in parts):
+                torch.cat(parts, out=out)
+            else:  # one step, or a dtype the buffer casts
+                start = 0
+                for part in parts:
+                    out[start : start + len(part)].copy_(part)
+                    start += len(part)
+            parts.clear()
         stats = self._fallback_stats
         if captured["steps"] > 1 and (len(captured["sizes"]) > 1 or captured["dedup_always"]):
             self._spec_fallback_last_write_wins(bufs["loc"][:rows])
