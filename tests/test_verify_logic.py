@@ -251,8 +251,9 @@ def test_golden_files_speak_only_for_their_model(tmp_path):
 
 def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, reparse_verify):
     """The scenarios that claim the KV-only draft paths (and those that claim the sync stays
-    off) are checked against the recipe's counters. The runs on 54df3f6 (session 14, the final
-    recipes: the T=4 KV-only engine writes four steps per graph replay), ea9ea95 (session 13),
+    off) are checked against the recipe's counters. The runs on 70485dd (session 17, the final
+    recipes), ee9a8cf (16), 1f22c7e (15), 54df3f6 (session 14: the T=4 KV-only engine writes
+    four steps per graph replay), ea9ea95 (session 13),
     fdfb10d (session 10), 25f148c (session 9), f79ebae (session 8) and d7cba07 (KV-only prefill
     counted, on by default in all six) pass every claim. The earlier runs, re-evaluated, fail exactly what they lacked:
     no KV-only prefill before d7cba07 (0574c06, 80f522d); the sync not yet replayed from graphs (85503b5); the sync still opt-in (609b3ff, which fails
@@ -261,7 +262,7 @@ def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, rep
 
     root = Path(__file__).resolve().parent.parent
     failed = {}
-    runs = (".", "session14-54df3f6", "session13-ea9ea95", "session10-fdfb10d", "session9-25f148c", "session8-f79ebae", "session7-d7cba07", "session7-0574c06", "session6-80f522d", "session5-85503b5", "session5-609b3ff")
+    runs = (".", "session16-ee9a8cf", "session15-1f22c7e", "session14-54df3f6", "session13-ea9ea95", "session10-fdfb10d", "session9-25f148c", "session8-f79ebae", "session7-d7cba07", "session7-0574c06", "session6-80f522d", "session5-85503b5", "session5-609b3ff")
     reports = {}
     for run in runs:
         reports[run] = reparse_verify(root / "results/verify-0.5.12" / run, tmp_path / run.replace(".", "latest"))
@@ -283,7 +284,7 @@ def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, rep
     # session 10's run (fdfb10d) has 0 there with every token and step count unchanged.
     session9 = {r["scenario"]: r["kv_only_prefills"] for r in reports["session9-25f148c"]["scenarios"]}
     assert session9["eagle3 transition down"] == 1 and prefills["eagle3 transition down"] in (0, 1)
-    for run in (".", "session14-54df3f6", "session13-ea9ea95", "session10-fdfb10d", "session9-25f148c", "session8-f79ebae",
+    for run in (".", "session16-ee9a8cf", "session15-1f22c7e", "session14-54df3f6", "session13-ea9ea95", "session10-fdfb10d", "session9-25f148c", "session8-f79ebae",
                 "session7-d7cba07"):
         assert failed[run] == {}, run
     # Session 9 added the patch without the flag (the engine that crashed on its first prefill
@@ -366,7 +367,8 @@ def test_the_kv_only_sync_replays_its_graphs_at_tp2(tmp_path, reparse_verify):
 
 
 def test_deferred_kv_only_writes_ran_token_exact_on_the_h200(tmp_path, reparse_verify):
-    """Session 16's runs of the final tree (ee9a8cf) at TP=1 and TP=2: every scenario
+    """Session 17's runs of the final tree (70485dd) at TP=1 and TP=2, and session 16's of
+    ee9a8cf before the FutureMap views and the queue kept by reference: every scenario
     token-exact and passing; the KV-only engine wrote its 168 KV-only steps in far fewer
     replays (4 steps per replay by default), counted by cause, two of them the queue written
     before a speculative step's draft (the switch back to speculation, tokens exact), and
@@ -379,8 +381,11 @@ def test_deferred_kv_only_writes_ran_token_exact_on_the_h200(tmp_path, reparse_v
     def engine_stats(run, engine):  # the fallback's counters as the engine left them
         return json.loads(reparse_verify.engine_files(run)[f"{engine}.stats.json"])
 
-    for run, tp in ((root / "verify-0.5.12", 1), (root / "verify-0.5.12-tp2/session16-ee9a8cf", 2)):
-        new = reparse_verify(run, tmp_path / f"tp{tp}")
+    runs = (("verify-0.5.12", 1), ("verify-0.5.12-tp2/session17-70485dd", 2),
+            ("verify-0.5.12/session16-ee9a8cf", 1), ("verify-0.5.12-tp2/session16-ee9a8cf", 2))
+    for name, tp in runs:
+        run = root / name
+        new = reparse_verify(run, tmp_path / name.replace("/", "-"))
         assert new["tp_size"] == tp and new["ok"] and len(new["scenarios"]) == 19
         assert all(r["ok"] and r["equal"] == r["requests"] > 0 for r in new["scenarios"]), tp
         deferred, single = engine_stats(run, "eagle3-t4-kv-only"), engine_stats(run, "eagle3-t0")
