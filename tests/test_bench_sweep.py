@@ -24,6 +24,7 @@ class Engine:
         with open(os.environ["STUB_ENGINE_ARGS"], "a") as f:
             f.write(json.dumps(kw) + "\\n")
         self.per_token = 0.0002 if kw.get("speculative_algorithm") else 0.0003
+        self.spec, self.profiles = bool(kw.get("speculative_algorithm")), 0
 
     async def async_generate(self, input_ids, sampling_params, stream=False):
         n = sampling_params["max_new_tokens"]
@@ -50,6 +51,11 @@ class Engine:
         """A trace as SGLang's profiler leaves it: decode steps annotated on the GPU, one
         launch per kernel, the forward 5 ms and 3 kernels between two of them."""
         import gzip
+        import sys
+        self.profiles += 1
+        if self.spec and self.profiles == int(os.environ.get("STUB_SPEC_OOM_AT_PROFILE", 0)):
+            print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 224.00 MiB.", file=sys.stderr)
+            os._exit(1)  # as the real engine's scheduler dies: no result, the process gone
         ev, t = [], 0.0
         for step in range(num_steps):
             ev.append({"ph": "X", "cat": "gpu_user_annotation", "name": "step[DECODE bs=8]", "ts": t, "dur": 5000})
@@ -89,9 +95,9 @@ def stub_engines(tmp_path, monkeypatch):
     (stub / "sglang/srt/server_args.py").write_text(_server_args())
     args = tmp_path / "engine-args.jsonl"
     repo = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(stub), str(repo)]), STUB_ENGINE_ARGS=str(args),
-               PYTHONUNBUFFERED="1")
-    monkeypatch.setattr(sweep, "_environment", lambda sglang_dir, acc_len: ("0.5.12", env))
+    env = dict(PYTHONPATH=os.pathsep.join([str(stub), str(repo)]), STUB_ENGINE_ARGS=str(args), PYTHONUNBUFFERED="1")
+    # The environment as the sweep starts its engines (a test's own settings included).
+    monkeypatch.setattr(sweep, "_environment", lambda sglang_dir, acc_len: ("0.5.12", {**os.environ, **env}))
     monkeypatch.setattr("spectool.verify.runner.gpu_info", lambda command="verify": ("sm90", "stand-in GPU"))
     return args
 
@@ -135,3 +141,36 @@ def test_a_profile_reduces_each_trace_and_keeps_an_excerpt(tmp_path, stub_engine
     assert cut and not [e for e in cut if e.get("ph") == "s"]
     md = (out / "profile.md").read_text()
     assert "A2 against A0 at C=8 (wave 2)" in md and "Decode steps taken apart on the GPU" in md
+
+
+def test_an_engine_that_dies_mid_profile_is_named_with_its_error_and_the_traces_before_are_kept(
+        tmp_path, stub_engines, monkeypatch):
+    """Session 17's profile on the H200 ran a third arm's engine out of GPU memory at its last
+    C (three engines with KV pools for 256 requests of 1152 tokens on one GPU), after seven
+    minutes: it said only "bench engine exited with -9 during profile", and profile.md was
+    never written. Now the error names the arm, the C, the log's error and what to change,
+    and profile.json / profile.md hold every trace reduced before it."""
+    from spectool.errors import BadInputError
+
+    monkeypatch.setenv("STUB_SPEC_OOM_AT_PROFILE", "2")
+    out = tmp_path / "profile"
+    with pytest.raises(BadInputError) as err:
+        sweep.profile(out, threshold=4, concurrencies=[8, 8], arm_names=["A0", "A2"], steps=10, out_len=8,
+                      prompt_len=4, port_base=27700)
+    msg = str(err.value)
+    assert "bench arm A2's engine exited with 1 during profile at C=8" in msg
+    assert "torch.OutOfMemoryError: CUDA out of memory" in msg and "fewer arms at once" in msg
+    assert str(out / "A2.log") in msg
+    kept = json.loads((out / "profile.json").read_text())["rows"]
+    assert set(kept) == {"A0@8", "A2@8", "A0@8#2"}
+    assert "A2 against A0 at C=8" in (out / "profile.md").read_text()
+
+
+def test_the_h200_engine_death_is_read_from_its_real_log():
+    """The engine log session 17's profile left (results/profile-0.5.12-s17/A4G.log): the
+    reason is its last error line, among SGLang's import warnings and the traceback."""
+    log = Path(__file__).resolve().parents[1] / "results/profile-0.5.12-s17/A4G.log"
+    msg = sweep.engine_failure("A4G", -9, "profile at C=256", log)
+    assert msg.startswith("bench arm A4G's engine exited with -9 during profile at C=256: torch.OutOfMemoryError: "
+                          "CUDA out of memory. Tried to allocate 224.00 MiB.")
+    assert "fewer arms at once" in msg and "\n" not in msg

@@ -9,6 +9,7 @@ import contextlib
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -139,12 +140,12 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
                     if stopped:
                         break
                     if step is None:  # A2 and its variants (and any control), each on its own engine
-                        trans = {a.name: _transition(procs[a.name], out, prompt_len, out_len)
+                        trans = {a.name: _transition(procs[a.name], a.name, out, prompt_len, out_len)
                                  for a in wave if a.runs_transition(transition_arms)}
                         tpath.write_text(json.dumps(trans, indent=1))
                         continue
                     rep, C, arm = step
-                    res = _command(procs[arm], out, {"kind": "point", "C": C, "n": _requests_for(C, load), "prompt_len": prompt_len,
+                    res = _command(procs[arm], arm, out, {"kind": "point", "C": C, "n": _requests_for(C, load), "prompt_len": prompt_len,
                                                       "out_len": out_len, "seed": 1000 * rep + C,
                                                       "stagger": load == "staggered"})
                     cell = {"arm": arm, "C": C, "rep": rep, "acc_len": acc_len, **res,
@@ -228,18 +229,18 @@ def plan_waves(arm_list, max_engines: int = MAX_ENGINES) -> list[list]:
     return [ordered[i:i + max_engines] for i in range(0, len(ordered), max_engines)]
 
 
-def _transition(proc, out: Path, prompt_len: int, out_len: int) -> dict:
+def _transition(proc, arm: str, out: Path, prompt_len: int, out_len: int) -> dict:
     """The alternating schedule on one engine, bracketed by standalone runs of each distinct
     phase (same C and n) before and after it: the steady-state reference is their mean.
     Every run has prompts of its own (seeds), so none finds another's in the radix cache."""
 
     def references(seed):
-        return {str(ph["C"]): _command(proc, out, {"kind": "point", "C": ph["C"], "n": ph["n"], "prompt_len": prompt_len,
+        return {str(ph["C"]): _command(proc, arm, out, {"kind": "point", "C": ph["C"], "n": ph["n"], "prompt_len": prompt_len,
                                                    "out_len": out_len, "seed": seed + ph["C"]})
                 for ph in (LOW, HIGH)}
 
     before = references(1077)
-    res = _command(proc, out, {"kind": "phases", "schedule": TRANSITION, "prompt_len": prompt_len, "out_len": out_len, "seed": 77})
+    res = _command(proc, arm, out, {"kind": "phases", "schedule": TRANSITION, "prompt_len": prompt_len, "out_len": out_len, "seed": 77})
     after = references(2077)
     # The references' whole records (TTFT, TPOT, window): the steady state and its runs are
     # read from them (_reference), and a phase that reads slow can be told apart as slower
@@ -374,7 +375,7 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
             for arm in arm_list:
                 tdir = out / "traces" / f"{arm.name}-C{tag}"
                 n = _profile_requests(C, load, steps, out_len)
-                res = _command(procs[arm.name], out, {"kind": "profile", "C": C, "n": n, "prompt_len": prompt_len,
+                res = _command(procs[arm.name], arm.name, out, {"kind": "profile", "C": C, "n": n, "prompt_len": prompt_len,
                                                        "out_len": out_len, "seed": C + 1000 * k, "steps": steps,
                                                        "dir": str(tdir), "stagger": load == "staggered"})
                 traces = sorted(tdir.glob("*TP-0*.trace.json*")) or sorted(tdir.glob("*.trace.json*"))
@@ -387,13 +388,14 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
                 summary["output_tok_s"] = res.get("output_tok_s")
                 rows[(arm.name, C, k)] = summary
                 raw[f"{arm.name}@{tag}"] = summary
+                # Written after every trace: an engine that dies later leaves what was measured.
+                (out / "profile.json").write_text(json.dumps(
+                    {"sglang_version": version, "threshold": threshold, "steps": steps, "load": load,
+                     "out_len": out_len, **({"tp": tp} if tp > 1 else {}), "rows": raw}, indent=1))
+                (out / "profile.md").write_text(prof.markdown(rows))
                 if console:
                     console.print(f"profiled {arm.name} at C={tag}: {summary.get('step_ms', 0):.2f} ms/step, "
                                   f"GPU busy {summary.get('gpu_busy_ms', 0):.2f} ms")
-    (out / "profile.json").write_text(json.dumps({"sglang_version": version, "threshold": threshold, "steps": steps,
-                                                  "load": load, "out_len": out_len,
-                                                  **({"tp": tp} if tp > 1 else {}), "rows": raw}, indent=1))
-    (out / "profile.md").write_text(prof.markdown(rows))
     return raw
 
 
@@ -421,21 +423,40 @@ def _wait_ready(procs, out, timeout):
             return
         for a in missing:
             if procs[a].poll() is not None:
-                tail = "\n".join((out / f"{a}.log").read_text(errors="replace").splitlines()[-30:])
-                raise BadInputError(f"bench arm {a} failed to start (exit {procs[a].returncode}):\n{tail}")
+                raise BadInputError(engine_failure(a, procs[a].returncode, "its start", out / f"{a}.log"))
         if time.time() - t0 > timeout:
             raise BadInputError(f"bench arms {missing} did not start within {timeout} s")
         time.sleep(2)
 
 
-def _command(proc, out, cmd):
+def engine_failure(arm: str, returncode: int, during: str, log: Path) -> str:
+    """Why an arm's engine died, in one paragraph: the error its log ends with (the exit code
+    alone, -9 or 1, says nothing), and for CUDA out-of-memory what to change: every arm's
+    engine shares the GPU and holds a KV pool sized for the largest C's whole requests."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    errors = [ln.strip() for ln in lines if re.match(r"^\s*[\w.]*(Error|Exception)\b.*:", ln)]
+    msg = f"bench arm {arm}'s engine exited with {returncode} during {during}"
+    if errors:
+        msg += f": {errors[-1][:400]}"
+    msg += f". Its log: {log}."
+    if any("out of memory" in e.lower() for e in errors):
+        msg += (" The arms' engines share the GPU, each with a KV pool for every request of the largest C at its "
+                "full length: run fewer arms at once (--arms, --max-engines), a smaller largest C, or shorter "
+                "requests (--out-len).")
+    elif not errors:
+        msg += " Its last lines:\n" + "\n".join(lines[-30:])
+    return msg
+
+
+def _command(proc, arm: str, out, cmd):
     rp = out / f"result-{time.time_ns()}.json"
     cmd["result_path"] = str(rp)
     proc.stdin.write(json.dumps(cmd) + "\n")
     proc.stdin.flush()
     while not rp.exists():
         if proc.poll() is not None:
-            raise BadInputError(f"bench engine exited with {proc.returncode} during {cmd['kind']}")
+            during = cmd["kind"] + (f" at C={cmd['C']}" if "C" in cmd else "")
+            raise BadInputError(engine_failure(arm, proc.returncode, during, out / f"{arm}.log"))
         time.sleep(0.05)
     res = json.loads(rp.read_text())
     rp.unlink()
