@@ -220,6 +220,21 @@ def test_an_arm_without_its_fallback_graphs_is_not_timed():
     assert degraded_engine("A0", "Capturing batches (bs=256)\nready\n") is None
 
 
+def test_an_arm_whose_kv_pool_sglang_shrank_is_not_timed():
+    """Session 17's profile on the H200: the third engine on the GPU asked for a pool of
+    303 104 tokens, got 34 038 and ran its waves at 30 requests instead of 64 (its real log).
+    The other two engines of that run got what they asked for."""
+    from pathlib import Path
+
+    from spectool.bench.sweep import degraded_engine
+
+    run = Path(__file__).resolve().parents[1] / "results/profile-0.5.12-s17"
+    msg = degraded_engine("A4G", (run / "A4G.log").read_text(errors="replace"))
+    assert msg.startswith("bench arm A4G's engine got a KV pool of 34,038 tokens, not the 303,104")
+    assert "--max-engines" in msg and "--out-len" in msg
+    assert all(degraded_engine(a, (run / f"{a}.log").read_text(errors="replace")) is None for a in ("A0", "A4"))
+
+
 def test_plan_resumes_and_places_the_transition_after_the_first_repetition():
     from spectool.bench.sweep import plan_steps, select_arms
 

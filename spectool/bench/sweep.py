@@ -405,13 +405,22 @@ def _rotated(arm_list, rep):
 
 
 def degraded_engine(arm: str, log: str) -> str | None:
-    """The fallback keeps serving when its CUDA graphs cannot be captured (eagerly: correct
-    but slower). A benchmark must not time that by accident: the reason, or None."""
+    """An engine that started but not as the bench asked, so that its timings would not be
+    comparable: the reason, or None. Both cases are SGLang or the fallback making do with
+    too little GPU memory, quietly: the fallback serves eagerly when its CUDA graphs cannot
+    be captured, and SGLang shrinks a KV pool that does not fit (on the H200, a third engine
+    with a pool for 256 requests of 1152 tokens got 34 038 tokens and ran its waves at 30
+    requests, retracting: results/profile-0.5.12-s17/A4G.log)."""
+    fix = "Free GPU memory (fewer arms at once: --arms, --max-engines; or shorter requests: --out-len) and run again."
     for line in log.splitlines():
         if "spec-fallback: could not capture" in line:
             return (f"bench arm {arm} started without its fallback CUDA graphs, so its timings would not be "
-                    f"the fallback's: {line.split('spec-fallback: ', 1)[1][:300]} Free GPU memory (fewer arms at "
-                    "once: --max-engines) and run again.")
+                    f"the fallback's: {line.split('spec-fallback: ', 1)[1][:300]} {fix}")
+        shrunk = re.search(r"max_total_tokens=(\d+) is larger than the profiled value (\d+)", line)
+        if shrunk:
+            return (f"bench arm {arm}'s engine got a KV pool of {int(shrunk[2]):,} tokens, not the {int(shrunk[1]):,} "
+                    "the bench sizes every arm's for (every request of the largest C at full length), so it would "
+                    f"run smaller batches than the other arms. {fix}")
     return None
 
 
