@@ -129,7 +129,7 @@ def test_transition_reference_brackets_the_schedule(tmp_path, monkeypatch):
 
     sent = []
 
-    def command(proc, out, cmd):
+    def command(proc, arm, out, cmd):
         sent.append(cmd)
         if cmd["kind"] == "phases":
             return {"phases": [{"C": ph["C"], "output_tok_s": 900.0, "ttft_ms": 40.0, "tpot_ms": 2.6,
@@ -138,7 +138,7 @@ def test_transition_reference_brackets_the_schedule(tmp_path, monkeypatch):
                 "tpot_ms": 2.5, "host_busy_cpus": 3.0 if len(sent) < 4 else 4.0}
 
     monkeypatch.setattr(sweep, "_command", command)
-    res = sweep._transition(None, tmp_path, 128, 128)
+    res = sweep._transition(None, "A2", tmp_path, 128, 128)
     assert [c["kind"] for c in sent] == ["point", "point", "phases", "point", "point"]
     assert [c["C"] for c in sent if c["kind"] == "point"] == [4, 192, 4, 192]
     assert all(c["n"] == {4: 128, 192: 384}[c["C"]] for c in sent if c["kind"] == "point")

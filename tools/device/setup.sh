@@ -13,3 +13,7 @@ if [ ! -f "$SITE/.spectool-wheels" ]; then
   touch "$SITE/.spectool-wheels"
 fi
 export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1
+# The sha256 of the recipes, golden and spectool files this call runs, as they are on disk
+# (the device's git index can be another commit's): committed beside each result.
+find recipes golden spectool -type f ! -name '*.safetensors' ! -name '*.pyc' | sort | xargs sha256sum > "$OUT/.tree-sha256.$$"
+mv "$OUT/.tree-sha256.$$" "$OUT/tree-sha256.txt"
