@@ -446,7 +446,7 @@ def engine_failure(arm: str, returncode: int, during: str, log: Path) -> str:
     errors = [ln.strip() for ln in lines if re.match(r"^\s*[\w.]*(Error|Exception)\b.*:", ln)]
     msg = f"bench arm {arm}'s engine exited with {returncode} during {during}"
     if errors:
-        msg += f": {errors[-1][:400]}"
+        msg += f": {errors[-1][:400].rstrip('.')}"
     msg += f". Its log: {log}."
     if any("out of memory" in e.lower() for e in errors):
         msg += (" The arms' engines share the GPU, each with a KV pool for every request of the largest C at its "
