@@ -613,3 +613,31 @@ def test_per_run_ratios_count_each_fresh_engine_set_as_a_run():
     assert sorted(per["runs"]) == ["rep0", "rep1", "rep2"] and round(per["median"], 3) == 0.98
     merged = cells + [{**c, "source": "other"} for c in cells]
     assert len(analyze.per_run_ratios(merged, [64])[64]["A4/A0"]["runs"]) == 6
+
+
+def test_the_sign_test_says_when_a_median_run_clears_its_goal_beyond_noise():
+    """3 of 4 runs over the bar is a median run over it by chance one time in three; 7 of 8
+    or 5 of 5 is not chance at the 5% level. Ratios without a goal (A2/A0) carry none."""
+    assert analyze.sign_test_above([0.970, 0.986, 0.986, 0.983], 0.98) == (3, 4, 5 / 16)
+    assert analyze.sign_test_above([0.99] * 7 + [0.97], 0.98)[2] == 9 / 256
+    assert analyze.sign_test_above([0.981] * 5, 0.98) == (5, 5, 1 / 32)
+    cells = [{"arm": arm, "C": 64, "rep": 0, "output_tok_s": v, "source": src}
+             for src, a4 in (("r1", 9850), ("r2", 9700)) for arm, v in (("A0", 10000), ("A2", 9900), ("A4", a4))]
+    per = analyze.per_run_ratios(cells, [64])[64]
+    assert per["A4/A0"]["at_or_above"] == 1 and per["A4/A0"]["p_above"] == 0.75 and "goal" not in per["A2/A0"]
+    md = analyze.per_run_markdown({64: per}, [64])
+    assert "| 64 | A4/A0 | 0.978 | 0.970-0.985 | 2 | 0.98 | 1 of 2 | 0.750 |" in md
+    assert "| 64 | A2/A0 | 0.990 | 0.990-0.990 | 2 | - | - | - |" in md
+
+
+def test_the_final_trees_runs_clear_c64_by_their_median_but_not_beyond_noise(tmp_path):
+    """Session 17's four runs of 70485dd, merged: A4/A0 at C=64 has its median run at 0.984
+    with 3 of 4 runs within 2% (p = 0.31: not beyond run-to-run noise); at C=256 all four
+    are (p = 0.0625: one run short of the 5% level)."""
+    from spectool.bench.sweep import merge
+
+    runs = [RESULTS.parent / f"bench-0.5.12-{n}" for n in ("s17-g0", "s17-g1", "s17b-g0", "s17b-g1")]
+    per = merge(tmp_path / "pooled", runs, 3.0)["per_run_ratios"]
+    c64, c256 = per["64"]["A4/A0"], per["256"]["A4/A0"]
+    assert round(c64["median"], 3) == 0.984 and (c64["at_or_above"], c64["p_above"]) == (3, 0.3125)
+    assert round(c256["median"], 3) == 0.989 and (c256["at_or_above"], c256["p_above"]) == (4, 0.0625)
