@@ -23,8 +23,10 @@ class FutureMap:
     def _spectool_resolve_by_slices(self, draft_input):
         """Point the draft input at its slots when they are the interval it was stored at:
         views, no kernels. A batch filtered since keeps its interval but fewer indices, and a
-        merged batch has none: both are gathered as before. (Filtering keeps the surviving
-        requests in order, so indices as many as the interval are the interval.)
+        merged batch has none: both are gathered as before. (ScheduleBatch.filter_batch does
+        nothing when every request is kept, and a filter that keeps fewer, in order or, as
+        retract_decode's, reordered, leaves fewer indices than the interval: indices as many
+        as the interval are the interval, in its order.)
 
         Views are safe where copies were: each stored interval is read by one step, and its
         slots are written again only after the circular buffer comes round (three batches
