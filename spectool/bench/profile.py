@@ -47,10 +47,26 @@ def _short(name: str, n: int = 70) -> str:
     return name if len(name) <= n else name[: n - 3] + "..."
 
 
+def _gpu_events(events: list[dict]) -> list[dict]:
+    """The trace's GPU work (kernels, copies, memsets), in time order."""
+    return sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATS), key=lambda e: e["ts"])
+
+
+def _largest_differences(a: dict, b: dict, value=lambda v: v, missing=0, top: int | None = None,
+                         at_least: float = 0.0) -> list[str]:
+    """The keys of `a` and `b` (one arm's figures against another's) by how much their values
+    differ, the largest first and ties in name order (reproducible tables); a key one side
+    lacks counts as `missing` there."""
+    def diff(k):
+        return abs(value(b.get(k, missing)) - value(a.get(k, missing)))
+    names = sorted(set(a) | set(b), key=lambda k: (-diff(k), k))
+    return [k for k in names if diff(k) >= at_least][:top]
+
+
 def summarize(events: list[dict], steps: int, top: int = 8) -> dict:
     """Per-step figures of a trace covering `steps` decode steps."""
     # In time order, once: the idle attribution and the step anatomy walk it in that order.
-    gpu = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATS), key=lambda e: e["ts"])
+    gpu = _gpu_events(events)
     if not gpu or steps <= 0:
         return {"steps": steps, "kernels": 0, "error": "no GPU activity in the trace"}
     t0 = gpu[0]["ts"]
@@ -219,8 +235,7 @@ def idle_diff(row: dict, base: dict, top: int = 10) -> list[tuple[str, float, fl
     """The places whose GPU-idle time per step differs most between `row` and `base`
     (summarize() results of two arms at one C): (place, base ms, row ms)."""
     a, b = base.get("idle_where", {}), row.get("idle_where", {})
-    names = sorted(set(a) | set(b), key=lambda k: (-abs(b.get(k, 0) - a.get(k, 0)), k))
-    return [(k, a.get(k, 0), b.get(k, 0)) for k in names[:top]]
+    return [(k, a.get(k, 0), b.get(k, 0)) for k in _largest_differences(a, b, top=top)]
 
 
 def kernel_diff(row: dict, base: dict, top: int = 12) -> list[tuple[str, float, float, float, float]]:
@@ -229,8 +244,8 @@ def kernel_diff(row: dict, base: dict, top: int = 12) -> list[tuple[str, float, 
     largest absolute difference first. Kernels of one arm only appear with 0 in the other."""
     a, b = base.get("kernels", {}), row.get("kernels", {})
     none = (0, 0)  # [ms, launches] of a kernel the arm does not run
-    names = sorted(set(a) | set(b), key=lambda k: (-abs(b.get(k, none)[0] - a.get(k, none)[0]), k))
-    return [(k, a.get(k, none)[0], b.get(k, none)[0], a.get(k, none)[1], b.get(k, none)[1]) for k in names[:top]]
+    names = _largest_differences(a, b, value=lambda v: v[0], missing=none, top=top)
+    return [(k, a.get(k, none)[0], b.get(k, none)[0], a.get(k, none)[1], b.get(k, none)[1]) for k in names]
 
 
 def markdown(rows: dict, base_arm: str = "A0") -> str:
@@ -287,8 +302,7 @@ def markdown(rows: dict, base_arm: str = "A0") -> str:
             lines.append(f"| `{name}` | {ms_a:.3f} | {ms_b:.3f} | {ms_b - ms_a:+.3f} | {n_a:.1f} | {n_b:.1f} |")
         if r.get("anatomy") and base.get("anatomy"):
             a, b0 = r["anatomy"]["between_by_kernel"], base["anatomy"]["between_by_kernel"]
-            diff = sorted(set(a) | set(b0), key=lambda name: (-abs(a.get(name, 0) - b0.get(name, 0)), name))
-            diff = [name for name in diff if abs(a.get(name, 0) - b0.get(name, 0)) >= 0.05][:12]
+            diff = _largest_differences(b0, a, top=12, at_least=0.05)
             if diff:
                 lines += [f"\n{arm} against {base_arm} at C={at(C, k)}: the kernels between two forwards that differ "
                           "(launches per step):\n", f"| kernel | {base_arm} | {arm} |", "|---|---|---|"]
@@ -306,10 +320,10 @@ def markdown(rows: dict, base_arm: str = "A0") -> str:
 def excerpt(events: list[dict], steps: int, keep: int = 2) -> list[dict]:
     """The middle `keep` of `steps` profiled steps (by time), every event kept: small enough
     to commit beside profile.md, so the idle attribution can be re-read off the device."""
-    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATS]
+    gpu = _gpu_events(events)
     if not gpu or steps <= 0:
         return []
-    t0 = min(e["ts"] for e in gpu)
+    t0 = gpu[0]["ts"]
     t1 = max(e["ts"] + e.get("dur", 0) for e in gpu)
     span = (t1 - t0) * min(keep, steps) / steps
     a = t0 + ((t1 - t0) - span) / 2
