@@ -404,6 +404,12 @@ def _rotated(arm_list, rep):
     return arm_list[k:] + arm_list[:k]
 
 
+# What to change when the engines do not fit the GPU together (each arm's engine holds a KV
+# pool for every request of the largest C at full length): degraded_engine, engine_failure.
+MEMORY_ADVICE = ("Free GPU memory: fewer arms at once (--arms, --max-engines), a smaller largest C, or shorter "
+                 "requests (--out-len), and run again.")
+
+
 def degraded_engine(arm: str, log: str) -> str | None:
     """An engine that started but not as the bench asked, so that its timings would not be
     comparable: the reason, or None. Both cases are SGLang or the fallback making do with
@@ -411,16 +417,15 @@ def degraded_engine(arm: str, log: str) -> str | None:
     be captured, and SGLang shrinks a KV pool that does not fit (on the H200, a third engine
     with a pool for 256 requests of 1152 tokens got 34 038 tokens and ran its waves at 30
     requests, retracting: results/profile-0.5.12-s17/A4G.log)."""
-    fix = "Free GPU memory (fewer arms at once: --arms, --max-engines; or shorter requests: --out-len) and run again."
     for line in log.splitlines():
         if "spec-fallback: could not capture" in line:
             return (f"bench arm {arm} started without its fallback CUDA graphs, so its timings would not be "
-                    f"the fallback's: {line.split('spec-fallback: ', 1)[1][:300]} {fix}")
+                    f"the fallback's: {line.split('spec-fallback: ', 1)[1][:300]} {MEMORY_ADVICE}")
         shrunk = re.search(r"max_total_tokens=(\d+) is larger than the profiled value (\d+)", line)
         if shrunk:
             return (f"bench arm {arm}'s engine got a KV pool of {int(shrunk[2]):,} tokens, not the {int(shrunk[1]):,} "
                     "the bench sizes every arm's for (every request of the largest C at full length), so it would "
-                    f"run smaller batches than the other arms. {fix}")
+                    f"run smaller batches than the other arms. {MEMORY_ADVICE}")
     return None
 
 
@@ -449,9 +454,7 @@ def engine_failure(arm: str, returncode: int, during: str, log: Path) -> str:
         msg += f": {errors[-1][:400].rstrip('.')}"
     msg += f". Its log: {log}."
     if any("out of memory" in e.lower() for e in errors):
-        msg += (" The arms' engines share the GPU, each with a KV pool for every request of the largest C at its "
-                "full length: run fewer arms at once (--arms, --max-engines), a smaller largest C, or shorter "
-                "requests (--out-len).")
+        msg += " The arms' engines share the GPU. " + MEMORY_ADVICE
     elif not errors:
         msg += " Its last lines:\n" + "\n".join(lines[-30:])
     return msg
