@@ -170,12 +170,11 @@ def _stash_worker(tree, torch, graphs=(8, 16), defer=1, width=6, bufs=None, repl
             seen.append((n, {k: v[:n].clone() for k, v in bufs.items()}))
 
     worker = SimpleNamespace(_fallback_stats={}, _fallback_kv_only_defer=defer)
-    worker._fallback_kv_only_graphs = {
-        "graphs": {n: SimpleNamespace(replay=lambda n=n: replay(worker, bufs, n)) for n in graphs},
-        "bufs": bufs, "rows": 0, "steps": 0, "sizes": set(), "dedup_always": pd_decode,
-        "pending": {"tokens": [], "positions": [], "loc": []}}
     bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker, "_spec_fallback_kv_only_stash",
-                 "_spec_fallback_kv_only_flush", "_spec_fallback_last_write_wins")
+                 "_spec_fallback_kv_only_flush", "_spec_fallback_last_write_wins",
+                 "_spec_fallback_kv_only_queue")
+    stand_ins = {n: SimpleNamespace(replay=lambda n=n: replay(worker, bufs, n)) for n in reversed(graphs)}
+    worker._fallback_kv_only_graphs = worker._spec_fallback_kv_only_queue(stand_ins, bufs, pd_decode)
     return worker, seen
 
 
@@ -231,7 +230,7 @@ def test_deferred_kv_only_steps_share_one_replay(patched_release):
     assert b["positions"].tolist() == list(range(100, 115)) + [0]
     assert b["loc"].tolist() == list(range(1000, 1015)) + [0]
     assert [float(h) for h in b["hidden"][:15, 0]] == [0.0] * 5 + [5.0] * 5 + [10.0] * 5
-    assert worker._fallback_kv_only_graphs["rows"] == 0 and worker._fallback_kv_only_graphs["steps"] == 0
+    assert not any(worker._fallback_kv_only_graphs["pending"].values()), "the replay empties the queue"
 
     seen.clear()
     assert stash(*_step(torch, 0, 13))  # 13 rows queued; 13 more would not fit in 24
@@ -276,12 +275,14 @@ def test_a_slot_given_again_keeps_the_latest_write(patched_release):
     (size, b), = seen
     assert b["loc"].tolist() == [0, 51, 0, 53, 60, 52, 50, 0]
     assert worker._fallback_stats["draft_kv_only_dedups"] == 1
+    queue(worker, [60, 61, 62, 63])  # the next queue has one batch size: not deduplicated
+    assert seen[1][1]["loc"].tolist() == [50, 51, 52, 53, 60, 61, 62, 63]
+    assert worker._fallback_stats["draft_kv_only_dedups"] == 1, "the next queue starts with no sizes"
 
     worker, seen = _stash_worker(tree, torch, graphs=(8, 16), defer=2)
     queue(worker, [60, 61, 62, 63])  # one batch size: every slot is new, written as queued
     assert seen[0][1]["loc"].tolist() == [50, 51, 52, 53, 60, 61, 62, 63]
     assert "draft_kv_only_dedups" not in worker._fallback_stats
-    assert not worker._fallback_kv_only_graphs["sizes"], "the next queue starts with no sizes"
 
     worker, seen = _stash_worker(tree, torch, graphs=(8, 16), defer=2, pd_decode=True)
     queue(worker, [60, 52, 61, 50])  # PD decode: a request may have joined as another left

@@ -263,14 +263,7 @@ class EAGLEWorkerV2:
                     pool = graph.pool()
                     graphs[bs] = graph
             torch.cuda.synchronize()
-            # Smallest first: a replay takes the first size that fits the rows. The buffers
-            # hold the rows of the steps not yet written (_spec_fallback_kv_only_stash), and
-            # `sizes` their batch sizes. On a PD-disaggregated decode server requests join
-            # without a prefill step, so a slot can repeat in a queue of one batch size:
-            # there every queue of two or more steps is deduplicated.
-            return {"graphs": dict(sorted(graphs.items())), "bufs": bufs, "rows": 0, "steps": 0,
-                    "sizes": set(), "dedup_always": pd_decode,
-                    "pending": {"tokens": [], "positions": [], "loc": []}}
+            return self._spec_fallback_kv_only_queue(graphs, bufs, pd_decode)
 
         self._fallback_kv_only_graphs = self._spec_fallback_capture(
             "the KV-only draft sync's CUDA graphs", "the KV-only sync will run eagerly", capture
@@ -433,6 +426,17 @@ class EAGLEWorkerV2:
             "hidden_states", bs, (embed.shape[-1],), embed.dtype, 0
         )
 
+    def _spec_fallback_kv_only_queue(self, graphs, bufs, dedup_always):
+        """An empty KV-only queue over captured `graphs` (batch size -> graph) and their static
+        buffers. The graphs are kept smallest first: a replay takes the first size that fits
+        the rows. `pending` holds each queued step's tokens, positions and slots
+        (_spec_fallback_kv_only_stash); its lengths are the queue's only count of rows, steps
+        and batch sizes. On a PD-disaggregated decode server requests join without a prefill
+        step, so a slot can repeat in a queue of one batch size: there (`dedup_always`) every
+        queue of two or more steps is deduplicated."""
+        return {"graphs": dict(sorted(graphs.items())), "bufs": bufs, "dedup_always": dedup_always,
+                "pending": {"tokens": [], "positions": [], "loc": []}}
+
     def _spec_fallback_kv_only_stash(self, tokens, hidden_states, positions, out_cache_loc):
         """Queue one KV-only step's rows for the graphs' static buffers, after the rows of the
         steps before it (hidden states copied in now, tokens, positions and slots kept until
@@ -457,23 +461,22 @@ class EAGLEWorkerV2:
         capacity = next(reversed(captured["graphs"]))
         if bs > capacity:
             return False
-        if captured["rows"] + bs > capacity:
+        bufs, pending = captured["bufs"], captured["pending"]
+        start = sum(map(len, pending["loc"]))
+        if start + bs > capacity:
             self._spec_fallback_kv_only_flush("full")
-        bufs, start = captured["bufs"], captured["rows"]
+            start = 0
         end = start + bs
         # The hidden states live in the target graph's output, which its next replay
         # overwrites: copied now. Tokens, positions and slots are this step's own tensors,
         # which nothing writes again: kept, and concatenated into the buffers once per replay.
         bufs["hidden"][start:end].copy_(hidden_states)
-        pending = captured["pending"]
         pending["tokens"].append(tokens)
         pending["positions"].append(positions)
         pending["loc"].append(out_cache_loc)
-        captured["rows"], captured["steps"] = end, captured["steps"] + 1
-        captured["sizes"].add(bs)
         # Written now rather than at the next step when the next step of this size could
         # not join (same outcome, one step earlier).
-        if captured["steps"] >= self._fallback_kv_only_defer:
+        if len(pending["loc"]) >= self._fallback_kv_only_defer:
             self._spec_fallback_kv_only_flush("queued")
         elif end + bs > capacity:
             self._spec_fallback_kv_only_flush("full")
@@ -499,9 +502,10 @@ class EAGLEWorkerV2:
         small kernels, results/profile-0.5.12-s16-lockstep/excerpts); in steady decoding
         every queue has one size."""
         captured = getattr(self, "_fallback_kv_only_graphs", None)
-        if not captured or not captured["rows"]:
+        sizes = [len(loc) for loc in captured["pending"]["loc"]] if captured else []
+        if not sizes:
             return
-        rows, bufs = captured["rows"], captured["bufs"]
+        rows, bufs = sum(sizes), captured["bufs"]
         size = next(s for s in captured["graphs"] if s >= rows)
         for name, parts in captured["pending"].items():
             out = bufs[name][:rows]
@@ -514,7 +518,7 @@ class EAGLEWorkerV2:
                     start += len(part)
             parts.clear()
         stats = self._fallback_stats
-        if captured["steps"] > 1 and (len(captured["sizes"]) > 1 or captured["dedup_always"]):
+        if len(sizes) > 1 and (len(set(sizes)) > 1 or captured["dedup_always"]):
             self._spec_fallback_last_write_wins(bufs["loc"][:rows])
             stats["draft_kv_only_dedups"] = stats.get("draft_kv_only_dedups", 0) + 1
         if size > rows:
@@ -522,8 +526,6 @@ class EAGLEWorkerV2:
             bufs["positions"][rows:size].zero_()
             bufs["loc"][rows:size].zero_()
         captured["graphs"][size].replay()
-        captured["rows"] = captured["steps"] = 0
-        captured["sizes"].clear()
         causes = stats.setdefault("draft_kv_only_flush_causes", {})
         causes[cause] = causes.get(cause, 0) + 1
 
