@@ -12,8 +12,9 @@ from spectool.bench.arms import arms
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = {
+    "0.5.12 + final recipes (T=32, sessions 17-18; no A1 at C=64)": ROOT / "results/bench-0.5.12-pooled-s17-s18",
     "0.5.12 + spectool fallback, final recipes (T=32, session 11)": ROOT / "results/bench-0.5.12-s11",
-    "0.5.12 + final recipes, all runs since session 9 pooled": ROOT / "results/bench-0.5.12-pooled-s9-s17",
+    "0.5.12 + final recipes, all runs since session 9 pooled": ROOT / "results/bench-0.5.12-pooled-s9-s18",
     "0.5.12 + spectool fallback (T=32, session 9)": ROOT / "results/bench-0.5.12-session9",
     "0.5.12 + fallback, KV-only sync graphs (session 6)": ROOT / "results/bench-0.5.12",
     "0.5.12 + fallback, eager KV-only sync (session 5)": ROOT / "results/bench-0.5.12-session5-85503b5",
