@@ -4,6 +4,7 @@ threshold rule, the markdown table and the plot are recomputed from the raw cell
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -659,3 +660,9 @@ def test_eight_runs_of_the_final_recipes_leave_c64_inside_run_to_run_noise(tmp_p
     assert round(a2["median"], 3) == 0.983 and (k, n, round(p, 3)) == (6, 8, 0.145)
     assert round(a4["median"], 3) == 0.984 and (a4["at_or_above"], round(a4["p_above"], 3)) == (5, 0.363)
     assert (a4_256["at_or_above"], round(a4_256["p_above"], 3)) == (7, 0.035)
+    # The t statistics the docs quote as a cross-check (7 degrees of freedom: one-sided
+    # p = 0.054 for 1.84, 0.26 for 0.68).
+    for ratio, t in ((a2, 1.84), (a4, 0.68)):
+        runs = list(ratio["runs"].values())
+        se = statistics.stdev(runs) / len(runs) ** 0.5
+        assert round((statistics.mean(runs) - 0.98) / se, 2) == t
