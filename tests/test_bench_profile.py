@@ -162,14 +162,10 @@ def test_step_anatomy_on_the_h200_excerpts():
     queue's and the FutureMap's) and five index kernels (the FutureMap's gathers, the slot
     lookup), while the forward itself takes the same time. The figures
     docs/performance.md's session 16 table quotes."""
-    import importlib.util
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("reread_profile", root / "tools/reread_profile.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    rows = tool.reread(root / "results/profile-0.5.12-s16-lockstep")
+    rows = profile.reread_excerpts(root / "results/profile-0.5.12-s16-lockstep")
     a0, a4 = rows[("A0", 64, 1)]["anatomy"], rows[("A4", 64, 0)]["anatomy"]
     assert a0["between_kernels"] == 5 and a4["between_kernels"] == 23
     assert 0.05 < a0["between_ms"] < 0.06 and 0.10 < a4["between_ms"] < 0.12

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from bisect import bisect_left
 from collections import Counter
 from statistics import median
@@ -52,6 +53,11 @@ def _gpu_events(events: list[dict]) -> list[dict]:
     return sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATS), key=lambda e: e["ts"])
 
 
+def _gpu_window(gpu: list[dict]) -> tuple[float, float]:
+    """From the first GPU work's start to the last one's end (us), `gpu` in time order."""
+    return gpu[0]["ts"], max(e["ts"] + e.get("dur", 0) for e in gpu)
+
+
 def _largest_differences(a: dict, b: dict, value=lambda v: v, missing=0, top: int | None = None,
                          at_least: float = 0.0) -> list[str]:
     """The keys of `a` and `b` (one arm's figures against another's) by how much their values
@@ -69,8 +75,7 @@ def summarize(events: list[dict], steps: int, top: int = 8) -> dict:
     gpu = _gpu_events(events)
     if not gpu or steps <= 0:
         return {"steps": steps, "kernels": 0, "error": "no GPU activity in the trace"}
-    t0 = gpu[0]["ts"]
-    t1 = max(e["ts"] + e.get("dur", 0) for e in gpu)
+    t0, t1 = _gpu_window(gpu)
     busy = _union_us([(e["ts"], e["ts"] + e.get("dur", 0)) for e in gpu])
     by_kernel, n_kernel = Counter(), Counter()
     for e in gpu:
@@ -323,8 +328,7 @@ def excerpt(events: list[dict], steps: int, keep: int = 2) -> list[dict]:
     gpu = _gpu_events(events)
     if not gpu or steps <= 0:
         return []
-    t0 = gpu[0]["ts"]
-    t1 = max(e["ts"] + e.get("dur", 0) for e in gpu)
+    t0, t1 = _gpu_window(gpu)
     span = (t1 - t0) * min(keep, steps) / steps
     a = t0 + ((t1 - t0) - span) / 2
     b = a + span
@@ -333,3 +337,25 @@ def excerpt(events: list[dict], steps: int, keep: int = 2) -> list[dict]:
     # correlation ids that join launches to kernels are in the events' own args).
     return [e for e in events if e.get("ph") == "M"
             or (e.get("ph") not in FLOW_PHASES and "ts" in e and e["ts"] < b and e["ts"] + e.get("dur", 0) > a)]
+
+
+# Excerpt files, one per profiled (arm, C): ARM-C64.trace.json.gz, and ARM-C64-2... for the
+# second profile of that C on the same engines (k counts the earlier ones).
+_EXCERPT = re.compile(r"^(?P<arm>[A-Za-z0-9]+)-C(?P<C>\d+)(?:-(?P<wave>\d+))?\.trace\.json(?:\.gz)?$")
+
+
+def excerpt_name(arm: str, C: int, k: int) -> str:
+    """The file the excerpt of `arm`'s (k+1)-th profile at C is kept in, under excerpts/."""
+    return f"{arm}-C{C}{f'-{k + 1}' if k else ''}.trace.json.gz"
+
+
+def reread_excerpts(folder: Path) -> dict:
+    """(arm, C, k) -> summarize() of each excerpt in `folder`/excerpts (two steps each): a
+    recorded profile reduced again with the current code, off the device."""
+    rows = {}
+    for path in sorted((Path(folder) / "excerpts").glob("*.trace.json*")):
+        m = _EXCERPT.match(path.name)
+        if m:
+            k = int(m["wave"]) - 1 if m["wave"] else 0
+            rows[(m["arm"], int(m["C"]), k)] = summarize(load_events(path), steps=2)
+    return rows

@@ -382,7 +382,7 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
                 events = prof.load_events(traces[0]) if traces else []
                 summary = prof.summarize(events, steps) if traces else {"error": "no trace written"}
                 if events:  # the middle two steps, every event: the idle attribution can be re-read
-                    cut = out / "excerpts" / f"{arm.name}-C{tag.replace('#', '-')}.trace.json.gz"
+                    cut = out / "excerpts" / prof.excerpt_name(arm.name, C, k)
                     cut.parent.mkdir(exist_ok=True)
                     cut.write_bytes(gzip.compress(json.dumps({"traceEvents": prof.excerpt(events, steps)}).encode()))
                 summary["output_tok_s"] = res.get("output_tok_s")
