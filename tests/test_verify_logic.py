@@ -251,8 +251,8 @@ def test_golden_files_speak_only_for_their_model(tmp_path):
 
 def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, reparse_verify):
     """The scenarios that claim the KV-only draft paths (and those that claim the sync stays
-    off) are checked against the recipe's counters. The runs on 70485dd (session 17, the final
-    recipes), ee9a8cf (16), 1f22c7e (15), 54df3f6 (session 14: the T=4 KV-only engine writes
+    off) are checked against the recipe's counters. The runs on 12d88a3 (session 18, the final
+    recipes), 70485dd (17), ee9a8cf (16), 1f22c7e (15), 54df3f6 (session 14: the T=4 KV-only engine writes
     four steps per graph replay), ea9ea95 (session 13),
     fdfb10d (session 10), 25f148c (session 9), f79ebae (session 8) and d7cba07 (KV-only prefill
     counted, on by default in all six) pass every claim. The earlier runs, re-evaluated, fail exactly what they lacked:
@@ -262,7 +262,7 @@ def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, rep
 
     root = Path(__file__).resolve().parent.parent
     failed = {}
-    runs = (".", "session16-ee9a8cf", "session15-1f22c7e", "session14-54df3f6", "session13-ea9ea95", "session10-fdfb10d", "session9-25f148c", "session8-f79ebae", "session7-d7cba07", "session7-0574c06", "session6-80f522d", "session5-85503b5", "session5-609b3ff")
+    runs = (".", "session17-70485dd", "session16-ee9a8cf", "session15-1f22c7e", "session14-54df3f6", "session13-ea9ea95", "session10-fdfb10d", "session9-25f148c", "session8-f79ebae", "session7-d7cba07", "session7-0574c06", "session6-80f522d", "session5-85503b5", "session5-609b3ff")
     reports = {}
     for run in runs:
         reports[run] = reparse_verify(root / "results/verify-0.5.12" / run, tmp_path / run.replace(".", "latest"))
@@ -284,7 +284,7 @@ def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, rep
     # session 10's run (fdfb10d) has 0 there with every token and step count unchanged.
     session9 = {r["scenario"]: r["kv_only_prefills"] for r in reports["session9-25f148c"]["scenarios"]}
     assert session9["eagle3 transition down"] == 1 and prefills["eagle3 transition down"] in (0, 1)
-    for run in (".", "session16-ee9a8cf", "session15-1f22c7e", "session14-54df3f6", "session13-ea9ea95", "session10-fdfb10d", "session9-25f148c", "session8-f79ebae",
+    for run in (".", "session17-70485dd", "session16-ee9a8cf", "session15-1f22c7e", "session14-54df3f6", "session13-ea9ea95", "session10-fdfb10d", "session9-25f148c", "session8-f79ebae",
                 "session7-d7cba07"):
         assert failed[run] == {}, run
     # Session 9 added the patch without the flag (the engine that crashed on its first prefill
