@@ -72,18 +72,28 @@ def patched_release(sglang_release):
 
 
 @pytest.fixture(scope="session")
-def reparse_verify():
+def load_tool():
+    """tools/NAME.py as a module: the tools are scripts beside the package, not in it."""
+    import importlib.util
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def reparse_verify(load_tool):
     """A recorded verify run (a folder under results/) re-evaluated by tools/reparse_verify.py
     with today's checks, no GPU: reparse(run, workdir) -> the new report. reparse.engine_files(run)
     is the tool's own reader of the run's engine files (verify-logs.tgz), by file name."""
-    import importlib.util
     import json
     import shutil
 
-    path = Path(__file__).resolve().parent.parent / "tools/reparse_verify.py"
-    spec = importlib.util.spec_from_file_location("reparse_verify", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_tool("reparse_verify")
 
     def reparse(run: Path, workdir: Path) -> dict:
         workdir.mkdir(parents=True, exist_ok=True)

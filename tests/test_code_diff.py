@@ -1,22 +1,16 @@
 """tools/code_diff.py: a device run verified one tree; later edits to docstrings and comments
 keep its code, any other edit does not."""
 
-import importlib.util
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parent.parent / "tools/code_diff.py"
-
 
 @pytest.fixture
-def code_diff():
-    spec = importlib.util.spec_from_file_location("code_diff", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def code_diff(load_tool):
+    return load_tool("code_diff")
 
 
 def _repo(tmp_path: Path) -> Path:

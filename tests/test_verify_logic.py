@@ -402,19 +402,16 @@ def test_deferred_kv_only_writes_ran_token_exact_on_the_h200(tmp_path, reparse_v
     assert "draft_kv_only_flush_causes" not in engine_stats(root / "verify-0.5.12/session14-54df3f6", "eagle3-t4-kv-only")
 
 
-def test_a_run_cut_off_before_its_report_is_evaluated_for_its_finished_engines(tmp_path):
+def test_a_run_cut_off_before_its_report_is_evaluated_for_its_finished_engines(tmp_path, load_tool):
     """Session 10's 0.5.17 run reached the device call's time limit after 7 of 9 engines had
     finished: their outputs, evaluated as the complete 0.5.17 run's (counters from upstream's
     log), pass the 11 scenarios they serve; the two unfinished engines are named, not failed."""
-    import importlib.util
     import json
     import shutil
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("reparse_verify", root / "tools/reparse_verify.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_tool("reparse_verify")
     shutil.copy(root / "results/verify-0.5.17/session10-partial/verify-logs.tgz", tmp_path / "verify-logs.tgz")
     assert mod.partial(tmp_path, root / "results/verify-0.5.17/verify-results.json") == 0
     rep = json.loads((tmp_path / "verify-results-partial.json").read_text())
