@@ -12,9 +12,9 @@ from spectool.bench.arms import arms
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = {
-    "0.5.12 + final recipes (T=32, sessions 17-18; no A1 at C=64)": ROOT / "results/bench-0.5.12-pooled-s17-s18",
+    "0.5.12 + final recipes (T=32, sessions 17-19; no A1 at C=64)": ROOT / "results/bench-0.5.12-pooled-s17-s19",
     "0.5.12 + spectool fallback, final recipes (T=32, session 11)": ROOT / "results/bench-0.5.12-s11",
-    "0.5.12 + final recipes, all runs since session 9 pooled": ROOT / "results/bench-0.5.12-pooled-s9-s18",
+    "0.5.12 + final recipes, all runs since session 9 pooled": ROOT / "results/bench-0.5.12-pooled-s9-s19",
     "0.5.12 + spectool fallback (T=32, session 9)": ROOT / "results/bench-0.5.12-session9",
     "0.5.12 + fallback, KV-only sync graphs (session 6)": ROOT / "results/bench-0.5.12",
     "0.5.12 + fallback, eager KV-only sync (session 5)": ROOT / "results/bench-0.5.12-session5-85503b5",
@@ -26,14 +26,14 @@ RUNS = {
 CS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
 if __name__ == "__main__":
-    runs = {name: analyze.load_medians(folder) for name, folder in RUNS.items()}
     for name, folder in RUNS.items():
         if not (folder / "bench-plot.png").exists():  # a run whose raw files did not come back
             labels = {a.name: a.label for a in arms(32) if a.name != "A3"}  # these runs predate A3
-            analyze.plot(runs[name], CS, labels, folder / "bench-plot.png",
+            analyze.plot(analyze.load_medians(folder), CS, labels, folder / "bench-plot.png",
                          f"{name}: H200, Llama-3.1-8B shape, acceptance 3.0 (from bench-table.md)")
-    md = analyze.compare_markdown(runs, CS)
+    rat = {name: analyze.load_ratios(folder, CS, 3.0) for name, folder in RUNS.items()}
+    md = analyze.compare_markdown(rat, CS)
     (ROOT / "results/upstream-comparison.md").write_text(md)
-    analyze.plot_ratio(runs, CS, ROOT / "results/upstream-comparison.png",
+    analyze.plot_ratio(rat, CS, ROOT / "results/upstream-comparison.png",
                        "H200, Llama-3.1-8B shape, acceptance 3.0: A2 / envelope")
     print(md)

@@ -134,6 +134,40 @@ def sign_test_above(values, goal: float) -> tuple[int, int, float]:
     return k, n, sum(math.comb(n, i) for i in range(k, n + 1)) / 2 ** n
 
 
+def _by_run(cells: list[dict]) -> dict:
+    """run -> its cells: a run is a source folder (as --merge keeps it), or one repetition of
+    --fresh-engines (its own engines); None for the cells of one run on one set of engines."""
+    by_run = defaultdict(list)
+    for c in cells:
+        key = "/".join(str(x) for x in (c.get("source"), c.get("engines")) if x is not None)
+        by_run[key or None].append(c)
+    return by_run
+
+
+def within_runs(compute, cells: list[dict], concurrencies: list[int], acc_len: float | None = None) -> dict:
+    """`compute(cells, [C])` (C -> {ratio: value}: `ratios` of the medians, or `ratio_intervals`)
+    with each ratio taken over the runs that measured every arm it needs, pooled. Why: a
+    merge of runs that measured different arms (an A1/A3 run beside an A0/A1/A2 run) would
+    otherwise divide one run's A2 by another run's A1, and the same engine's throughput moves
+    by several percent from run to run (session 19: A2/E at C=4 read 0.975 that way, 1.026
+    within the one run that measured A2)."""
+    by_run = _by_run(cells)
+    if len(by_run) < 2:
+        return compute(cells, concurrencies)
+    measured = {run: ratios(medians(cs, acc_len), concurrencies) for run, cs in by_run.items()}
+    out = {}
+    for C in concurrencies:
+        names = dict.fromkeys(n for r in measured.values() for n, v in r[C].items() if v is not None)
+        row = {}
+        for name in names:
+            pooled = [c for run, r in measured.items() if r[C].get(name) is not None for c in by_run[run]]
+            value = compute(pooled, [C]).get(C, {}).get(name)
+            if value is not None:
+                row[name] = value
+        out[C] = row
+    return out
+
+
 def per_run_ratios(cells: list[dict], concurrencies: list[int], acc_len: float | None = None) -> dict:
     """C -> {ratio: {"runs": {source: value}, "median": value}}, for cells pooled from several
     runs (`source`, as --merge keeps it): each run's ratio of its own medians, and the median
@@ -142,10 +176,7 @@ def per_run_ratios(cells: list[dict], concurrencies: list[int], acc_len: float |
     each with its own engines, are the units that vary. A run with --fresh-engines counts
     each repetition (its own engines, `engines` in its cells) as a run. Empty for cells of
     one run on one set of engines."""
-    by_source = defaultdict(list)
-    for c in cells:
-        key = "/".join(str(x) for x in (c.get("source"), c.get("engines")) if x is not None)
-        by_source[key or None].append(c)
+    by_source = _by_run(cells)
     if len(by_source) < 2:
         return {}
     per = {src: ratios(medians(cs, acc_len), concurrencies) for src, cs in sorted(by_source.items(), key=str)}
@@ -197,8 +228,9 @@ def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:
     return {"threshold": T, "wins": wins, "loses": [C for C in measured if C not in wins], "why": why}
 
 
-def markdown(m: dict, concurrencies: list[int], arms: list[str]) -> str:
-    r = ratios(m, concurrencies)
+def markdown(m: dict, concurrencies: list[int], arms: list[str], r: dict | None = None) -> str:
+    """The main table; `r` the ratios when not those of `m` (a merge's, `within_runs`)."""
+    r = ratios(m, concurrencies) if r is None else r
     variants = [a for a in arms if a not in BUILT_IN]
     head = ("| C | " + " | ".join(f"{a} tok/s" for a in arms) + " | E=max(A0,A1) | A2/E | A4/A0 | "
             + "".join(f"{a}/A0 | " for a in variants) + "A3/A1 | A2 spec frac | A1 accept |")
@@ -368,31 +400,40 @@ def load_medians(folder, acc_len: float | None = None) -> dict:
     return medians_from_table((folder / "bench-table.md").read_text())
 
 
-def compare_markdown(runs: dict, concurrencies: list[int]) -> str:
-    """A2/E (and A4/A0 where measured) per C for several runs, e.g. ours vs upstream's switch."""
-    names = list(runs)
-    rat = {n: ratios(m, concurrencies) for n, m in runs.items()}
+def load_ratios(folder, concurrencies: list[int], acc_len: float | None = None) -> dict:
+    """C -> {ratio: value} of a results folder, as its report computes them: from its cells,
+    each ratio within the runs that measured its arms (`within_runs`: a merge of several), else
+    from its bench-table.md's medians."""
+    folder = Path(folder)
+    if not (folder / "cells.jsonl").exists():
+        return ratios(load_medians(folder), concurrencies)
+    cells = [c for c in read_cells(folder / "cells.jsonl") if acc_len is None or c.get("acc_len", acc_len) == acc_len]
+    return within_runs(lambda cs, Cs: ratios(medians(cs), Cs), cells, concurrencies, acc_len)
+
+
+def compare_markdown(rat: dict, concurrencies: list[int]) -> str:
+    """A2/E and A2/A0 per C for several runs (name -> `load_ratios`), e.g. ours vs upstream's
+    switch."""
+    names = list(rat)
     lines = ["| C | " + " | ".join(f"A2/E {n}" for n in names) + " | " + " | ".join(f"A2 vs A0 {n}" for n in names) + " |",
              "|" + "---|" * (1 + 2 * len(names))]
     for C in concurrencies:
         a2e = [rat[n].get(C, {}).get("A2/E") for n in names]
-        a2a0 = [runs[n][("A2", C)]["median"] / runs[n][("A0", C)]["median"]
-                if ("A2", C) in runs[n] and ("A0", C) in runs[n] else None for n in names]
+        a2a0 = [rat[n].get(C, {}).get("A2/A0") for n in names]
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         lines.append(f"| {C} | " + " | ".join(map(fmt, a2e)) + " | " + " | ".join(map(fmt, a2a0)) + " |")
     return "\n".join(lines) + "\n"
 
 
-def plot_ratio(runs: dict, concurrencies: list[int], path, title: str) -> None:
-    """A2/E against C, one line per run, with the 0.98 goal."""
+def plot_ratio(rat: dict, concurrencies: list[int], path, title: str) -> None:
+    """A2/E against C, one line per run (name -> `load_ratios`), with the 0.98 goal."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name, m in runs.items():
-        r = ratios(m, concurrencies)
+    for name, r in rat.items():
         xs = [C for C in concurrencies if "A2/E" in r.get(C, {})]
         ax.plot(xs, [r[C]["A2/E"] for C in xs], marker="o", label=name)
     ax.axhline(0.98, color="red", ls="--", lw=1, label="goal 0.98")

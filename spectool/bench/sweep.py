@@ -478,7 +478,8 @@ def _command(proc, arm: str, out, cmd):
 def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startup, version=None, gpu=None,
               arm_list=(), load="lockstep", extra=None) -> dict:
     m = analyze.medians(cells, acc_len)
-    intervals = analyze.ratio_intervals(cells, concurrencies, acc_len)
+    r = analyze.within_runs(lambda cs, Cs: analyze.ratios(analyze.medians(cs, acc_len), Cs), cells, concurrencies, acc_len)
+    intervals = analyze.within_runs(lambda cs, Cs: analyze.ratio_intervals(cs, Cs, acc_len), cells, concurrencies, acc_len)
     per_run = analyze.per_run_ratios(cells, concurrencies, acc_len)
     labels = {a.name: a.label for a in [*make_arms(threshold, max(concurrencies)), *arm_list]}
     labels.update({a: a for a, _ in m if a not in labels})  # variants of an earlier run
@@ -487,7 +488,7 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
         "sglang_version": version, "gpu": gpu, "threshold": threshold, "acc_len": acc_len, "concurrencies": concurrencies,
         "load": load, **({"tp": tp} if tp > 1 else {}),
         "cells": {f"{a}@{C}": v for (a, C), v in sorted(m.items(), key=lambda kv: (kv[0][0], kv[0][1]))},
-        "ratios": {str(C): v for C, v in analyze.ratios(m, concurrencies).items()},
+        "ratios": {str(C): v for C, v in r.items()},
         "ratio_intervals_90": {str(C): v for C, v in intervals.items()},
         **({"per_run_ratios": {str(C): v for C, v in per_run.items()}} if per_run else {}),
         "suggested_threshold": analyze.suggest_threshold(m, concurrencies),
@@ -496,7 +497,7 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
         **(extra or {}),
     }
     (out / "bench-results.json").write_text(json.dumps(report, indent=1))
-    parts = [analyze.markdown(m, concurrencies, [a for a in labels if any(k[0] == a for k in m)])] if m else []
+    parts = [analyze.markdown(m, concurrencies, [a for a in labels if any(k[0] == a for k in m)], r)] if m else []
     interval_table = analyze.interval_markdown(intervals, concurrencies)
     if interval_table:
         parts.append(interval_table)
