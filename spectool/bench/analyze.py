@@ -168,6 +168,16 @@ def within_runs(compute, cells: list[dict], concurrencies: list[int], acc_len: f
     return out
 
 
+def merged_ratios(cells: list[dict], concurrencies: list[int], acc_len: float | None = None) -> dict:
+    """`ratios` of a report's cells, each within the runs that measured its arms."""
+    return within_runs(lambda cs, Cs: ratios(medians(cs, acc_len), Cs), cells, concurrencies, acc_len)
+
+
+def merged_intervals(cells: list[dict], concurrencies: list[int], acc_len: float | None = None) -> dict:
+    """`ratio_intervals` of a report's cells, each within the runs that measured its arms."""
+    return within_runs(lambda cs, Cs: ratio_intervals(cs, Cs, acc_len), cells, concurrencies, acc_len)
+
+
 def per_run_ratios(cells: list[dict], concurrencies: list[int], acc_len: float | None = None) -> dict:
     """C -> {ratio: {"runs": {source: value}, "median": value}}, for cells pooled from several
     runs (`source`, as --merge keeps it): each run's ratio of its own medians, and the median
@@ -407,8 +417,7 @@ def load_ratios(folder, concurrencies: list[int], acc_len: float | None = None) 
     folder = Path(folder)
     if not (folder / "cells.jsonl").exists():
         return ratios(load_medians(folder), concurrencies)
-    cells = [c for c in read_cells(folder / "cells.jsonl") if acc_len is None or c.get("acc_len", acc_len) == acc_len]
-    return within_runs(lambda cs, Cs: ratios(medians(cs), Cs), cells, concurrencies, acc_len)
+    return merged_ratios(read_cells(folder / "cells.jsonl"), concurrencies, acc_len)
 
 
 def compare_markdown(rat: dict, concurrencies: list[int]) -> str:

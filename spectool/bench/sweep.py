@@ -478,8 +478,8 @@ def _command(proc, arm: str, out, cmd):
 def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startup, version=None, gpu=None,
               arm_list=(), load="lockstep", extra=None) -> dict:
     m = analyze.medians(cells, acc_len)
-    r = analyze.within_runs(lambda cs, Cs: analyze.ratios(analyze.medians(cs, acc_len), Cs), cells, concurrencies, acc_len)
-    intervals = analyze.within_runs(lambda cs, Cs: analyze.ratio_intervals(cs, Cs, acc_len), cells, concurrencies, acc_len)
+    r = analyze.merged_ratios(cells, concurrencies, acc_len)
+    intervals = analyze.merged_intervals(cells, concurrencies, acc_len)
     per_run = analyze.per_run_ratios(cells, concurrencies, acc_len)
     labels = {a.name: a.label for a in [*make_arms(threshold, max(concurrencies)), *arm_list]}
     labels.update({a: a for a, _ in m if a not in labels})  # variants of an earlier run
