@@ -134,14 +134,15 @@ def sign_test_above(values, goal: float) -> tuple[int, int, float]:
     return k, n, sum(math.comb(n, i) for i in range(k, n + 1)) / 2 ** n
 
 
-def _by_run(cells: list[dict]) -> dict:
-    """run -> its cells: a run is a source folder (as --merge keeps it), or one repetition of
-    --fresh-engines (its own engines); None for the cells of one run on one set of engines."""
+def _each_run(cells: list[dict], concurrencies: list[int], acc_len: float | None) -> dict:
+    """run -> (its cells, its own `ratios`), runs in the cells' order: a run is a source folder (as
+    --merge keeps it), or one repetition of --fresh-engines (its own engines); one run, keyed
+    None, for the cells of one run on one set of engines."""
     by_run = defaultdict(list)
     for c in cells:
         key = "/".join(str(x) for x in (c.get("source"), c.get("engines")) if x is not None)
         by_run[key or None].append(c)
-    return by_run
+    return {run: (cs, ratios(medians(cs, acc_len), concurrencies)) for run, cs in by_run.items()}
 
 
 def within_runs(compute, cells: list[dict], concurrencies: list[int], acc_len: float | None = None) -> dict:
@@ -150,21 +151,22 @@ def within_runs(compute, cells: list[dict], concurrencies: list[int], acc_len: f
     merge of runs that measured different arms (an A1/A3 run beside an A0/A1/A2 run) would
     otherwise divide one run's A2 by another run's A1, and the same engine's throughput moves
     by several percent from run to run (session 19: A2/E at C=4 read 0.975 that way, 1.026
-    within the one run that measured A2)."""
-    by_run = _by_run(cells)
-    if len(by_run) < 2:
+    within the one run that measured A2). `compute` runs once per C and set of runs, not per
+    ratio (a bootstrap is thousands of draws)."""
+    runs = _each_run(cells, concurrencies, acc_len)
+    if len(runs) < 2:
         return compute(cells, concurrencies)
-    measured = {run: ratios(medians(cs, acc_len), concurrencies) for run, cs in by_run.items()}
     out = {}
     for C in concurrencies:
-        names = dict.fromkeys(n for r in measured.values() for n, v in r[C].items() if v is not None)
-        row = {}
+        names = dict.fromkeys(n for _, r in runs.values() for n, v in r[C].items() if v is not None)
+        by_subset = defaultdict(list)  # the runs that measured a ratio's arms -> those ratios
         for name in names:
-            pooled = [c for run, r in measured.items() if r[C].get(name) is not None for c in by_run[run]]
-            value = compute(pooled, [C]).get(C, {}).get(name)
-            if value is not None:
-                row[name] = value
-        out[C] = row
+            by_subset[tuple(run for run, (_, r) in runs.items() if r[C].get(name) is not None)].append(name)
+        got = {}
+        for subset, subset_names in by_subset.items():
+            values = compute([c for run in subset for c in runs[run][0]], [C]).get(C, {})
+            got.update({name: values.get(name) for name in subset_names})
+        out[C] = {name: got[name] for name in names if got[name] is not None}
     return out
 
 
@@ -186,10 +188,9 @@ def per_run_ratios(cells: list[dict], concurrencies: list[int], acc_len: float |
     each with its own engines, are the units that vary. A run with --fresh-engines counts
     each repetition (its own engines, `engines` in its cells) as a run. Empty for cells of
     one run on one set of engines."""
-    by_source = _by_run(cells)
-    if len(by_source) < 2:
+    per = {src: r for src, (_, r) in sorted(_each_run(cells, concurrencies, acc_len).items(), key=str)}
+    if len(per) < 2:
         return {}
-    per = {src: ratios(medians(cs, acc_len), concurrencies) for src, cs in sorted(by_source.items(), key=str)}
     out = {}
     for C in concurrencies:
         row = {}
