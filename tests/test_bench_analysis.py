@@ -631,17 +631,27 @@ def test_the_sign_test_says_when_a_median_run_clears_its_goal_beyond_noise():
     assert "| 64 | A2/A0 | 0.990 | 0.990-0.990 | 2 | - | - | - |" in md
 
 
+# The final recipes' A0/A2/A4 runs at C = 64, 256 of sessions 17-18, one folder per run.
+S17_S18_RUNS = [f"{s}-g{g}" for s in ("s17", "s17b", "s18", "s18b") for g in (0, 1)]
+
+
 def test_the_final_trees_runs_clear_c64_by_their_median_but_not_beyond_noise(tmp_path):
     """Session 17's four runs of 70485dd, merged: A4/A0 at C=64 has its median run at 0.984
     with 3 of 4 runs within 2% (p = 0.31: not beyond run-to-run noise); at C=256 all four
     are (p = 0.0625: one run short of the 5% level)."""
     from spectool.bench.sweep import merge
 
-    runs = [RESULTS.parent / f"bench-0.5.12-{n}" for n in ("s17-g0", "s17-g1", "s17b-g0", "s17b-g1")]
+    runs = [RESULTS.parent / f"bench-0.5.12-{n}" for n in S17_S18_RUNS[:4]]  # session 17's
     per = merge(tmp_path / "pooled", runs, 3.0)["per_run_ratios"]
     c64, c256 = per["64"]["A4/A0"], per["256"]["A4/A0"]
     assert round(c64["median"], 3) == 0.984 and (c64["at_or_above"], c64["p_above"]) == (3, 0.3125)
     assert round(c256["median"], 3) == 0.989 and (c256["at_or_above"], c256["p_above"]) == (4, 0.0625)
+
+
+def _t_above(runs, bar: float) -> float:
+    """The one-sample t statistic of the runs' mean against `bar`: the docs' cross-check of
+    the sign tests."""
+    return (statistics.mean(runs) - bar) / (statistics.stdev(runs) / len(runs) ** 0.5)
 
 
 def test_eight_runs_of_the_final_recipes_leave_c64_inside_run_to_run_noise(tmp_path):
@@ -653,8 +663,7 @@ def test_eight_runs_of_the_final_recipes_leave_c64_inside_run_to_run_noise(tmp_p
     run that measured it, so A2/A0 is A2/E.)"""
     from spectool.bench.sweep import merge
 
-    names = [f"{s}-g{g}" for s in ("s17", "s17b", "s18", "s18b") for g in (0, 1)]
-    per = merge(tmp_path / "pooled", [RESULTS.parent / f"bench-0.5.12-{n}" for n in names], 3.0)["per_run_ratios"]
+    per = merge(tmp_path / "pooled", [RESULTS.parent / f"bench-0.5.12-{n}" for n in S17_S18_RUNS], 3.0)["per_run_ratios"]
     a2, a4, a4_256 = per["64"]["A2/A0"], per["64"]["A4/A0"], per["256"]["A4/A0"]
     k, n, p = analyze.sign_test_above(a2["runs"].values(), 0.98)
     assert round(a2["median"], 3) == 0.983 and (k, n, round(p, 3)) == (6, 8, 0.145)
@@ -663,9 +672,7 @@ def test_eight_runs_of_the_final_recipes_leave_c64_inside_run_to_run_noise(tmp_p
     # The t statistics the docs quote as a cross-check (7 degrees of freedom: one-sided
     # p = 0.054 for 1.84, 0.26 for 0.68).
     for ratio, t in ((a2, 1.84), (a4, 0.68)):
-        runs = list(ratio["runs"].values())
-        se = statistics.stdev(runs) / len(runs) ** 0.5
-        assert round((statistics.mean(runs) - 0.98) / se, 2) == t
+        assert round(_t_above(list(ratio["runs"].values()), 0.98), 2) == t
 
 
 def test_a_merge_divides_each_ratio_within_the_runs_that_measured_both_sides(tmp_path):
@@ -697,18 +704,16 @@ def test_sixteen_runs_of_the_final_recipes_put_a2_over_the_bar_at_c64_beyond_noi
     run that measured it). The new eight alone: 7 of 8 (p = 0.035) at both C."""
     from spectool.bench.sweep import merge
 
-    old = [f"{s}-g{g}" for s in ("s17", "s17b", "s18", "s18b") for g in (0, 1)]
     new = [f"{s}-{r}-g{g}" for s in ("s19", "s19b") for r in "ab" for g in (0, 1)]
     for names, want in ((new, {"64": (7, 8, 0.035), "256": (7, 8, 0.035)}),
-                        (old + new, {"64": (13, 16, 0.011), "256": (13, 16, 0.011)})):
+                        (S17_S18_RUNS + new, {"64": (13, 16, 0.011), "256": (13, 16, 0.011)})):
         per = merge(tmp_path / str(len(names)), [RESULTS.parent / f"bench-0.5.12-{n}" for n in names], 3.0)["per_run_ratios"]
         for C, (k_want, n_want, p_want) in want.items():
             runs = list(per[C]["A2/A0"]["runs"].values())
             k, n, p = analyze.sign_test_above(runs, 0.98)
             assert (k, n, round(p, 3)) == (k_want, n_want, p_want), C
     runs = list(per["64"]["A2/A0"]["runs"].values())
-    t = (statistics.mean(runs) - 0.98) / (statistics.stdev(runs) / len(runs) ** 0.5)
-    assert round(statistics.median(runs), 3) == 0.983 and round(t, 2) == 3.45  # 15 dof: one-sided p = 0.002
+    assert round(statistics.median(runs), 3) == 0.983 and round(_t_above(runs, 0.98), 2) == 3.45  # 15 dof: one-sided p = 0.002
 
 
 def test_the_final_recipes_have_a2_over_the_bar_at_every_c_of_the_sweep(tmp_path):
