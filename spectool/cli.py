@@ -348,11 +348,15 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="Tensor parallelism: each engine shards over this many GPUs (the first TP visible ones, "
                    "shared by all arms); a folder holds cells of one TP size only.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=None,
+              help="The engines' batch capacity (CUDA graph max batch, running requests, KV pool); default the "
+                   "largest --concurrency. Give the full sweep's (256) to measure some of its C on the same engines, "
+                   "so the runs pool with it.")
 @_json_opt
 @guarded
 def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, transition_arms, arm_names,
           variants, max_engines, suggest, load, profile_steps, profile_load, merge_from, engine_log_level, port_base,
-          fresh_engines, tp, as_json):
+          fresh_engines, tp, max_batch, as_json):
     """Throughput sweep (GPU): no-spec, EAGLE-3, and the patched fallback, per concurrency."""
     from .bench import analyze
     from .bench.sweep import merge, run
@@ -389,7 +393,7 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
                          arm_names=arms_measured, variants=variants, max_engines=max_engines,
                          load=load, transition_arms=transition_named,
                          engine_log_level=engine_log_level, port_base=port_base, fresh_engines=fresh_engines,
-                         tp=tp, console=_console())
+                         tp=tp, max_batch=max_batch, console=_console())
     if as_json:
         click.echo(to_json(reports[accs[0]] if len(accs) == 1 else {f"{a:g}": r for a, r in reports.items()}))
     else:

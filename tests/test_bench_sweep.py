@@ -124,6 +124,24 @@ def test_a_sweep_starts_its_engines_measures_every_cell_and_resumes(tmp_path, st
     assert len(stub_engines.read_text().splitlines()) == 6, "the rerun started its engines once"
 
 
+def test_max_batch_sizes_the_engines_for_the_full_sweep_while_measuring_some_of_its_c(tmp_path, stub_engines):
+    """--max-batch: a run of C=1 alone on engines shaped as a sweep up to 8 (graphs, running
+    requests, KV pool), recorded in each cell; below the largest C it is refused before any
+    engine starts."""
+    kw = dict(threshold=4, concurrencies=(1,), prompt_len=4, out_len=8, transition=False, budget_s=120,
+              arm_names=["A0", "A2"], port_base=27200, reps=1)
+    sweep.run(tmp_path / "sized", max_batch=8, **kw)
+    engines = [json.loads(line) for line in stub_engines.read_text().splitlines()]
+    assert {e["cuda_graph_max_bs"] for e in engines} == {8} and {e["max_running_requests"] for e in engines} == {8}
+    assert {e["max_total_tokens"] for e in engines} == {sweep.kv_pool_tokens(8, 4, 8)}
+    cells = [json.loads(line) for line in (tmp_path / "sized" / "cells.jsonl").read_text().splitlines()]
+    assert {c["max_batch"] for c in cells} == {8} and {c["C"] for c in cells} == {1}
+    with pytest.raises(sweep.BadInputError, match=r"--max-batch 4 is below the largest --concurrency \(8\)"):
+        sweep.run(tmp_path / "small", max_batch=4, **{**kw, "concurrencies": (1, 8)})
+    assert len(stub_engines.read_text().splitlines()) == 2, "the refused run started no engine"
+    assert not (tmp_path / "small").exists()
+
+
 def test_a_profile_reduces_each_trace_and_keeps_an_excerpt(tmp_path, stub_engines):
     """--profile: each arm's trace reduced (per-step time, the decode-step anatomy), a
     two-step excerpt kept beside profile.md without flow arrows, and every arm diffed

@@ -88,12 +88,12 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
         out_len: int = 128, acc_len: float = 3.0, transition: bool = True, budget_s: float = 540,
         sglang_dir: str | None = None, arm_names: list[str] | None = None, variants=(), max_engines: int = MAX_ENGINES,
         load: str = "lockstep", transition_arms=None, engine_log_level: str = "warning", port_base: int = PORT_BASE,
-        fresh_engines: bool = False, tp: int = 1, console=None) -> dict:
+        fresh_engines: bool = False, tp: int = 1, max_batch: int | None = None, console=None) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..verify.runner import gpu_info
 
-    max_bs = max(concurrencies)
+    max_bs = engine_batch(concurrencies, max_batch)
     arm_list = select_arms(threshold, max_bs, arm_names, variants)
     # Named arms must be measured; the default (A2) just finds no engine in a run without it.
     unknown = sorted(set(transition_arms or ()) - {a.name for a in arm_list})
@@ -148,7 +148,7 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
                     res = _command(procs[arm], arm, out, {"kind": "point", "C": C, "n": _requests_for(C, load), "prompt_len": prompt_len,
                                                       "out_len": out_len, "seed": 1000 * rep + C,
                                                       "stagger": load == "staggered"})
-                    cell = {"arm": arm, "C": C, "rep": rep, "acc_len": acc_len, **res,
+                    cell = {"arm": arm, "C": C, "rep": rep, "acc_len": acc_len, **res, "max_batch": max_bs,
                             **({"engines": f"rep{rep}"} if fresh_engines else {}), **({"tp": tp} if tp > 1 else {})}
                     cells.append(cell)
                     with open(cells_path, "a") as f:
@@ -157,6 +157,21 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
             if stopped:
                 break
     return summarize(out, cells, concurrencies, threshold, acc_len, trans, startup, version, gpu, arm_list, load)
+
+
+def engine_batch(concurrencies, max_batch: int | None = None) -> int:
+    """The engines' batch capacity (CUDA graph max batch, running requests, KV pool): the
+    largest C, or `max_batch` when given. Why: the fallback's KV-only queue holds the largest
+    graph's rows, so a run of C=64 alone on engines sized for 64 defers fewer writes than the
+    same cell in a sweep up to 256; --max-batch 256 measures it on the sweep's engines, so its
+    runs pool with the sweep's (session 20)."""
+    largest = max(concurrencies)
+    if max_batch is None:
+        return largest
+    if max_batch < largest:
+        raise BadInputError(f"--max-batch {max_batch} is below the largest --concurrency ({largest}): the engines "
+                            f"could not run that many requests at once. Give at least {largest}, or leave it out.")
+    return max_batch
 
 
 def cell_tp(cell: dict) -> int:
