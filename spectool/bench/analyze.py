@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -132,6 +133,35 @@ def sign_test_above(values, goal: float) -> tuple[int, int, float]:
     or 5 of 5), a median run over it with p = 0.31 (3 of 4) is not."""
     n, k = len(values), sum(v >= goal for v in values)
     return k, n, sum(math.comb(n, i) for i in range(k, n + 1)) / 2 ** n
+
+
+def rank_sum_p(xs, ys) -> float:
+    """Two-sided exact Mann-Whitney p: the chance, if both samples came from one distribution,
+    of a rank sum at least as far from its expectation as the one observed (every split of
+    the pooled values enumerated; ties count half). Why: per-run ratios of two engines (ours
+    against upstream's, sessions apart) cannot be paired, a handful of runs is not normal,
+    and a one-run sweep's 3-point gap must not read as a difference when the runs overlap.
+    Exact up to a few thousand splits, the normal approximation beyond."""
+    xs, ys = list(xs), list(ys)
+    pooled, n, m = xs + ys, len(xs), len(ys)
+    if not n or not m:
+        raise ValueError("rank_sum_p needs runs on both sides")
+
+    def u(a, b):
+        return sum((p > q) + 0.5 * (p == q) for p in a for q in b)
+
+    centre, observed = n * m / 2, abs(u(xs, ys) - n * m / 2)
+    if math.comb(n + m, n) > 20000:
+        sd = math.sqrt(n * m * (n + m + 1) / 12)
+        return math.erfc(max(observed - 0.5, 0) / sd / math.sqrt(2))
+    as_far = total = 0
+    for idx in itertools.combinations(range(n + m), n):
+        chosen = set(idx)
+        a = [pooled[i] for i in idx]
+        b = [pooled[i] for i in range(n + m) if i not in chosen]
+        total += 1
+        as_far += abs(u(a, b) - centre) >= observed - 1e-9
+    return as_far / total
 
 
 def _each_run(cells: list[dict], concurrencies: list[int], acc_len: float | None) -> dict:
@@ -432,6 +462,25 @@ def compare_markdown(rat: dict, concurrencies: list[int]) -> str:
         a2a0 = [rat[n].get(C, {}).get("A2/A0") for n in names]
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         lines.append(f"| {C} | " + " | ".join(map(fmt, a2e)) + " | " + " | ".join(map(fmt, a2a0)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def compare_runs_markdown(cells_by_name: dict, concurrencies: list[int], ratio: str = "A2/E") -> str:
+    """Per C, each source's per-run `ratio` (median run, range, runs) and, for two sources, the
+    exact rank-sum p of their runs (`rank_sum_p`): whether one engine's runs sit apart from the
+    other's, or the gap between two medians is run-to-run noise. name -> merged cells."""
+    per = {n: per_run_ratios(cs, concurrencies) for n, cs in cells_by_name.items()}
+    names = list(per)
+    pair = len(names) == 2
+    lines = ["| C | " + " | ".join(f"{ratio} {n}: median run (range, runs)" for n in names)
+             + (" | rank-sum p |" if pair else " |"), "|" + "---|" * (1 + len(names) + pair)]
+    for C in concurrencies:
+        runs = [list(per[n].get(C, {}).get(ratio, {}).get("runs", {}).values()) for n in names]
+        if not any(runs):
+            continue
+        cols = [f"{statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f}, {len(r)})" if r else "-" for r in runs]
+        test = [f"{rank_sum_p(*runs):.2f}" if all(runs) else "-"] if pair else []
+        lines.append(f"| {C} | " + " | ".join(cols + test) + " |")
     return "\n".join(lines) + "\n"
 
 
