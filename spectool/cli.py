@@ -350,8 +350,8 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
                    "shared by all arms); a folder holds cells of one TP size only.")
 @click.option("--max-batch", type=click.IntRange(min=1), default=None,
               help="The engines' batch capacity (CUDA graph max batch, running requests, KV pool); default the "
-                   "largest --concurrency. Give the full sweep's (256) to measure some of its C on the same engines, "
-                   "so the runs pool with it.")
+                   "largest --concurrency. Give the full sweep's (256) to measure or profile some of its C on the "
+                   "same engines, so the runs pool with it.")
 @_json_opt
 @guarded
 def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, transition_arms, arm_names,
@@ -382,7 +382,8 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
 
         rows = profile(Path(out_dir), threshold=threshold, concurrencies=cs, arm_names=arms_measured,
                        variants=variants, steps=profile_steps, prompt_len=prompt_len, acc_len=accs[0], sglang_dir=sglang_dir,
-                       max_engines=max_engines, load=profile_load, port_base=port_base, tp=tp, console=_console(),
+                       max_engines=max_engines, load=profile_load, port_base=port_base, tp=tp, max_batch=max_batch,
+                       console=_console(),
                        **({"out_len": out_len} if profile_load != "wave" else {}))
         click.echo(to_json(rows) if as_json else (Path(out_dir) / "profile.md").read_text())
         return

@@ -753,8 +753,8 @@ def test_session_20s_a4_runs_at_c64_on_the_sweeps_engines(tmp_path):
     KV-only queue defers four steps a replay, as in the sweep) with sessions 17-18's eight:
     the A4 arm's median run is 0.984 but only 9 of 14 runs clear 0.98 (p = 0.21): within 2%
     by the median run, not beyond run-to-run noise. A2 (T=32) at C=64 falls back on at least
-    98% of each cell's steps (one or two per wave speculate, before the wave's second prefill
-    chunk joins), so its runs measure nearly the same step: A4's or A2's ratio per run (their
+    98% of each cell's steps (a wave's last step, when only its second prefill chunk's few
+    requests are left, speculates), so its runs measure nearly the same step: A4's or A2's ratio per run (their
     mean where a run has both), 22 runs, clear 0.98 in 17 (p = 0.008)."""
     from spectool.bench.sweep import merge
 

@@ -127,7 +127,7 @@ def test_a_sweep_starts_its_engines_measures_every_cell_and_resumes(tmp_path, st
 def test_max_batch_sizes_the_engines_for_the_full_sweep_while_measuring_some_of_its_c(tmp_path, stub_engines):
     """--max-batch: a run of C=1 alone on engines shaped as a sweep up to 8 (graphs, running
     requests, KV pool), recorded in each cell; below the largest C it is refused before any
-    engine starts."""
+    engine starts. A profile sizes its engines the same way."""
     kw = dict(threshold=4, concurrencies=(1,), prompt_len=4, out_len=8, transition=False, budget_s=120,
               arm_names=["A0", "A2"], port_base=27200, reps=1)
     sweep.run(tmp_path / "sized", max_batch=8, **kw)
@@ -140,6 +140,10 @@ def test_max_batch_sizes_the_engines_for_the_full_sweep_while_measuring_some_of_
         sweep.run(tmp_path / "small", max_batch=4, **{**kw, "concurrencies": (1, 8)})
     assert len(stub_engines.read_text().splitlines()) == 2, "the refused run started no engine"
     assert not (tmp_path / "small").exists()
+    sweep.profile(tmp_path / "profile", threshold=4, concurrencies=[4], arm_names=["A0"], steps=4, out_len=8,
+                  prompt_len=4, port_base=27300, max_batch=8)
+    profiled = json.loads(stub_engines.read_text().splitlines()[-1])
+    assert profiled["cuda_graph_max_bs"] == 8 and profiled["max_total_tokens"] == sweep.kv_pool_tokens(8, 4, 8)
 
 
 def test_a_profile_reduces_each_trace_and_keeps_an_excerpt(tmp_path, stub_engines):

@@ -359,7 +359,7 @@ def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int,
 def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"), variants=(), steps: int = 30,
             prompt_len: int = 128, out_len: int = 1024, acc_len: float = 3.0, sglang_dir: str | None = None,
             max_engines: int = MAX_ENGINES, load: str = "wave", port_base: int = PORT_BASE, tp: int = 1,
-            console=None) -> dict:
+            max_batch: int | None = None, console=None) -> dict:
     """Profile `steps` steady-state steps per arm and C with SGLang's own profiler and reduce
     each trace (bench/profile.py): profile.json and profile.md in `out`. `load`: "wave" (decode
     steps of one wave of long requests), "lockstep" (the sweep's own waves of `out_len`, for
@@ -373,7 +373,7 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
     from ..verify.runner import gpu_info
     from . import profile as prof
 
-    max_bs = max(concurrencies)
+    max_bs = engine_batch(concurrencies, max_batch)
     arm_list = select_arms(threshold, max_bs, arm_names, variants)
     if len(arm_list) > max_engines:
         raise BadInputError(f"--profile runs its arms side by side: {len(arm_list)} arms are more than --max-engines "
