@@ -420,9 +420,10 @@ def _rotated(arm_list, rep):
 
 
 # What to change when the engines do not fit the GPU together (each arm's engine holds a KV
-# pool for every request of the largest C at full length): degraded_engine, engine_failure.
-MEMORY_ADVICE = ("Free GPU memory: fewer arms at once (--arms, --max-engines), a smaller largest C, or shorter "
-                 "requests (--out-len), and run again.")
+# pool for every request of its batch capacity at full length: engine_batch): degraded_engine,
+# engine_failure.
+MEMORY_ADVICE = ("Free GPU memory: fewer arms at once (--arms, --max-engines), a smaller largest C or --max-batch, "
+                 "or shorter requests (--out-len), and run again.")
 
 
 def degraded_engine(arm: str, log: str) -> str | None:
@@ -461,7 +462,7 @@ def _wait_ready(procs, out, timeout):
 def engine_failure(arm: str, returncode: int, during: str, log: Path) -> str:
     """Why an arm's engine died, in one paragraph: the error its log ends with (the exit code
     alone, -9 or 1, says nothing), and for CUDA out-of-memory what to change: every arm's
-    engine shares the GPU and holds a KV pool sized for the largest C's whole requests."""
+    engine shares the GPU and holds a KV pool sized for its batch capacity's whole requests."""
     lines = log.read_text(errors="replace").splitlines() if log.exists() else []
     errors = [ln.strip() for ln in lines if re.match(r"^\s*[\w.]*(Error|Exception)\b.*:", ln)]
     msg = f"bench arm {arm}'s engine exited with {returncode} during {during}"
