@@ -9,7 +9,9 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 for g in 0 1; do
   (
-    export CUDA_VISIBLE_DEVICES=$g SITE=/tmp/site-g$g
+    # A runtime copy per release and GPU: setup.sh keeps a copy already there, so a warm
+    # machine must not find another release's under this name (session 20).
+    export CUDA_VISIBLE_DEVICES=$g SITE=/tmp/site-$SGLANG_VERSION-g$g
     bash tools/device/bench.sh "$SGLANG_VERSION" "$RESULTS-g$g" "$@" --port-base $((22000 + 3000 * g)) \
       > "$OUT/bench-g$g.out" 2>&1
     echo "rc=$?" >> "$OUT/bench-g$g.out"
