@@ -322,7 +322,9 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
                    "(a variant of A2 also runs the transition workload, as a same-run control). Repeatable.")
 @click.option("--max-engines", type=click.IntRange(min=1), default=MAX_ENGINES, show_default=True,
               help="Engines on the GPU at once; more arms run in waves (an 8B-shaped engine takes ~28 GiB).")
-@click.option("--suggest-threshold", "suggest", is_flag=True, help="Only print T from the recorded results in --out.")
+@click.option("--suggest-threshold", "suggest", is_flag=True,
+              help="Only print T from the recorded results in --out (every C measured there, or --concurrency), and "
+                   "which C to measure between the last win and the first loss to place it more finely.")
 @click.option("--profile", "profile_steps", type=click.IntRange(min=0), default=0,
               help="Instead of the sweep: profile this many steady-state decode steps per arm and C (SGLang's profiler), "
                    "and report ms/step against GPU-busy ms/step (profile.md).")
@@ -370,7 +372,10 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
             if not (folder / "cells.jsonl").exists():
                 raise BadInputError(f"--suggest-threshold: {folder} has no cells.jsonl; measure there first "
                                     "(spectool bench --out with the same folder).")
-            res = analyze.suggest_threshold(analyze.load_medians(folder, a), cs)
+            m = analyze.load_medians(folder, a)
+            # Every C the folder measured (a merge with finer points included), unless named.
+            named = click.get_current_context().get_parameter_source("concurrency") != click.core.ParameterSource.DEFAULT
+            res = analyze.suggest_threshold(m, cs if named else sorted({C for _, C in m}))
             click.echo(to_json(res) if as_json else f"acceptance {a:g}: suggested threshold {res['threshold']} ({res['why']})")
         return
     if merge_from:

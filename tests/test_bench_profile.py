@@ -196,3 +196,24 @@ def test_the_engines_of_a_bench_and_a_profile_share_one_kv_pool_size():
     src = inspect.getsource(sweep)
     assert src.count("kv_pool_tokens(max_bs, prompt_len, out_len)") == 2 and "+ 16) + 4096" not in src.replace(
         inspect.getsource(sweep.kv_pool_tokens), "")
+
+
+def test_the_final_recipes_lockstep_profile_puts_a4s_decode_step_1_3_percent_over_a0s():
+    """Session 21 profiled the final recipes (tree 9b56ff7, recipes = 12d88a3's) on the
+    sweep's lockstep waves at C=64, engines sized for 256: 255 decode steps per arm and
+    window. In the second window (wave 2, warm engines) a steady step of plain decoding
+    takes 5.952 ms from one forward to the next, the fallback's 6.028 (+0.075 ms, +1.3%):
+    +0.040 ms inside the step's span (the fallback's own kernels and the EAGLE-3 hidden
+    states) and +0.029 ms between spans, with 14 kernels there against 5. The A4 arm's
+    bench runs read 1.4% below A0 at C=64 (median run 0.986): the rest is the waves'
+    prefills, which the window's mean includes."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    rows = json.loads((root / "results/profile-0.5.12-s21-lockstep/profile.json").read_text())["rows"]
+    a0, a4 = rows["A0@64#2"]["anatomy"], rows["A4@64#2"]["anatomy"]
+    assert (a0["between_kernels"], a4["between_kernels"]) == (5, 14)
+    assert round(a4["interval_ms"] - a0["interval_ms"], 3) == 0.075
+    assert 0.012 < (a4["interval_ms"] - a0["interval_ms"]) / a0["interval_ms"] < 0.014
+    assert round(a4["forward_ms"] - a0["forward_ms"], 3) == 0.040
+    assert round(a4["between_ms"] - a0["between_ms"], 3) == 0.029

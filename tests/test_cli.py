@@ -158,6 +158,18 @@ def test_bench_suggest_threshold_per_acceptance(tmp_path):
     r = run("bench", "--out", tmp_path, "--acc-len", "2.0,3.0", "--suggest-threshold", "--concurrency", "1,4,16,64,256")
     assert r.exit_code == 0, r.output
     assert "acceptance 2: suggested threshold 4" in r.output and "acceptance 3: suggested threshold 16" in r.output
+    # Without --concurrency, every C the folder measured counts (finer points merged in);
+    # a grid step of more than 25% around the crossover names the counts to measure.
+    folder = tmp_path / "acc-3"
+    extra = [{"arm": arm, "C": 32, "rep": 0, "acc_len": 3.0, "output_tok_s": 100 * 32 if arm == "A0" else 150 * 32}
+             for arm in ("A0", "A1")]
+    with (folder / "cells.jsonl").open("a") as f:
+        f.write("\n" + "\n".join(json.dumps(c) for c in extra))
+    r = run("bench", "--out", folder, "--suggest-threshold")
+    assert r.exit_code == 0 and "suggested threshold 32" in r.output, r.output
+    assert "between 32 and 64: measure --concurrency 40,48,56 --arms A0,A1" in r.output
+    r = run("bench", "--out", folder, "--suggest-threshold", "--concurrency", "1,4,16,64")
+    assert "suggested threshold 16" in r.output and "measure --concurrency 28,40,52" in r.output
     r = run("bench", "--out", tmp_path / "empty", "--suggest-threshold")
     assert r.exit_code == 2 and "has no cells.jsonl" in r.output and "Traceback" not in r.output
 

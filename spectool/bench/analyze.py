@@ -256,7 +256,14 @@ def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:
     """The rule: speculate while it wins. Walking up the measured concurrencies, T is the
     last C at which EAGLE-3 (A1) is at least as fast as no speculation (A0) before the first
     C where it loses; a decode batch of more than T requests then falls back. 0 when
-    speculation never wins."""
+    speculation never wins.
+
+    The crossover lies somewhere between T and that first loss, and the rule places T at its
+    low end: on the H200 the sweep's grid gave T=32 while EAGLE-3 still won by 3-12% at C =
+    40 and 48 (results/bench-0.5.12-s21-band-*). `refine` lists request counts between the
+    two to measure (A0 and A1 only) and merge, so the rule can place T on a finer grid; none
+    once the two are within 25% of each other, where run-to-run noise (A1/A0 at C=48 read
+    0.998-1.038 in four runs) is as large as the step."""
     measured = [C for C in concurrencies if ("A0", C) in m and ("A1", C) in m]
     T = 0
     for C in measured:
@@ -264,9 +271,20 @@ def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:
             break
         T = C
     wins = [C for C in measured if m[("A1", C)]["median"] >= m[("A0", C)]["median"]]
+    first_loss = next((C for C in measured if C > T), None)
+    refine = refine_between(T, first_loss) if T and first_loss and first_loss > 1.25 * T else []
     why = ("speculation never wins: always fall back" if T == 0 else
            f"EAGLE-3 is at least as fast as plain decoding up to C={T} and slower above")
-    return {"threshold": T, "wins": wins, "loses": [C for C in measured if C not in wins], "why": why}
+    if refine:
+        why += (f"; the crossover lies between {T} and {first_loss}: measure --concurrency "
+                f"{','.join(map(str, refine))} --arms A0,A1 and merge to place T more finely")
+    return {"threshold": T, "wins": wins, "loses": [C for C in measured if C not in wins],
+            "refine": refine, "why": why}
+
+
+def refine_between(low: int, high: int) -> list[int]:
+    """Up to three request counts evenly between two measured ones (32, 64 -> 40, 48, 56)."""
+    return sorted({round(low + k * (high - low) / 4) for k in (1, 2, 3)} - {low, high})
 
 
 def markdown(m: dict, concurrencies: list[int], arms: list[str], r: dict | None = None) -> str:
