@@ -822,6 +822,7 @@ def test_the_rule_names_the_request_counts_to_measure_between_its_last_win_and_f
 
     wide = analyze.suggest_threshold(mk({16: (1, 2), 32: (1, 2), 64: (2, 1)}), [16, 32, 64])
     assert (wide["threshold"], wide["refine"]) == (32, [40, 48, 56])
+    assert analyze.suggest_threshold(mk({16: (1, 2), 32: (1, 2), 64: (2, 1)}), [64, 16, 32]) == wide, "walks up C"
     assert "measure --concurrency 40,48,56 --arms A0,A1" in wide["why"]
     assert analyze.suggest_threshold(mk({48: (1, 2), 56: (2, 1)}), [48, 56])["refine"] == []
     assert analyze.suggest_threshold(mk({1: (1, 2), 2: (1, 2)}), [1, 2])["refine"] == []

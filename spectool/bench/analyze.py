@@ -264,7 +264,7 @@ def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:
     two to measure (A0 and A1 only) and merge, so the rule can place T on a finer grid; none
     once the two are within 25% of each other, where run-to-run noise (A1/A0 at C=48 read
     0.998-1.038 in four runs) is as large as the step."""
-    measured = [C for C in concurrencies if ("A0", C) in m and ("A1", C) in m]
+    measured = sorted(C for C in set(concurrencies) if ("A0", C) in m and ("A1", C) in m)
     T = 0
     for C in measured:
         if m[("A1", C)]["median"] < m[("A0", C)]["median"]:
