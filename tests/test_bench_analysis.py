@@ -633,6 +633,7 @@ def test_the_sign_test_says_when_a_median_run_clears_its_goal_beyond_noise():
 
 # The final recipes' A0/A2/A4 runs at C = 64, 256 of sessions 17-18, one folder per run.
 S17_S18_RUNS = [f"{s}-g{g}" for s in ("s17", "s17b", "s18", "s18b") for g in (0, 1)]
+S19_RUNS = [f"{s}-{r}-g{g}" for s in ("s19", "s19b") for r in "ab" for g in (0, 1)]
 
 
 def test_the_final_trees_runs_clear_c64_by_their_median_but_not_beyond_noise(tmp_path):
@@ -704,9 +705,8 @@ def test_sixteen_runs_of_the_final_recipes_put_a2_over_the_bar_at_c64_beyond_noi
     run that measured it). The new eight alone: 7 of 8 (p = 0.035) at both C."""
     from spectool.bench.sweep import merge
 
-    new = [f"{s}-{r}-g{g}" for s in ("s19", "s19b") for r in "ab" for g in (0, 1)]
-    for names, want in ((new, {"64": (7, 8, 0.035), "256": (7, 8, 0.035)}),
-                        (S17_S18_RUNS + new, {"64": (13, 16, 0.011), "256": (13, 16, 0.011)})):
+    for names, want in ((S19_RUNS, {"64": (7, 8, 0.035), "256": (7, 8, 0.035)}),
+                        (S17_S18_RUNS + S19_RUNS, {"64": (13, 16, 0.011), "256": (13, 16, 0.011)})):
         per = merge(tmp_path / str(len(names)), [RESULTS.parent / f"bench-0.5.12-{n}" for n in names], 3.0)["per_run_ratios"]
         for C, (k_want, n_want, p_want) in want.items():
             runs = list(per[C]["A2/A0"]["runs"].values())
@@ -748,6 +748,19 @@ def test_rank_sum_p_is_the_exact_mann_whitney_p():
 S20_RUNS = [f"s20-{r}-g{g}" for r in "abc" for g in (0, 1)]
 
 
+def _assert_a4_runs_on_the_sweeps_engines(names):
+    """Each run measured A0 and A4 at C=64 alone on engines sized for 256 (--max-batch), and
+    A4's KV-only queue wrote every replay after four steps ("queued"), as in the sweep's
+    C=64 cells."""
+    for n in names:
+        folder = RESULTS.parent / f"bench-0.5.12-{n}"
+        cells = analyze.read_cells(folder / "cells.jsonl")
+        assert {(c["arm"], c["C"], c["max_batch"]) for c in cells} == {("A0", 64, 256), ("A4", 64, 256)}
+        stats = json.loads((folder / "A4.stats.json").read_text())
+        assert set(stats["draft_kv_only_flush_causes"]) == {"queued"}
+        assert stats["draft_kv_only_flush_causes"]["queued"] == stats["draft_kv_only_graph_steps"] // 4
+
+
 def test_session_20s_a4_runs_at_c64_on_the_sweeps_engines(tmp_path):
     """Session 20's six A0/A4 runs at C=64 (engines sized for 256 with --max-batch, so A4's
     KV-only queue defers four steps a replay, as in the sweep) with sessions 17-18's eight:
@@ -758,14 +771,8 @@ def test_session_20s_a4_runs_at_c64_on_the_sweeps_engines(tmp_path):
     mean where a run has both), 22 runs, clear 0.98 in 17 (p = 0.008)."""
     from spectool.bench.sweep import merge
 
-    for n in S20_RUNS:
-        cells = analyze.read_cells(RESULTS.parent / f"bench-0.5.12-{n}" / "cells.jsonl")
-        assert {(c["arm"], c["C"], c["max_batch"]) for c in cells} == {("A0", 64, 256), ("A4", 64, 256)}
-        stats = json.loads((RESULTS.parent / f"bench-0.5.12-{n}" / "A4.stats.json").read_text())
-        assert set(stats["draft_kv_only_flush_causes"]) == {"queued"}
-        assert stats["draft_kv_only_flush_causes"]["queued"] == stats["draft_kv_only_graph_steps"] // 4
-    s19 = [f"{s}-{r}-g{g}" for s in ("s19", "s19b") for r in "ab" for g in (0, 1)]
-    folders = [RESULTS.parent / f"bench-0.5.12-{n}" for n in S17_S18_RUNS + s19 + S20_RUNS]
+    _assert_a4_runs_on_the_sweeps_engines(S20_RUNS)
+    folders = [RESULTS.parent / f"bench-0.5.12-{n}" for n in S17_S18_RUNS + S19_RUNS + S20_RUNS]
     per = merge(tmp_path / "pooled", folders, 3.0)["per_run_ratios"]["64"]
     a4 = per["A4/A0"]
     assert (round(a4["median"], 3), a4["at_or_above"], len(a4["runs"]), round(a4["p_above"], 3)) == (0.984, 9, 14, 0.212)
@@ -842,17 +849,10 @@ def test_session_21s_a4_runs_put_the_fallback_within_2_percent_at_c64_beyond_noi
     noise, where session 20's 14 runs (9 of 14, p = 0.21) did not show it."""
     from spectool.bench.sweep import merge
 
-    for n in S21_RUNS:
-        folder = RESULTS.parent / f"bench-0.5.12-{n}"
-        cells = analyze.read_cells(folder / "cells.jsonl")
-        assert {(c["arm"], c["C"], c["max_batch"]) for c in cells} == {("A0", 64, 256), ("A4", 64, 256)}
-        stats = json.loads((folder / "A4.stats.json").read_text())
-        assert set(stats["draft_kv_only_flush_causes"]) == {"queued"}
-        assert stats["draft_kv_only_flush_causes"]["queued"] == stats["draft_kv_only_graph_steps"] // 4
+    _assert_a4_runs_on_the_sweeps_engines(S21_RUNS)
     new = merge(tmp_path / "s21", [RESULTS.parent / f"bench-0.5.12-{n}" for n in S21_RUNS], 3.0)["per_run_ratios"]["64"]["A4/A0"]
     assert (new["at_or_above"], len(new["runs"]), round(new["p_above"], 3)) == (8, 9, 0.02)
-    s19 = [f"{s}-{r}-g{g}" for s in ("s19", "s19b") for r in "ab" for g in (0, 1)]
-    names = S17_S18_RUNS + s19 + S20_RUNS + S21_RUNS
+    names = S17_S18_RUNS + S19_RUNS + S20_RUNS + S21_RUNS
     a4 = merge(tmp_path / "all", [RESULTS.parent / f"bench-0.5.12-{n}" for n in names], 3.0)["per_run_ratios"]["64"]["A4/A0"]
     runs = list(a4["runs"].values())
     assert (round(a4["median"], 3), a4["at_or_above"], len(runs), round(a4["p_above"], 3)) == (0.986, 17, 23, 0.017)
