@@ -375,7 +375,7 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
             m = analyze.load_medians(folder, a)
             # Every C the folder measured (a merge with finer points included), unless named.
             named = click.get_current_context().get_parameter_source("concurrency") != click.core.ParameterSource.DEFAULT
-            res = analyze.suggest_threshold(m, cs if named else sorted({C for _, C in m}))
+            res = analyze.suggest_threshold(m, cs if named else [C for _, C in m])
             click.echo(to_json(res) if as_json else f"acceptance {a:g}: suggested threshold {res['threshold']} ({res['why']})")
         return
     if merge_from:
