@@ -367,7 +367,8 @@ def test_deferred_kv_only_writes_equal_the_step_by_step_ones(patched_release):
 
 
 def test_kv_only_switch_and_dispatch(patched_release, monkeypatch):
-    """On by default 8 above the threshold, SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN sets the
+    """On by default on every step above the threshold (margin 0 since session 21; 8 before),
+    SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN sets the
     margin or `off`; refused (with the reason: a warning when asked for by name, info by
     default) for drafts whose K/V need more than the input layer; used only more than the
     margin above the threshold, the full draft forward below."""
@@ -392,7 +393,7 @@ def test_kv_only_switch_and_dispatch(patched_release, monkeypatch):
         bind_methods(path, "EAGLEWorkerV2", ns, w, "_spec_fallback_kv_only_unsupported", "_spec_fallback_env_count")
         return w
 
-    for value, expect in ((None, 40), ("off", None), ("x", None), ("0", 32), ("3", 35)):
+    for value, expect in ((None, 32), ("off", None), ("x", None), ("0", 32), ("3", 35), ("8", 40)):
         if value is None:
             monkeypatch.delenv("SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", raising=False)
         else:

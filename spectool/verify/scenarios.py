@@ -137,6 +137,10 @@ DRAFT_DECODE = {"SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS": "1"}
 # speculative step after it drafts from zeros, and tokens stay exact. At T=0 the default
 # margin itself is pinned: 8 requests take the full sync, 9-12 the KV-only one.
 DRAFT_KV_ONLY = {"SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN": "0"}
+# The default margin is 0 since session 21 (it was 8): the engines whose scenarios claim the
+# full draft sync inside a margin of 8 (T+1 at T=4; 8 requests at T=0) ask for 8 by name, so
+# each claim keeps the meaning it had in the recorded runs; eagle3-t4-kv-only asks for 0.
+MARGIN_8 = {"SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN": "8"}
 # The KV-only draft prefill (on by default since session 8), asked for by name on the engines
 # that claim it, so the claim does not hang on the default: 12 requests at T=0 (the default
 # margin) and at T=4 with margin 0, then speculation resumes over the draft KV it wrote
@@ -155,12 +159,13 @@ def configs() -> list[EngineConfig]:
         EngineConfig("base-graph", None, workloads=["bs1", f"bs{T-1}", f"bs{T}", f"bs{T+1}", "bs8", "stagger", "arrive"]),
         EngineConfig("base-eager", None, cuda_graph=False, workloads=[f"bs{T+1}", "stagger"]),
         EngineConfig("base-chunked", None, chunked_prefill=64, workloads=["long"]),
-        EngineConfig("eagle3-t4", "EAGLE3", T, workloads=["bs1", f"bs{T-1}", f"bs{T}", f"bs{T+1}", "stagger", "arrive"]),
+        EngineConfig("eagle3-t4", "EAGLE3", T, workloads=["bs1", f"bs{T-1}", f"bs{T}", f"bs{T+1}", "stagger", "arrive"],
+                     env=MARGIN_8),
         EngineConfig("eagle3-t0", "EAGLE3", 0, workloads=["bs8", "stagger"],
-                     env={**DRAFT_DECODE, **KV_ONLY_PREFILL, **KV_ONLY_EACH_STEP}),
+                     env={**DRAFT_DECODE, **KV_ONLY_PREFILL, **KV_ONLY_EACH_STEP, **MARGIN_8}),
         EngineConfig("eagle3-t4-eager", "EAGLE3", T, cuda_graph=False, workloads=[f"bs{T+1}", "stagger"],
-                     env=DRAFT_DECODE),
-        EngineConfig("eagle3-t4-chunked", "EAGLE3", T, chunked_prefill=64, workloads=["long"]),
+                     env={**DRAFT_DECODE, **MARGIN_8}),
+        EngineConfig("eagle3-t4-chunked", "EAGLE3", T, chunked_prefill=64, workloads=["long"], env=MARGIN_8),
         EngineConfig("eagle3-t4-kv-only", "EAGLE3", T, workloads=[f"bs{T+1}", "stagger", "arrive"],
                      env={**DRAFT_KV_ONLY, **KV_ONLY_PREFILL, **KV_ONLY_DEFER}),
         EngineConfig("standalone-t4", "STANDALONE", T, workloads=["bs1", "stagger", "arrive"]),
@@ -175,7 +180,7 @@ def scenarios() -> list[Scenario]:
         Scenario("eagle3 always-fallback (T=0)", "eagle3-t0", "bs8", Expect("all", kv_only="zero"),
                  "threshold 0, draft decode sync (8 requests: within the KV-only margin)"),
         Scenario("eagle3 always-fallback stagger (T=0)", "eagle3-t0", "stagger", Expect("all", kv_only="graph", kv_only_prefill="positive"),
-                 "threshold 0: KV-only prefill and sync (CUDA graph) above 8 requests (default margin), then draft decode"),
+                 "threshold 0: KV-only prefill and sync (CUDA graph) above 8 requests (margin 8), then draft decode"),
         Scenario("eagle3 bs=1 (always spec)", "eagle3-t4", "bs1", Expect("zero"), "threshold far above the batch"),
         Scenario(f"eagle3 bs=T-1={T-1}", "eagle3-t4", f"bs{T-1}", Expect("zero"), "below threshold"),
         Scenario(f"eagle3 bs=T={T}", "eagle3-t4", f"bs{T}", Expect("zero"), "at threshold (drafting stays on)"),
@@ -191,7 +196,7 @@ def scenarios() -> list[Scenario]:
                  "eager, draft decode sync, then speculation resumes"),
         Scenario("eagle3 chunked prefill long prompt", "eagle3-t4-chunked", "long", Expect("positive"), "chunked prefill (64), 180-token prompts"),
         Scenario("eagle3 KV-only draft sync", "eagle3-t4-kv-only", f"bs{T+1}", Expect("positive", kv_only="graph"),
-                 "KV-only draft sync above T (margin 0), replayed from its CUDA graph padded to a captured size"),
+                 "KV-only draft sync above T (margin 0, the default), replayed from its CUDA graph padded to a captured size"),
         Scenario("eagle3 KV-only transition down", "eagle3-t4-kv-only", "stagger",
                  Expect("positive", spec_after_fallback=True, kv_only="positive", kv_only_prefill="positive"),
                  "KV-only prefill and sync, then speculation resumes from zero drafts over that draft KV"),

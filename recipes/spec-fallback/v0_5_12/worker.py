@@ -115,16 +115,22 @@ class EAGLEWorkerV2:
 
     def _spec_fallback_init_draft_kv_only(self):
         """While the batch is more than M requests above the threshold
-        (SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN, default 8; `off`: never), the draft KV sync
+        (SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN, default 0; `off`: never), the draft KV sync
         computes only what the draft's KV cache holds, the K and V of its one layer, not the
         draft's output. Measured on the H200 (results/bench-0.5.12-kv-only, same run, T=0):
         A4/A0 0.921 -> 0.977 at C=64, 0.957 -> 0.977 at C=256; golden tokens exact.
 
         The output (top-k and hidden state for the next draft) matters only if the next step
         speculates, which it can only do from within M of the threshold, where the full
-        forward still runs. If the batch falls further in one step, that speculative step
-        drafts from zeros: its drafts are rejected, the tokens stay the target's, and the spec
-        path's own draft extend reseeds the next draft. EAGLE-3 heads of one layer only."""
+        forward runs. If the batch falls further in one step, that speculative step drafts
+        from zeros: its drafts are rejected, the tokens stay the target's, and the spec
+        path's own draft extend reseeds the next draft. EAGLE-3 heads of one layer only.
+        The default was 8 until session 21 measured what the full sync inside it costs: an
+        eager draft forward, 5-7% of plain decoding (A2/A0 0.93-0.95 at T=32, C=40 and at
+        T=48, C=56), where margin 0 kept 0.993 (results/bench-0.5.12-s21-margin). At 0 the
+        full sync runs only inside the hysteresis band (the fallback on, the batch at most T),
+        so --speculative-disable-batch-size-hysteresis is what buys real drafts on the way
+        back under T."""
         self._fallback_kv_only_above = None
         # On by default since its non-blocking copy measured 1-2 points above the full draft
         # prefill (results/bench-0.5.12-kv-prefill-fixed); SPECTOOL_FALLBACK_KV_ONLY_PREFILL=0
@@ -133,7 +139,7 @@ class EAGLEWorkerV2:
             os.environ.get("SPECTOOL_FALLBACK_KV_ONLY_PREFILL", "1") != "0"
         )
         margin = self._spec_fallback_env_count(
-            "SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", "8", "the draft runs in full"
+            "SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", "0", "the draft runs in full"
         )
         if margin is None:
             return
