@@ -373,8 +373,9 @@ def test_the_kv_only_sync_replays_its_graphs_at_tp2(tmp_path, reparse_verify):
 
 
 def test_deferred_kv_only_writes_ran_token_exact_on_the_h200(tmp_path, reparse_verify):
-    """Session 18's runs of the final tree (12d88a3: the queue's counts derived from its
-    pending lists) at TP=1 and TP=2, session 17's of 70485dd, and session 16's of ee9a8cf
+    """Session 22's runs of the margin-0 default (081e841: the engines that claim the full
+    sync inside a margin of 8 ask for it by name), session 18's of 12d88a3 (the queue's
+    counts derived from its pending lists) at TP=1 and TP=2, session 17's of 70485dd, and session 16's of ee9a8cf
     before the FutureMap views and the queue kept by reference: every scenario
     token-exact and passing; the KV-only engine wrote its 168 KV-only steps in far fewer
     replays (4 steps per replay by default), counted by cause, two of them the queue written
@@ -388,7 +389,8 @@ def test_deferred_kv_only_writes_ran_token_exact_on_the_h200(tmp_path, reparse_v
     def engine_stats(run, engine):  # the fallback's counters as the engine left them
         return json.loads(reparse_verify.engine_files(run)[f"{engine}.stats.json"])
 
-    runs = (("verify-0.5.12", 1), ("verify-0.5.12-tp2/session18-12d88a3", 2),
+    runs = (("verify-0.5.12/session22-081e841", 1), ("verify-0.5.12-tp2/session22-081e841", 2),
+            ("verify-0.5.12", 1), ("verify-0.5.12-tp2/session18-12d88a3", 2),
             ("verify-0.5.12/session17-70485dd", 1), ("verify-0.5.12-tp2/session17-70485dd", 2),
             ("verify-0.5.12/session16-ee9a8cf", 1), ("verify-0.5.12-tp2/session16-ee9a8cf", 2))
     for name, tp in runs:
