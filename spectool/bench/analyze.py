@@ -379,17 +379,35 @@ def plot(m: dict, concurrencies: list[int], arms: dict, path, title: str) -> Non
                     yerr=[[p[1]["median"] - p[1]["min"] for p in pts], [p[1]["max"] - p[1]["median"] for p in pts]],
                     marker="o", capsize=3, label=f"{a}: {label}")
     ax.set_yscale("log")
-    _finish(fig, ax, "output tokens/s (median of reps)", title, path)
+    _finish(fig, ax, "output tokens/s (median of reps)", title, path, [C for _, C in m if C in concurrencies])
 
 
-def _finish(fig, ax, ylabel: str, title: str, path) -> None:
-    """Shared axes of the bench plots: concurrency on a log2 axis, grid, legend, save."""
+def tick_labels(ticks: list[int], min_gap: float = 0.04) -> list[str]:
+    """Labels of the measured C on a log axis: every power of two, and any other C at least
+    `min_gap` of the axis away from each label already placed (the band's 40, 48, 56 between
+    32 and 64 of a 1-256 sweep would print over each other); the rest keep a bare tick."""
+    span = math.log2(max(ticks) / min(ticks)) or 1.0
+    shown = {C for C in ticks if C & (C - 1) == 0}
+    for C in ticks:
+        if all(abs(math.log2(C / k)) / span >= min_gap for k in shown):
+            shown.add(C)
+    return [str(C) if C in shown else "" for C in ticks]
+
+
+def _finish(fig, ax, ylabel: str, title: str, path, ticks) -> None:
+    """Shared axes of the bench plots: concurrency on a log2 axis labelled at the measured C
+    (a narrow band such as 40-56 holds no power of two, so log ticks would leave it bare),
+    grid, legend, save."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
     ax.set_xscale("log", base=2)
+    ticks = sorted(set(ticks))
+    ax.set_xticks(ticks, tick_labels(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("concurrent requests C (closed loop)")
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -515,4 +533,4 @@ def plot_ratio(rat: dict, concurrencies: list[int], path, title: str) -> None:
         ax.plot(xs, [r[C]["A2/E"] for C in xs], marker="o", label=name)
     ax.axhline(0.98, color="red", ls="--", lw=1, label="goal 0.98")
     ax.axhline(1.0, color="black", lw=0.5)
-    _finish(fig, ax, "A2 / max(A0, A1)", title, path)
+    _finish(fig, ax, "A2 / max(A0, A1)", title, path, [C for r in rat.values() for C in r if C in concurrencies])
