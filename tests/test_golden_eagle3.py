@@ -184,3 +184,33 @@ def test_the_head_drafts_the_copy_and_a_draft_cache_out_of_sync_shows(tp):
     stale = [g.chain_acceptance(target, head, p, 48, spec, unsynced=range(0, len(p))) for p in prompts]
     assert synced == [4.0] * len(prompts), synced
     assert max(stale) < 2.2 and sum(stale) / len(stale) < 1.8, stale
+
+
+def test_a_head_trains_saves_and_loads_back_in_sglangs_layout(tmp_path):
+    """The tool's path on a tiny target: trained once and cached by key, saved under the
+    names SGLang's load_weights maps (q/k/v and gate/up stacked by it) in bf16, with the last
+    step's accuracy per draft step recorded beside it, and read back into a head that drafts."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from spectool.verify.golden_model import save, train
+
+    spec = ModelSpec(vocab=32, hidden=32, layers=8, heads=2, intermediate=64, seq_len=32, min_segment=4,
+                     max_segment=8, steps=3, batch=2)
+    model, _, _ = train(spec, "cpu", log=None)
+    save(model, spec, tmp_path / f"golden-target-{spec.key()}")
+    small = g.HeadSpec(steps=3, batch=2, seq_len=16)
+    out = g.ensure_head(tmp_path, spec, small, log=None)
+    assert out.name == f"golden-eagle3-head-{small.key(spec)}" and g.ensure_head(tmp_path, spec, small, log=None) == out
+    w = load_file(str(out / "model.safetensors"))
+    assert w["model.fc.weight"].shape == (32, 96) and w["model.layers.0.self_attn.q_proj.weight"].shape == (32, 64)
+    assert w["lm_head.weight"].shape == (32, 32) and w["model.layers.0.hidden_norm.weight"].dtype == torch.bfloat16
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["architectures"], cfg["num_hidden_layers"], cfg["draft_vocab_size"]) == (["LlamaForCausalLMEagle3"], 1, 32)
+    assert len(json.loads((out / "spectool-model.json").read_text())["final_accuracy_per_step"]) == 3
+    head, target = g.load_head(out, spec), g.load_target(tmp_path / f"golden-target-{spec.key()}", spec)
+    ids = torch.tensor([[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]])
+    with torch.no_grad():
+        feats, _ = g.target_features(target, ids, spec)
+        assert [x.shape for x in head.chain(target.embed_tokens, feats[:, :8], ids, 3)] == [(1, 8, 32)] * 3

@@ -174,8 +174,9 @@ def train_head(target, spec: ModelSpec, head_spec: HeadSpec = HeadSpec(), device
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
         opt.step()
         sched.step()
-        if log and (step % 100 == 0 or step == n - 1):
+        if step == n - 1 or (log and step % 100 == 0):  # the last step's always: it is saved with the head
             acc = [float((lg.argmax(-1) == g).float().mean()) for lg, g in zip(logits, goals)]
+        if log and (step % 100 == 0 or step == n - 1):
             log(f"golden EAGLE-3 head: step {step}/{n} loss {float(loss.detach()):.4f} accuracy per draft step {[round(a, 3) for a in acc]}")
     return head, acc, time.time() - t0
 
