@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .golden_model import ModelSpec, config_json, copy_sequence
+from .golden_model import ModelSpec, copy_sequence, eagle3_config_json
 
 
 @dataclass(frozen=True)
@@ -181,28 +181,30 @@ def train_head(target, spec: ModelSpec, head_spec: HeadSpec = HeadSpec(), device
     return head, acc, time.time() - t0
 
 
-def head_config_json(spec: ModelSpec) -> dict:
-    cfg = config_json(spec)
-    cfg.update({"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1, "draft_vocab_size": spec.vocab})
-    return cfg
+def sglang_names() -> dict:
+    """SGLang's checkpoint name of each of the head's parameters (``LlamaForCausalLMEagle3.
+    load_weights`` stacks q/k/v and gate/up itself) -> the name in this module's state dict."""
+    p = "model.layers.0."
+    names = {"model.fc.weight": "fc.weight", "model.norm.weight": "norm", "lm_head.weight": "lm_head.weight",
+             p + "hidden_norm.weight": "hidden_norm", p + "input_layernorm.weight": "input_layernorm",
+             p + "post_attention_layernorm.weight": "post_attention_layernorm"}
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        names[p + f"self_attn.{name}.weight"] = f"{name}.weight"
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        names[p + f"mlp.{name}.weight"] = f"{name}.weight"
+    return names
 
 
 def save_head(head, spec: ModelSpec, out: Path, extra: dict | None = None) -> None:
-    """The head in the layout SGLang's ``LlamaForCausalLMEagle3.load_weights`` reads (bf16)."""
+    """The head in the layout SGLang loads (bf16), with the golden EAGLE-3 config."""
     import torch
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    p = "model.layers.0."
-    sd = {"model.fc.weight": head.fc.weight, "model.norm.weight": head.norm, "lm_head.weight": head.lm_head.weight,
-          p + "hidden_norm.weight": head.hidden_norm, p + "input_layernorm.weight": head.input_layernorm,
-          p + "post_attention_layernorm.weight": head.post_attention_layernorm}
-    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-        sd[p + f"self_attn.{name}.weight"] = getattr(head, name).weight
-    for name in ("gate_proj", "up_proj", "down_proj"):
-        sd[p + f"mlp.{name}.weight"] = getattr(head, name).weight
-    save_file({k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in sd.items()}, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(head_config_json(spec), indent=2))
+    own = head.state_dict()
+    save_file({k: own[v].detach().to(torch.bfloat16).contiguous().cpu() for k, v in sglang_names().items()},
+              str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(eagle3_config_json(spec), indent=2))
     (out / "spectool-model.json").write_text(json.dumps(extra or {}, indent=2))
 
 
@@ -266,16 +268,8 @@ def load_head(folder: Path, spec: ModelSpec):
     from safetensors.torch import load_file
 
     head = _head(spec)
-    sd = load_file(str(Path(folder) / "model.safetensors"))
-    p = "model.layers.0."
-    plain = {"model.fc.weight": "fc.weight", "model.norm.weight": "norm", "lm_head.weight": "lm_head.weight",
-             p + "hidden_norm.weight": "hidden_norm", p + "input_layernorm.weight": "input_layernorm",
-             p + "post_attention_layernorm.weight": "post_attention_layernorm"}
-    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-        plain[p + f"self_attn.{name}.weight"] = f"{name}.weight"
-    for name in ("gate_proj", "up_proj", "down_proj"):
-        plain[p + f"mlp.{name}.weight"] = f"{name}.weight"
-    head.load_state_dict({plain[k]: v.float() for k, v in sd.items()})
+    names = sglang_names()
+    head.load_state_dict({names[k]: v.float() for k, v in load_file(str(Path(folder) / "model.safetensors")).items()})
     return head
 
 
