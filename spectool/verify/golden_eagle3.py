@@ -19,6 +19,7 @@ its chain the way SGLang's draft decode does.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -40,8 +41,6 @@ class HeadSpec:
     warmup: int = 50
 
     def key(self, target: ModelSpec) -> str:
-        import hashlib
-
         return hashlib.sha256(json.dumps([asdict(self), target.key()]).encode()).hexdigest()[:12]
 
 
