@@ -132,18 +132,18 @@ def workloads(spec: ModelSpec = ModelSpec(), seed: int = 1234) -> dict[str, Work
 # one-token draft extend below; the golden batches stay under 16, so two engines force the
 # decode sync: the always-fallback engine (CUDA graphs) and the eager one (with a transition).
 DRAFT_DECODE = {"SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS": "1"}
-# The KV-only draft sync (default: more than 8 requests above T, so never at T=4 in these
-# batches) on every fallback step (margin 0), through a switch in both directions: the first
-# speculative step after it drafts from zeros, and tokens stay exact. At T=0 the default
-# margin itself is pinned: 8 requests take the full sync, 9-12 the KV-only one.
+# The KV-only draft sync on every fallback step (margin 0, the default since session 22),
+# asked for by name, through a switch in both directions: the first speculative step after
+# it drafts from zeros, and tokens stay exact. At T=0 a margin of 8 is pinned (MARGIN_8):
+# 8 requests take the full sync, 9-12 the KV-only one.
 DRAFT_KV_ONLY = {"SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN": "0"}
-# The default margin is 0 since session 21 (it was 8): the engines whose scenarios claim the
+# The default margin is 0 since session 22 (it was 8): the engines whose scenarios claim the
 # full draft sync inside a margin of 8 (T+1 at T=4; 8 requests at T=0) ask for 8 by name, so
 # each claim keeps the meaning it had in the recorded runs; eagle3-t4-kv-only asks for 0.
 MARGIN_8 = {"SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN": "8"}
 # The KV-only draft prefill (on by default since session 8), asked for by name on the engines
-# that claim it, so the claim does not hang on the default: 12 requests at T=0 (the default
-# margin) and at T=4 with margin 0, then speculation resumes over the draft KV it wrote
+# that claim it, so the claim does not hang on the default: 12 requests at T=0 (a margin of
+# 8) and at T=4 with margin 0, then speculation resumes over the draft KV it wrote
 # (T=4). Exact on the H200 on d7cba07 and f79ebae.
 KV_ONLY_PREFILL = {"SPECTOOL_FALLBACK_KV_ONLY_PREFILL": "1"}
 # The KV-only engine at T=4 writes four steps' K/V per graph replay (the default since
