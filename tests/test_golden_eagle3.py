@@ -16,7 +16,7 @@ import pytest
 
 from spectool.testing import load_function
 from spectool.verify import golden_eagle3 as g
-from spectool.verify.golden_model import ModelSpec
+from spectool.verify.golden_model import ModelSpec, load
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ModelSpec()
@@ -28,12 +28,12 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def models():
-    return g.load_target(TARGET, SPEC).eval(), g.load_head(HEAD, SPEC).eval()
+    return load(TARGET, SPEC).eval(), g.load_head(HEAD, SPEC).eval()
 
 
 def _sglang_head(tree: Path, head_dir: Path):
-    """SGLang 0.5.12's EAGLE-3 LlamaModel.forward and LlamaDecoderLayer.forward (from the
-    release's own source) over modules holding the saved weights, with a KV cache by position:
+    """SGLang 0.5.12's EAGLE-3 LlamaModel.forward and LlamaDecoderLayer.forward and its rotary
+    embedding (from the release's own source) over modules holding the saved weights, with a KV cache by position:
     an extend writes its positions, a draft decode step its one position and reads all below."""
     from safetensors.torch import load_file
 
@@ -57,15 +57,21 @@ def _sglang_head(tree: Path, head_dir: Path):
             out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + SPEC.eps) * self.weight
             return out if residual is None else (out, residual)
 
-    def rope(positions, q, k):  # neox style on (tokens, heads * head_dim)
-        inv = 1.0 / (SPEC.rope_theta ** (torch.arange(0, hd, 2).float() / hd))
-        emb = torch.cat([positions[:, None].float() * inv] * 2, -1)[:, None]
+    # SGLang's own rotary embedding (RotaryEmbedding.forward_native over its cos/sin cache),
+    # so the head's RoPE is checked against the release's, not against a copy of it.
+    rot = tree / "sglang/srt/layers/rotary_embedding"
+    rns = {"torch": torch, "Optional": typing.Optional, "Tuple": typing.Tuple, "Union": typing.Union,
+           "FusedSetKVBufferArg": object,
+           "get_global_server_args": lambda: SimpleNamespace(rl_on_policy_target=None),
+           "apply_rotary_emb": load_function(rot / "utils.py", "apply_rotary_emb", {"torch": torch})}
+    rope = SimpleNamespace(head_size=hd, rotary_dim=hd, base=SPEC.rope_theta, max_position_embeddings=4096,
+                           is_neox_style=True, _apply_rotary_emb_wrapped=rns["apply_rotary_emb"])
+    rope._compute_inv_freq = lambda base: load_function(rot / "base.py", "RotaryEmbedding._compute_inv_freq", rns)(rope, base)
+    rope.cos_sin_cache = load_function(rot / "base.py", "RotaryEmbedding._compute_cos_sin_cache", rns)(rope)
+    forward_native = load_function(rot / "base.py", "RotaryEmbedding.forward_native", rns)
 
-        def rot(x):
-            x = x.view(x.shape[0], -1, hd)
-            x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
-            return (x * emb.cos() + torch.cat([-x2, x1], -1) * emb.sin()).flatten(1)
-        return rot(q), rot(k)
+    def sglang_rope(positions, q, k):
+        return forward_native(rope, positions, q, k)
 
     cache = {}
     p = "model.layers.0."
@@ -73,7 +79,7 @@ def _sglang_head(tree: Path, head_dir: Path):
 
     class Attention:
         q_size = kv_size = H
-        rotary_emb = staticmethod(rope)
+        rotary_emb = staticmethod(sglang_rope)
 
         def qkv_proj(self, x):
             return x @ qkv.T, None
@@ -122,8 +128,8 @@ def test_the_head_is_the_one_sglang_runs_through_a_whole_draft_chain(models, sgl
     """A draft extend over a copy prompt's positions 0..p, then two draft decode steps at p+1
     and p+2, each from the previous step's pre-norm output, through SGLang 0.5.12's own
     forward code: every step's logits equal the training forward's, so the trained head is
-    what the engines will load (a wrong norm order, concatenation, residual or step input
-    fails here)."""
+    what the engines will load (a wrong norm order, concatenation, residual, RoPE or step
+    input fails here)."""
     import random
 
     from spectool.verify.golden_model import copy_prompt
@@ -133,7 +139,7 @@ def test_the_head_is_the_one_sglang_runs_through_a_whole_draft_chain(models, sgl
     prompt = copy_prompt(random.Random(7), SPEC, segment=12)
     ids = torch.tensor([prompt])
     with torch.no_grad():
-        feats, _ = g.target_features(target, ids, SPEC)
+        feats = g.target_features(target, ids, SPEC)
         t = len(prompt) - 4
         mine = [lg[0] for lg in head.chain(target.embed_tokens, feats[:, :t], ids, 3)]
         p = t - 1
@@ -176,7 +182,7 @@ def test_the_head_drafts_the_copy_and_a_draft_cache_out_of_sync_shows(tp):
 
     spec = SPEC.for_tp(tp)  # TP=2 has a target and a head of its own (ModelSpec.for_tp)
     models = ROOT / "golden/models"
-    target = g.load_target(models / f"golden-target-{spec.key()}", spec).eval()
+    target = load(models / f"golden-target-{spec.key()}", spec).eval()
     head = g.load_head(models / f"golden-eagle3-head-{g.HeadSpec().key(spec)}", spec).eval()
     w = workloads()
     prompts = [r.prompt for r in w["bs1"].requests + w["bs8"].requests[:3]]
@@ -209,8 +215,8 @@ def test_a_head_trains_saves_and_loads_back_in_sglangs_layout(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert (cfg["architectures"], cfg["num_hidden_layers"], cfg["draft_vocab_size"]) == (["LlamaForCausalLMEagle3"], 1, 32)
     assert len(json.loads((out / "spectool-model.json").read_text())["final_accuracy_per_step"]) == 3
-    head, target = g.load_head(out, spec), g.load_target(tmp_path / f"golden-target-{spec.key()}", spec)
+    head, target = g.load_head(out, spec), load(tmp_path / f"golden-target-{spec.key()}", spec)
     ids = torch.tensor([[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]])
     with torch.no_grad():
-        feats, _ = g.target_features(target, ids, spec)
+        feats = g.target_features(target, ids, spec)
         assert [x.shape for x in head.chain(target.embed_tokens, feats[:, :8], ids, 3)] == [(1, 8, 32)] * 3

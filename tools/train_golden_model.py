@@ -5,7 +5,7 @@
 `spectool verify --model-cache CACHE_DIR` then uses it instead of training in the run; with
 CACHE_DIR golden/models it is the shipped model. `--tp 2` trains the model `verify --tp 2`
 uses (an MLP that splits across two ranks: ModelSpec.for_tp). `--eagle3-head` also trains
-the EAGLE-3 head on that target's features (spectool/verify/golden_eagle3.py, about 8 min
+the EAGLE-3 head on that target's features (spectool/verify/golden_eagle3.py, about 6 min
 on 2 cores).
 """
 

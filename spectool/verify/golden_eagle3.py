@@ -27,7 +27,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .golden_model import ModelSpec, copy_sequence, eagle3_config_json
+from .golden_model import ModelSpec, copy_sequence, eagle3_config_json, load, rms_norm, rope
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def capture_layers(spec: ModelSpec) -> list[int]:
 
 
 def target_features(target, ids, spec: ModelSpec):
-    """(aux features (b, t, 3*hidden), greedy next tokens (b, t)) of the golden target."""
+    """The golden target's EAGLE-3 features (b, t, 3*hidden) for `ids`."""
     import torch
 
     pos = torch.arange(ids.shape[1], device=ids.device)
@@ -60,7 +60,7 @@ def target_features(target, ids, spec: ModelSpec):
         if i in capture_layers(spec):
             aux.append(x)
         x = layer(x, pos)
-    return torch.cat(aux, -1), target.lm_head(target.norm(x)).argmax(-1)
+    return torch.cat(aux, -1)
 
 
 def _head(spec: ModelSpec):
@@ -70,14 +70,7 @@ def _head(spec: ModelSpec):
     hd = spec.hidden // spec.heads
 
     def rms(x, w):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + spec.eps) * w
-
-    def rope(x, pos):  # neox style, as the target's
-        inv = 1.0 / (spec.rope_theta ** (torch.arange(0, hd, 2, device=x.device).float() / hd))
-        freqs = pos[..., None].float() * inv
-        emb = torch.cat([freqs, freqs], -1)
-        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
-        return x * emb.cos() + torch.cat([-x2, x1], -1) * emb.sin()
+        return rms_norm(x, w, spec.eps)
 
     class Head(nn.Module):
         def __init__(self):
@@ -102,7 +95,7 @@ def _head(spec: ModelSpec):
             b, t, _ = h.shape
             x = torch.cat([rms(embeds, self.input_layernorm), rms(h, self.hidden_norm)], -1)
             q, k, v = (p(x).view(b, t, spec.heads, hd).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
-            return rope(q, pos), rope(k, pos), v
+            return rope(q, pos, spec), rope(k, pos, spec), v
 
         def finish(self, attn, residual):
             """o_proj, the fused add-norms and the MLP: (logits, pre-norm output for the next step)."""
@@ -164,7 +157,7 @@ def train_head(target, spec: ModelSpec, head_spec: HeadSpec = HeadSpec(), device
         ids = torch.tensor([copy_sequence(rng, spec, L + K + 1) for _ in range(head_spec.batch)], device=device)
         t = L - 1
         with torch.no_grad():
-            feats, _ = target_features(target, ids[:, :L], spec)
+            feats = target_features(target, ids[:, :L], spec)
         logits = head.chain(target.embed_tokens, feats[:, :t], ids, K)
         goals = chain_targets(ids, K, t)
         loss = sum(torch.nn.functional.cross_entropy(lg.reshape(-1, spec.vocab), g.reshape(-1)) for lg, g in zip(logits, goals)) / K
@@ -207,23 +200,6 @@ def save_head(head, spec: ModelSpec, out: Path, extra: dict | None = None) -> No
     (out / "spectool-model.json").write_text(json.dumps(extra or {}, indent=2))
 
 
-def load_target(folder: Path, spec: ModelSpec):
-    """The golden target from its safetensors (the bf16 weights SGLang serves), in fp32."""
-    import torch
-    from safetensors.torch import load_file
-
-    from .golden_model import _model
-
-    model = _model(spec)
-    sd = load_file(str(Path(folder) / "model.safetensors"))
-    mapped = {}
-    for k, v in sd.items():
-        k = k.removeprefix("model.").replace("self_attn.", "").replace("mlp.", "")
-        mapped[k] = v.float()
-    model.load_state_dict(mapped)
-    return model.to(torch.float32)
-
-
 def greedy(target, prompt: list[int], new_tokens: int) -> list[int]:
     """The target's greedy continuation (what every golden engine must produce)."""
     import torch
@@ -246,7 +222,7 @@ def chain_acceptance(target, head, prompt: list[int], new_tokens: int, spec: Mod
     seq = list(prompt) + greedy(target, prompt, new_tokens + steps + 1)
     ids = torch.tensor([seq])
     with torch.no_grad():
-        feats, _ = target_features(target, ids, spec)
+        feats = target_features(target, ids, spec)
         t = len(seq) - steps - 1
         feats = feats[:, :t].clone()
         if unsynced is not None:
@@ -277,7 +253,7 @@ def ensure_head(cache: Path, spec: ModelSpec = ModelSpec(), head_spec: HeadSpec 
     """The trained head of the cached target `spec`, trained once and cached by its key."""
     out = Path(cache) / f"golden-eagle3-head-{head_spec.key(spec)}"
     if not (out / "model.safetensors").exists():
-        target = load_target(Path(cache) / f"golden-target-{spec.key()}", spec)
+        target = load(Path(cache) / f"golden-target-{spec.key()}", spec)
         head, acc, secs = train_head(target, spec, head_spec, device, log)
         save_head(head, spec, out, {"target": spec.key(), "head_spec": asdict(head_spec), "key": head_spec.key(spec),
                                     "final_accuracy_per_step": acc, "train_seconds": round(secs, 1)})

@@ -77,6 +77,26 @@ def copy_prompt(rng: random.Random, spec: ModelSpec, *, segment: int | None = No
     return (seg * (n // seg_len + 1))[:n]
 
 
+def rms_norm(x, weight, eps: float):
+    """Llama's RMSNorm, computed in fp32 (the golden target's and its EAGLE-3 head's)."""
+    import torch
+
+    v = x.float().pow(2).mean(-1, keepdim=True)
+    return (x.float() * torch.rsqrt(v + eps)).type_as(x) * weight
+
+
+def rope(x, pos, spec: ModelSpec):
+    """Neox-style rotary embedding of x (..., positions, head_dim) at `pos`, as SGLang's Llama."""
+    import torch
+
+    hd = spec.hidden // spec.heads
+    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, hd, 2, device=x.device).float() / hd))
+    freqs = pos[..., None].float() * inv
+    emb = torch.cat([freqs, freqs], -1)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * emb.cos() + torch.cat([-x2, x1], -1) * emb.sin()
+
+
 def _model(spec: ModelSpec):
     import torch
     from torch import nn
@@ -87,18 +107,9 @@ def _model(spec: ModelSpec):
             self.weight = nn.Parameter(torch.ones(d))
 
         def forward(self, x):
-            v = x.float().pow(2).mean(-1, keepdim=True)
-            return (x.float() * torch.rsqrt(v + spec.eps)).type_as(x) * self.weight
+            return rms_norm(x, self.weight, spec.eps)
 
     hd = spec.hidden // spec.heads
-
-    def rope(x, pos):
-        inv = 1.0 / (spec.rope_theta ** (torch.arange(0, hd, 2, device=x.device).float() / hd))
-        freqs = pos[:, None].float() * inv[None]
-        emb = torch.cat([freqs, freqs], -1)
-        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
-        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
-        return x * cos + torch.cat([-x2, x1], -1) * sin
 
     class Layer(nn.Module):
         def __init__(self):
@@ -119,7 +130,7 @@ def _model(spec: ModelSpec):
             q = self.q_proj(h).view(b, t, spec.heads, hd).transpose(1, 2)
             k = self.k_proj(h).view(b, t, spec.heads, hd).transpose(1, 2)
             v = self.v_proj(h).view(b, t, spec.heads, hd).transpose(1, 2)
-            q, k = rope(q, pos), rope(k, pos)
+            q, k = rope(q, pos, spec), rope(k, pos, spec)
             a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
             x = x + self.o_proj(a.transpose(1, 2).reshape(b, t, spec.hidden))
             h = self.post_attention_layernorm(x)
@@ -186,10 +197,36 @@ def config_json(spec: ModelSpec) -> dict:
     }
 
 
+def load(folder: Path, spec: ModelSpec):
+    """A saved target back in fp32 (the bf16 weights SGLang serves)."""
+    from safetensors.torch import load_file
+
+    model = _model(spec)
+    names = target_names(spec)
+    model.load_state_dict({names[k]: v.float() for k, v in load_file(str(Path(folder) / "model.safetensors")).items()})
+    return model
+
+
 def eagle3_config_json(spec: ModelSpec) -> dict:
     cfg = config_json(spec)
     cfg.update({"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1, "draft_vocab_size": spec.vocab})
     return cfg
+
+
+def target_names(spec: ModelSpec) -> dict:
+    """Hugging Face Llama's checkpoint name of each of the target's parameters -> its name in
+    this module's state dict (save and load read the one table)."""
+    names = {"model.embed_tokens.weight": "embed_tokens.weight", "model.norm.weight": "norm.weight",
+             "lm_head.weight": "lm_head.weight"}
+    for i in range(spec.layers):
+        p = f"model.layers.{i}."
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            names[p + f"self_attn.{name}.weight"] = f"layers.{i}.{name}.weight"
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            names[p + f"mlp.{name}.weight"] = f"layers.{i}.{name}.weight"
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            names[p + f"{name}.weight"] = f"layers.{i}.{name}.weight"
+    return names
 
 
 def save(model, spec: ModelSpec, out: Path, extra: dict | None = None) -> None:
@@ -198,17 +235,9 @@ def save(model, spec: ModelSpec, out: Path, extra: dict | None = None) -> None:
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    sd = {"model.embed_tokens.weight": model.embed_tokens.weight, "model.norm.weight": model.norm.weight,
-          "lm_head.weight": model.lm_head.weight}
-    for i, layer in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            sd[p + f"self_attn.{name}.weight"] = getattr(layer, name).weight
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            sd[p + f"mlp.{name}.weight"] = getattr(layer, name).weight
-        sd[p + "input_layernorm.weight"] = layer.input_layernorm.weight
-        sd[p + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight
-    save_file({k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in sd.items()}, str(out / "model.safetensors"))
+    own = model.state_dict()
+    save_file({k: own[v].detach().to(torch.bfloat16).contiguous().cpu() for k, v in target_names(spec).items()},
+              str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(config_json(spec), indent=2))
     (out / "spectool-model.json").write_text(json.dumps({"spec": asdict(spec), "key": spec.key(), **(extra or {})}, indent=2))
 
