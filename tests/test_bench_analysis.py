@@ -860,8 +860,9 @@ def test_session_21s_a4_runs_put_the_fallback_within_2_percent_at_c64_beyond_noi
 
 
 def _band(name):
-    folder = RESULTS.parent / f"bench-0.5.12-{name}"
-    return analyze.load_medians(folder, 3.0), analyze.load_ratios(folder, [40, 48, 56], 3.0)
+    """A band run's medians and ratios, from one read of its cells."""
+    cells = analyze.read_cells(RESULTS.parent / f"bench-0.5.12-{name}" / "cells.jsonl")
+    return analyze.medians(cells, 3.0), analyze.merged_ratios(cells, [40, 48, 56], 3.0)
 
 
 def test_between_32_and_64_eagle3_still_wins_at_48_and_the_rule_moves_t_there(tmp_path):
