@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from spectool.bench import analyze
-from spectool.bench.sweep import DEFAULT_C, summarize
+from spectool.harness.bench import analyze
+from spectool.harness.bench.sweep import DEFAULT_C, summarize
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "bench-0.5.12-T12-rev53755a8"
 
@@ -66,7 +66,7 @@ def test_table_round_trip_and_the_upstream_comparison():
     """A printed table reads back to the same medians (session 2's run survives only as its
     table: results/bench-0.5.12-late-rev94d8611), and the comparison with upstream's switch is
     computed from the committed results, not typed in."""
-    from spectool.bench.analyze import compare_markdown, load_medians, markdown, medians_from_table
+    from spectool.harness.bench.analyze import compare_markdown, load_medians, markdown, medians_from_table
 
     m = analyze.medians(_cells())
     back = medians_from_table(markdown(m, DEFAULT_C, ["A0", "A1", "A2", "A4"]))
@@ -126,7 +126,7 @@ def test_transition_reference_brackets_the_schedule(tmp_path, monkeypatch):
     """The transition's reference for each phase load is measured before and after the
     schedule (their mean; both kept, so drift shows), each run with prompts of its own, so no
     run finds another's prompts in the radix cache."""
-    from spectool.bench import sweep
+    from spectool.harness.bench import sweep
 
     sent = []
 
@@ -153,7 +153,7 @@ def test_transition_reference_brackets_the_schedule(tmp_path, monkeypatch):
     assert [round(r["ratio"], 3) for r in rows] == [0.818] * 5 and rows[0]["reference_runs"] == [1000.0, 1200.0]
     # The references' TTFT and TPOT are kept, so a slow phase shows which of the two it lost.
     assert rows[0]["ttft_ms"] == 40.0 and rows[0]["steady_ttft_ms"] == 31.0 and rows[0]["steady_tpot_ms"] == 2.5
-    from spectool.bench.analyze import transition_markdown
+    from spectool.harness.bench.analyze import transition_markdown
 
     assert "| A2 | 1 | 4 | 900 | 1100 (1000 / 1200) | 0.818 | 40 / 31 | 2.60 / 2.50 |" in transition_markdown({"A2": rows})
     # And how busy the host was: a phase beside other work on the host reads slow at C=4.
@@ -165,7 +165,7 @@ def test_arms_run_in_waves_that_fit_the_gpu():
     """Five 8B-shaped engines ran out of memory on the H200 (results/bench-0.5.12-acc2/
     device-run.log): arms are split into waves of at most --max-engines, the goal comparisons
     (A2 and A4 against A0 and A1) together in the first, variants last."""
-    from spectool.bench.sweep import plan_waves, select_arms
+    from spectool.harness.bench.sweep import plan_waves, select_arms
     from spectool.errors import BadInputError
 
     names = lambda waves: [[a.name for a in w] for w in waves]  # noqa: E731
@@ -184,8 +184,8 @@ def test_arms_run_in_waves_that_fit_the_gpu():
 def test_variants_are_arms_with_their_own_engine_environment():
     """A recipe switch is compared as a variant arm: the base arm's engine settings plus
     environment, in the same rotation; bad specs are one-paragraph errors."""
-    from spectool.bench.arms import engine_kwargs
-    from spectool.bench.sweep import select_arms
+    from spectool.harness.bench.arms import engine_kwargs
+    from spectool.harness.bench.sweep import select_arms
     from spectool.errors import BadInputError
 
     arms = select_arms(32, 256, ["A0", "A4"], ["A4D=A4:SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS=32;X=1"])
@@ -211,7 +211,7 @@ def test_variant_columns_in_the_table(tmp_path):
 def test_an_arm_without_its_fallback_graphs_is_not_timed():
     """Five engines on one H200: the fifth captured no fallback graphs and would have been
     timed eagerly (its log line, from results/bench-0.5.12-acc2/device-run.log's attempt)."""
-    from spectool.bench.sweep import degraded_engine
+    from spectool.harness.bench.sweep import degraded_engine
 
     line = ("[2026-11-29 11:41:50] spec-fallback: could not capture a one-token draft-extend CUDA graph (CUDA out of "
             "memory. Tried to allocate 32.00 MiB.); the draft KV sync will run eagerly")
@@ -227,7 +227,7 @@ def test_an_arm_whose_kv_pool_sglang_shrank_is_not_timed():
     The other two engines of that run got what they asked for."""
     from pathlib import Path
 
-    from spectool.bench.sweep import degraded_engine
+    from spectool.harness.bench.sweep import degraded_engine
 
     run = Path(__file__).resolve().parents[1] / "results/profile-0.5.12-s17"
     msg = degraded_engine("A4G", (run / "A4G.log").read_text(errors="replace"))
@@ -237,7 +237,7 @@ def test_an_arm_whose_kv_pool_sglang_shrank_is_not_timed():
 
 
 def test_plan_resumes_and_places_the_transition_after_the_first_repetition():
-    from spectool.bench.sweep import plan_steps, select_arms
+    from spectool.harness.bench.sweep import plan_steps, select_arms
 
     arms = select_arms(32, 256, None)  # waves A0 A1 A2 A4, then A3
     plan = plan_steps(arms, [1, 64], 2, 3.0, set(), True)
@@ -256,7 +256,7 @@ def test_plan_resumes_and_places_the_transition_after_the_first_repetition():
 def test_transition_runs_on_a2_and_its_variants_only():
     """A variant of A2 (e.g. a recipe switch turned off) runs the transition workload too, in
     A2's wave, as a same-run control; `--reps 0` plans the transition alone."""
-    from spectool.bench.sweep import plan_steps, select_arms
+    from spectool.harness.bench.sweep import plan_steps, select_arms
 
     arms = select_arms(32, 256, ["A0", "A2"], ["A2X=A2:SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN=off",
                                                "A4L=A4:SPECTOOL_FALLBACK_EARLY_PLAN=0"])
@@ -271,7 +271,7 @@ def test_transition_control_arms_are_named():
     """--transition-arms A2,A1 adds a control that never switches (A1 speculates at every
     batch), planned in the same wave; an arm named there but not measured is a one-paragraph
     error; the default (A2) in a run without A2 plans no transition and no error."""
-    from spectool.bench.sweep import plan_steps, run, select_arms
+    from spectool.harness.bench.sweep import plan_steps, run, select_arms
     from spectool.errors import BadInputError
 
     arms = select_arms(32, 256, ["A0", "A1", "A2"])
@@ -308,7 +308,7 @@ def test_a_results_folder_is_never_extended_with_the_other_load(tmp_path):
 
     from click.testing import CliRunner
 
-    from spectool.bench.sweep import load_cells
+    from spectool.harness.bench.sweep import load_cells
     from spectool.cli import main
 
     old = tmp_path / "old"
@@ -341,7 +341,7 @@ def test_cells_of_another_tensor_parallel_size_never_share_a_table(tmp_path):
 
     from click.testing import CliRunner
 
-    from spectool.bench.sweep import load_cells
+    from spectool.harness.bench.sweep import load_cells
     from spectool.cli import main
     from spectool.errors import BadInputError
 
@@ -463,7 +463,7 @@ def test_damaged_results_files_are_named_not_tracebacks(tmp_path):
 
     from click.testing import CliRunner
 
-    from spectool.bench.sweep import load_cells
+    from spectool.harness.bench.sweep import load_cells
     from spectool.cli import main
     from spectool.errors import BadInputError
 
@@ -494,7 +494,7 @@ def test_merge_lists_each_runs_transition_beside_the_others(tmp_path):
     kept and listed, the later ones under "ARM (FOLDER)", with the lowest phase of each. On the
     H200 runs of session 9: A2 beside the sweep's idle engines 0.968, the A1 control 0.997,
     one A2 engine alone 1.008."""
-    from spectool.bench.sweep import merge
+    from spectool.harness.bench.sweep import merge
 
     root = RESULTS.parent
     alone = "bench-0.5.12-transition-a2"
@@ -514,7 +514,7 @@ def test_ratio_intervals_resample_each_arms_reps():
     """Bootstrap intervals of the ratios: a point where every rep agrees, an interval around
     the median ratio where they spread, the same numbers for the same seed, and nothing for
     an arm with fewer than three reps."""
-    from spectool.bench import analyze
+    from spectool.harness.bench import analyze
 
     def cells(arm, C, values):
         return [{"arm": arm, "C": C, "rep": i, "output_tok_s": v} for i, v in enumerate(values)]
@@ -537,7 +537,7 @@ def test_ratio_intervals_on_the_final_recipes_h200_runs():
     the median ratios; A4/A0 at C=64 reads 0.992 and its interval's lower end lies right at
     the 2% goal's line (0.9806): above 0.975, and not clear of the line by a tenth of a
     point."""
-    from spectool.bench import analyze
+    from spectool.harness.bench import analyze
 
     cells = analyze.read_cells(RESULTS.parent / "bench-0.5.12-s10-final" / "cells.jsonl")
     iv = analyze.ratio_intervals(cells, [64, 128], 3.0)
@@ -572,7 +572,7 @@ def test_per_run_ratios_of_the_h200_runs_since_session_9(tmp_path):
     """The seven runs of the final fallback code at C=64 (sessions 9-11), merged: the median
     run's A2/A0 is 0.979 and A4/A0 0.978, ranges 0.971-1.023 and 0.964-1.016; at C=256 the
     four runs' A2/A0 all reach 0.99. The merged table carries the per-run section."""
-    from spectool.bench.sweep import merge
+    from spectool.harness.bench.sweep import merge
 
     names = ["s9-low", "s9-high", "s9-c128", "s10-above", "s10-ttft", "s10-cached", "s10-cached-g0",
              "s11-low", "s11-high"]
@@ -590,7 +590,7 @@ def test_fresh_engines_start_engines_for_every_repetition():
     """--fresh-engines: each wave's steps split by repetition, so each repetition starts its
     own engines; the transition stays with repetition 0's engines, the rotation is kept, and
     a resumed run plans only the repetitions still missing."""
-    from spectool.bench.sweep import plan_steps, select_arms
+    from spectool.harness.bench.sweep import plan_steps, select_arms
 
     arms = select_arms(32, 256, ["A0", "A2", "A4"])
     plan = plan_steps(arms, [1, 64], 3, 3.0, set(), True, fresh_engines=True)
@@ -640,7 +640,7 @@ def test_the_final_trees_runs_clear_c64_by_their_median_but_not_beyond_noise(tmp
     """Session 17's four runs of 70485dd, merged: A4/A0 at C=64 has its median run at 0.984
     with 3 of 4 runs within 2% (p = 0.31: not beyond run-to-run noise); at C=256 all four
     are (p = 0.0625: one run short of the 5% level)."""
-    from spectool.bench.sweep import merge
+    from spectool.harness.bench.sweep import merge
 
     runs = [RESULTS.parent / f"bench-0.5.12-{n}" for n in S17_S18_RUNS[:4]]  # session 17's
     per = merge(tmp_path / "pooled", runs, 3.0)["per_run_ratios"]
@@ -662,7 +662,7 @@ def test_eight_runs_of_the_final_recipes_leave_c64_inside_run_to_run_noise(tmp_p
     not beyond run-to-run noise. At C=256, A4/A0 clears it in 7 of 8 runs (p = 0.035). (These
     runs measured no A1; E = A0 there, A1 being 13% and 40% below A0 at 64 and 256 in every
     run that measured it, so A2/A0 is A2/E.)"""
-    from spectool.bench.sweep import merge
+    from spectool.harness.bench.sweep import merge
 
     per = merge(tmp_path / "pooled", [RESULTS.parent / f"bench-0.5.12-{n}" for n in S17_S18_RUNS], 3.0)["per_run_ratios"]
     a2, a4, a4_256 = per["64"]["A2/A0"], per["64"]["A4/A0"], per["256"]["A4/A0"]
@@ -681,7 +681,7 @@ def test_a_merge_divides_each_ratio_within_the_runs_that_measured_both_sides(tmp
     medians arm by arm divided session 18's A2 by both runs' A1 (A1 at C=4 moved from 1406 to
     1543 between them) and read A2/E = 0.975 at C=4; each ratio now comes from the runs that
     measured its arms: A2/E as in session 18's run alone, A3/A1 as in session 19's alone."""
-    from spectool.bench.sweep import merge
+    from spectool.harness.bench.sweep import merge
 
     low, a3 = (RESULTS.parent / f"bench-0.5.12-{n}" for n in ("s18-low", "s19-a3"))
     alone = {src: analyze.ratios(analyze.load_medians(src), [1, 4]) for src in (low, a3)}
@@ -703,7 +703,7 @@ def test_sixteen_runs_of_the_final_recipes_put_a2_over_the_bar_at_c64_beyond_noi
     clear 0.98 at C=64 (sign test p = 0.011; the t-test's cross-check p = 0.002), so A2/E at
     C=64 is over the bar beyond run-to-run noise (E = A0 there: A1 is 13% below A0 in every
     run that measured it). The new eight alone: 7 of 8 (p = 0.035) at both C."""
-    from spectool.bench.sweep import merge
+    from spectool.harness.bench.sweep import merge
 
     for names, want in ((S19_RUNS, {"64": (7, 8, 0.035), "256": (7, 8, 0.035)}),
                         (S17_S18_RUNS + S19_RUNS, {"64": (13, 16, 0.011), "256": (13, 16, 0.011)})):
@@ -722,7 +722,7 @@ def test_the_final_recipes_have_a2_over_the_bar_at_every_c_of_the_sweep(tmp_path
     in session 19; at C=64 no run of these recipes measured A1, and A2/A0 stands for it),
     and A3 (the patch speculating) at least 0.99 of A1 at C = 1 and 4 by the pooled reps of
     session 19's three A1/A3 runs (the median run: 1.017 and 1.012; one run read 0.989 at 4)."""
-    from spectool.bench.sweep import merge
+    from spectool.harness.bench.sweep import merge
 
     pooled = RESULTS.parent / "bench-0.5.12-pooled-s17-s19"
     sources = json.loads((pooled / "bench-results.json").read_text())["merged_from"]
@@ -769,7 +769,7 @@ def test_session_20s_a4_runs_at_c64_on_the_sweeps_engines(tmp_path):
     98% of each cell's steps (a wave's last step, when only its second prefill chunk's few
     requests are left, speculates), so its runs measure nearly the same step: A4's or A2's ratio per run (their
     mean where a run has both), 22 runs, clear 0.98 in 17 (p = 0.008)."""
-    from spectool.bench.sweep import merge
+    from spectool.harness.bench.sweep import merge
 
     _assert_a4_runs_on_the_sweeps_engines(S20_RUNS)
     folders = [RESULTS.parent / f"bench-0.5.12-{n}" for n in S17_S18_RUNS + S19_RUNS + S20_RUNS]
@@ -811,7 +811,7 @@ def test_below_t_our_runs_and_upstreams_are_one_distribution():
 def test_the_final_recipes_pooled_through_session_20_stay_over_the_bar_at_every_c(tmp_path):
     """The sessions 17-20 pool re-merges byte for byte from its sources, and its A2/E (A2/A0
     at C=64, where no run measured A1) is at least 0.98 at every C of the sweep."""
-    from spectool.bench.sweep import merge
+    from spectool.harness.bench.sweep import merge
 
     pooled = RESULTS.parent / "bench-0.5.12-pooled-s17-s20"
     sources = json.loads((pooled / "bench-results.json").read_text())["merged_from"]
@@ -847,7 +847,7 @@ def test_session_21s_a4_runs_put_the_fallback_within_2_percent_at_c64_beyond_noi
     A4 arm's own runs clear 0.98 in 17 of 23 (sign test p = 0.017; t = 2.81, 22 dof:
     one-sided p = 0.005), median run 0.986: A4 within 2% of A0 at C=64 beyond run-to-run
     noise, where session 20's 14 runs (9 of 14, p = 0.21) did not show it."""
-    from spectool.bench.sweep import merge
+    from spectool.harness.bench.sweep import merge
 
     _assert_a4_runs_on_the_sweeps_engines(S21_RUNS)
     new = merge(tmp_path / "s21", [RESULTS.parent / f"bench-0.5.12-{n}" for n in S21_RUNS], 3.0)["per_run_ratios"]["64"]["A4/A0"]
@@ -873,7 +873,7 @@ def test_between_32_and_64_eagle3_still_wins_at_48_and_the_rule_moves_t_there(tm
     rule on the sweep merged with the band places T at 48, and at T=48 A2 speculates there
     (A2/E 1.000-1.014 at 40, 0.986-0.989 at 48). The stretch (A2/E >= 1.00 in the band) is
     met at no band point in any run: at best 0.989."""
-    from spectool.bench.sweep import merge
+    from spectool.harness.bench.sweep import merge
 
     for T, names in S21_BANDS.items():
         for name in names:
@@ -941,7 +941,7 @@ def test_margin_0_the_default_since_session_22_takes_the_margins_cost_off_the_ba
     C=40: 0.967 of plain decoding, against 0.93-0.95. Pooled, the median run's A2/E is 1.004
     at C=48, the stretch met there by the median run; at 56 no run reaches 1.00 (the
     fallback's own cost, about 1.5%): the stretch stays missed there."""
-    from spectool.bench.sweep import merge
+    from spectool.harness.bench.sweep import merge
 
     for name in S22_BAND48:
         _kv_only_on_every_fallback_step_but_the_first(name)

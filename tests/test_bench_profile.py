@@ -3,7 +3,7 @@
 import gzip
 import json
 
-from spectool.bench import profile
+from spectool.harness.bench import profile
 
 
 def _trace():
@@ -149,7 +149,7 @@ def test_excerpt_keeps_the_middle_steps_whole():
 
 
 def test_a_lockstep_profile_has_waves_for_the_warmup_the_steps_and_one_more():
-    from spectool.bench.sweep import _profile_requests, _requests_for
+    from spectool.harness.bench.sweep import _profile_requests, _requests_for
     assert _profile_requests(64, "lockstep", steps=260, out_len=128) == 64 * 6  # 2 + 3 + 1 waves
     assert _profile_requests(64, "wave", steps=30, out_len=1024) == 64
     assert _profile_requests(64, "staggered", steps=30, out_len=128) == _requests_for(64, "staggered")
@@ -188,7 +188,7 @@ def test_the_engines_of_a_bench_and_a_profile_share_one_kv_pool_size():
     import contextlib
     import inspect
 
-    from spectool.bench import sweep
+    from spectool.harness.bench import sweep
     assert sweep.kv_pool_tokens(64, 128, 128) == 64 * (128 + 128 + 16) + 4096
     assert isinstance(sweep.kv_pool_tokens(1, 1, 1), int)
     assert inspect.isgeneratorfunction(sweep._engines.__wrapped__)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spectool.bench import sweep
+from spectool.harness.bench import sweep
 
 ENGINE = '''
 import asyncio, json, os
@@ -76,7 +76,7 @@ class Engine:
 def _server_args() -> str:
     """A ServerArgs with exactly the fields the bench sets on its engines (every arm's, a
     threshold included): the real worker maps its arguments onto these as onto SGLang's."""
-    from spectool.bench.arms import arms, engine_kwargs
+    from spectool.harness.bench.arms import arms, engine_kwargs
 
     fields = set()
     for arm in arms(threshold=4):
@@ -98,7 +98,7 @@ def stub_engines(tmp_path, monkeypatch):
     env = dict(PYTHONPATH=os.pathsep.join([str(stub), str(repo)]), STUB_ENGINE_ARGS=str(args), PYTHONUNBUFFERED="1")
     # The environment as the sweep starts its engines (a test's own settings included).
     monkeypatch.setattr(sweep, "_environment", lambda sglang_dir, acc_len: ("0.5.12", {**os.environ, **env}))
-    monkeypatch.setattr("spectool.verify.runner.gpu_info", lambda command="verify": ("sm90", "stand-in GPU"))
+    monkeypatch.setattr("spectool.harness.verify.runner.gpu_info", lambda command="verify": ("sm90", "stand-in GPU"))
     return args
 
 
@@ -158,7 +158,7 @@ def test_a_profile_reduces_each_trace_and_keeps_an_excerpt(tmp_path, stub_engine
     assert anatomy["steps"] == 9 and anatomy["between_kernels"] == 3 and abs(anatomy["forward_ms"] - 5.0) < 1e-9
     excerpts = sorted(p.name for p in (out / "excerpts").iterdir())
     assert excerpts == ["A0-C8-2.trace.json.gz", "A0-C8.trace.json.gz", "A2-C8-2.trace.json.gz", "A2-C8.trace.json.gz"]
-    from spectool.bench import profile as prof
+    from spectool.harness.bench import profile as prof
     cut = prof.load_events(out / "excerpts" / "A2-C8.trace.json.gz")
     assert cut and not [e for e in cut if e.get("ph") == "s"]
     md = (out / "profile.md").read_text()

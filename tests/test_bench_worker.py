@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from spectool.bench import worker
+from spectool.harness.bench import worker
 
 
 class TimedEngine:
@@ -196,7 +196,7 @@ def test_lockstep_waves_leave_no_window_and_the_staggered_ramp_does():
 def test_a_staggered_cell_measures_about_two_request_lifetimes():
     """--load staggered: the requests per cell give a steady window of about two request lifetimes at
     every C, ramp and drain left out (at 2C it was 1.2-1.6)."""
-    from spectool.bench.sweep import _requests_for
+    from spectool.harness.bench.sweep import _requests_for
 
     out_len, step = 40, 0.002
     for C in (16, 64):
@@ -232,7 +232,7 @@ def test_staggered_profile_starts_when_the_ramp_is_done():
 def test_host_cpu_readings_parse_proc_stat(tmp_path):
     """The aggregate line of /proc/stat: idle and iowait are not busy; a missing file or
     another format gives no reading, and no reading gives no figure."""
-    from spectool.bench import hostload
+    from spectool.harness.bench import hostload
 
     stat = tmp_path / "stat"
     stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 50 0 25 400 25 0 0 0 0 0\n")
@@ -253,7 +253,7 @@ def test_a_cell_records_how_busy_the_host_was():
 
     import pytest
 
-    from spectool.bench import hostload
+    from spectool.harness.bench import hostload
 
     if hostload.cpu_times() is None:
         pytest.skip("no /proc/stat on this host: the bench records no host load here")

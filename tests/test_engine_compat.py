@@ -4,7 +4,7 @@ import ast
 
 import pytest
 
-from spectool.engine_compat import adapt
+from spectool.harness.engine_compat import adapt
 
 pytestmark = pytest.mark.network
 
@@ -46,8 +46,8 @@ def test_every_bench_arm_starts_on_both_releases(sglang_release):
     """The bench's engine settings (sleep_on_idle included) exist, under some name, in the
     ServerArgs of both patched releases, for every arm."""
     from spectool import api
-    from spectool.bench.arms import engine_kwargs
-    from spectool.bench.sweep import select_arms
+    from spectool.harness.bench.arms import engine_kwargs
+    from spectool.harness.bench.sweep import select_arms
 
     for version in ("0.5.12", "0.5.17"):
         tree = sglang_release(version)

@@ -1,4 +1,4 @@
-"""The trained EAGLE-3 head of the golden model (spectool/verify/golden_eagle3.py).
+"""The trained EAGLE-3 head of the golden model (spectool/harness/verify/golden_eagle3.py).
 
 Two things must hold for it to strengthen the golden tests: it is the head SGLang runs (its
 plain-torch training forward equals SGLang 0.5.12's own `llama_eagle3` forward code, run
@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 from spectool.testing import load_function
-from spectool.verify import golden_eagle3 as g
-from spectool.verify.golden_model import ModelSpec, load
+from spectool.harness.verify import golden_eagle3 as g
+from spectool.harness.verify.golden_model import ModelSpec, load
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ModelSpec()
@@ -132,7 +132,7 @@ def test_the_head_is_the_one_sglang_runs_through_a_whole_draft_chain(models, sgl
     input fails here)."""
     import random
 
-    from spectool.verify.golden_model import copy_prompt
+    from spectool.harness.verify.golden_model import copy_prompt
 
     target, head = models
     forward = _sglang_head(sglang_release("0.5.12"), HEAD)
@@ -178,7 +178,7 @@ def test_the_head_drafts_the_copy_and_a_draft_cache_out_of_sync_shows(tp):
     only that far because it recovers once the generated text repeats itself. A random head
     accepts about 1.0 whatever its cache holds: with this one the golden tests' acceptance
     claims can fail on EAGLE-3 engines too. The same for the TP=2 model's head."""
-    from spectool.verify.scenarios import workloads
+    from spectool.harness.verify.scenarios import workloads
 
     spec = SPEC.for_tp(tp)  # TP=2 has a target and a head of its own (ModelSpec.for_tp)
     models = ROOT / "golden/models"
@@ -200,7 +200,7 @@ def test_a_head_trains_saves_and_loads_back_in_sglangs_layout(tmp_path):
 
     from safetensors.torch import load_file
 
-    from spectool.verify.golden_model import save, train
+    from spectool.harness.verify.golden_model import save, train
 
     spec = ModelSpec(vocab=32, hidden=32, layers=8, heads=2, intermediate=64, seq_len=32, min_segment=4,
                      max_segment=8, steps=3, batch=2)

@@ -1,8 +1,8 @@
 """Counters rebuilt from upstream's own log lines (0.5.15+, where the switch is upstream's):
 the scenario path checks must see the same phases the recipe's stats file would report."""
 
-from spectool.verify import compare
-from spectool.verify.upstream_log import stats_from_log
+from spectool.harness.verify import compare
+from spectool.harness.verify.upstream_log import stats_from_log
 
 # Lines as SGLang 0.5.17 prints them (eagle_worker_v2.apply_runtime_state, metrics_reporter).
 SPEC = "[2026-11-29 10:00:00] Decode batch, #running-req: {n}, #token: 900, token usage: 0.03, accept len: {a:.2f}, accept rate: 0.50, cuda graph: True, gen throughput (token/s): 100.00, #queue-req: 0,"
@@ -59,7 +59,7 @@ def test_real_0517_log_gives_the_recipes_counters():
     import json
     from pathlib import Path
 
-    from spectool.verify.upstream_log import stats_at_decode_line
+    from spectool.harness.verify.upstream_log import stats_at_decode_line
 
     fx = Path(__file__).parent / "fixtures" / "upstream-0.5.17"
     lines = (fx / "eagle3-t4.log").read_text().splitlines()
@@ -110,7 +110,7 @@ def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(sg
 
     from spectool import api
     from spectool.errors import BadInputError
-    from spectool.verify import runner, scenarios
+    from spectool.harness.verify import runner, scenarios
 
     models = {"target": "t", "eagle3_draft": "d"}
     wls = scenarios.workloads()

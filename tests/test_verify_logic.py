@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from spectool.verify import compare, scenarios
-from spectool.verify.golden_model import ModelSpec, copy_prompt
+from spectool.harness.verify import compare, scenarios
+from spectool.harness.verify.golden_model import ModelSpec, copy_prompt
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -85,7 +85,7 @@ def test_step_claims_need_counted_steps():
     missing stats file reads as zero); now every step claim needs counted steps, and the
     patch without the flag must count none (its decision never runs). Upstream's log shows
     every decode step, flag or not, so there the no-count claim is dropped."""
-    from spectool.verify.scenarios import Expect, expectations
+    from spectool.harness.verify.scenarios import Expect, expectations
 
     nothing = compare.stats_window({}, {})
     assert compare.check_expectations(expectations(Expect("zero")), nothing) == [
@@ -139,7 +139,7 @@ def test_golden_model_builds_on_cpu(tmp_path):
     pytest.importorskip("safetensors")
     from safetensors.torch import load_file
 
-    from spectool.verify.golden_model import save, train, write_eagle3_draft
+    from spectool.harness.verify.golden_model import save, train, write_eagle3_draft
 
     spec = ModelSpec(vocab=32, hidden=32, layers=8, heads=2, intermediate=64, seq_len=32, min_segment=4, max_segment=8, steps=30, batch=8)
     model, loss, _ = train(spec, "cpu", log=None)
@@ -183,8 +183,8 @@ def test_golden_gpu(tmp_path):
 def test_tensor_parallel_reaches_every_engine(tmp_path):
     """`spectool verify --tp 2` runs every engine, baselines included, with tp_size 2 (a
     golden check at TP=2 is only meaningful if the baseline runs the same way)."""
-    from spectool.verify import runner, scenarios
-    from spectool.verify.engine_worker import engine_kwargs
+    from spectool.harness.verify import runner, scenarios
+    from spectool.harness.verify.engine_worker import engine_kwargs
 
     models = {"target": "t", "eagle3_draft": "d"}
     wls = scenarios.workloads()
@@ -199,10 +199,10 @@ def test_every_engine_has_its_own_fixed_rendezvous_port(tmp_path):
     engine of a verify run, and of a bench, with two runs of each at their documented port
     bases (one per GPU), now has its own, outside every other engine's ports and below
     Linux's ephemeral range. (Two benches once shared their bases: EADDRINUSE on 32129.)"""
-    from spectool.bench.arms import engine_kwargs as bench_kwargs
-    from spectool.bench.sweep import PORT_BASE, arm_port, select_arms
-    from spectool.verify import runner, scenarios
-    from spectool.verify.engine_worker import engine_kwargs
+    from spectool.harness.bench.arms import engine_kwargs as bench_kwargs
+    from spectool.harness.bench.sweep import PORT_BASE, arm_port, select_arms
+    from spectool.harness.verify import runner, scenarios
+    from spectool.harness.verify.engine_worker import engine_kwargs
 
     models = {"target": "t", "eagle3_draft": "d"}
     taken, rendezvous = set(), []
@@ -240,7 +240,7 @@ def test_golden_files_speak_only_for_their_model(tmp_path):
     report says which files it left out. With the recorded model both files are checked."""
     from pathlib import Path
 
-    from spectool.verify import runner
+    from spectool.harness.verify import runner
 
     root = Path(__file__).resolve().parent.parent / "golden"
     for spec, skipped in ((ModelSpec(), 0), (ModelSpec().for_tp(2), 2)):

@@ -7,8 +7,8 @@ on the same H200 with the same bench: A2/E per C, table and plot.
 
 from pathlib import Path
 
-from spectool.bench import analyze
-from spectool.bench.arms import arms
+from spectool.harness.bench import analyze
+from spectool.harness.bench.arms import arms
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = {

@@ -1,7 +1,7 @@
 """Re-evaluate a recorded `spectool verify` run from its engine outputs and logs (no GPU).
 
 For a release where the switch is upstream's, the fallback counters come from the engine
-logs; this recomputes them with the current parser (spectool/verify/upstream_log.py) at the
+logs; this recomputes them with the current parser (spectool/harness/verify/upstream_log.py) at the
 workload bounds the run recorded, and re-runs the comparison and the path checks.
 
     python tools/reparse_verify.py results/verify-0.5.17   # writes verify-results-reparsed.json
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from spectool.verify import runner, scenarios
-from spectool.verify.upstream_log import stats_at_decode_line
+from spectool.harness.verify import runner, scenarios
+from spectool.harness.verify.upstream_log import stats_at_decode_line
 
 ROOT = Path(__file__).resolve().parent.parent
 

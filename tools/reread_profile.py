@@ -11,7 +11,7 @@ included (the kernels between two forwards, by name), and writes `excerpts.md` b
 import sys
 from pathlib import Path
 
-from spectool.bench import profile
+from spectool.harness.bench import profile
 
 
 def main(argv: list[str]) -> int:

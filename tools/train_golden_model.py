@@ -5,14 +5,14 @@
 `spectool verify --model-cache CACHE_DIR` then uses it instead of training in the run; with
 CACHE_DIR golden/models it is the shipped model. `--tp 2` trains the model `verify --tp 2`
 uses (an MLP that splits across two ranks: ModelSpec.for_tp). `--eagle3-head` also trains
-the EAGLE-3 head on that target's features (spectool/verify/golden_eagle3.py, about 6 min
+the EAGLE-3 head on that target's features (spectool/harness/verify/golden_eagle3.py, about 6 min
 on 2 cores).
 """
 
 import argparse
 from pathlib import Path
 
-from spectool.verify.golden_model import ModelSpec, ensure_models
+from spectool.harness.verify.golden_model import ModelSpec, ensure_models
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
@@ -28,7 +28,7 @@ if __name__ == "__main__":
     log = lambda m: print(m, flush=True)  # noqa: E731
     info = ensure_models(a.cache, spec, device=a.device, log=log)
     if a.eagle3_head:
-        from spectool.verify.golden_eagle3 import ensure_head
+        from spectool.harness.verify.golden_eagle3 import ensure_head
 
         info["eagle3_head"] = str(ensure_head(a.cache, spec, device=a.device, log=log))
     print(info)

@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..errors import BadInputError
+from ...errors import BadInputError
 from . import compare, scenarios
 from .golden_model import ModelSpec, ensure_models
 
@@ -40,7 +40,7 @@ def _launch(job: dict, workdir: Path, env: dict) -> tuple[subprocess.Popen, Path
         Path(job["stats_path"]).unlink(missing_ok=True)
     job_path.write_text(json.dumps(job))
     log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "spectool.verify.engine_worker", str(job_path), str(out_path)],
+    proc = subprocess.Popen([sys.executable, "-m", "spectool.harness.verify.engine_worker", str(job_path), str(out_path)],
                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return proc, out_path, log_path
 
@@ -152,14 +152,14 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
 def inspect_tree(sglang_dir: str | None, env: dict) -> tuple[str, bool]:
     """(SGLang version, whether its batch-size switch is upstream's) of the tree under test,
     which must be fully patched; puts it first on the engines' PYTHONPATH."""
-    here = str(Path(__file__).resolve().parents[2])
+    here = str(Path(__file__).resolve().parents[3])
     if not sglang_dir:
         import importlib.metadata
 
         env["PYTHONPATH"] = os.pathsep.join([here, env.get("PYTHONPATH", "")])
         return importlib.metadata.version("sglang"), False
-    from .. import api
-    from ..source import locate
+    from ... import api
+    from ...source import locate
 
     tree = locate(sglang_dir)
     env["PYTHONPATH"] = os.pathsep.join([str(tree.root), here, env.get("PYTHONPATH", "")])

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import BadInputError
+from ...errors import BadInputError
 from . import analyze
 from .arms import DEFAULT_ARMS, MAX_ENGINES, arms as make_arms, engine_kwargs, variant as make_variant
 from .models import write_models
@@ -300,11 +300,11 @@ def _environment(sglang_dir, acc_len):
     env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN=str(acc_len), PYTHONUNBUFFERED="1")
     version = None
     if sglang_dir:
-        from ..source import locate
+        from ...source import locate
 
         tree = locate(sglang_dir)
         version = str(tree.version)
-        env["PYTHONPATH"] = os.pathsep.join([str(tree.root), str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+        env["PYTHONPATH"] = os.pathsep.join([str(tree.root), str(Path(__file__).resolve().parents[3]), env.get("PYTHONPATH", "")])
     return version, env
 
 
@@ -329,7 +329,7 @@ def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int,
                "stats_path": str(out / f"{arm.name}.stats.json") if arm.threshold is not None else None}
         Path(job["ready_path"]).unlink(missing_ok=True)
         log = open(out / f"{arm.name}.log", "w")
-        procs[arm.name] = subprocess.Popen([sys.executable, "-m", "spectool.bench.worker", json.dumps(job)], stdin=subprocess.PIPE,
+        procs[arm.name] = subprocess.Popen([sys.executable, "-m", "spectool.harness.bench.worker", json.dumps(job)], stdin=subprocess.PIPE,
                                            stdout=log, stderr=subprocess.STDOUT, env={**env, **arm.env}, text=True,
                                            start_new_session=True)
     try:

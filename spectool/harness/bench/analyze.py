@@ -9,7 +9,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from ..errors import BadInputError
+from ...errors import BadInputError
 
 from .arms import DEFAULT_ARMS as BUILT_IN  # the rest are variants
 
