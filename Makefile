@@ -1,8 +1,12 @@
 # One command each: `make run` (set up, fetch the pinned SGLang, apply the recipes) and
 # `make test` (set up, run the whole test suite; GPU tests skip without a GPU).
+# `make lint` runs ruff (lint + format check) as CI does.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Where pip finds torch for the CPU tests; e.g. https://download.pytorch.org/whl/cpu for the
+# CPU-only build (PyPI's Linux wheel is the CUDA one, with its CUDA libraries).
+TORCH_INDEX_URL ?=
 
 $(BIN)/spectool: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -12,15 +16,22 @@ $(BIN)/spectool: pyproject.toml
 
 # CPU extras for the tests that build golden models and plot bench results.
 $(VENV)/.test-extras: $(BIN)/spectool
-	$(BIN)/pip install -q torch==2.13.0 safetensors matplotlib
+	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
+	$(BIN)/pip install -q safetensors matplotlib
 	@touch $@
 
-.PHONY: run test clean
+.PHONY: run test lint clean
 run: $(BIN)/spectool
 	$(BIN)/spectool apply
 
+# pytest prints a line before each SGLang release it downloads (tests/conftest.py). Its exit
+# code 5 (no tests collected) is reported as such, not as a failure.
 test: $(VENV)/.test-extras
 	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+
+lint: $(BIN)/spectool
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 clean:
 	rm -rf $(VENV) build

@@ -26,15 +26,31 @@ def make_tree(root: Path, version: str, files: dict[str, bytes]) -> Path:
     return root
 
 
+def _say(config, text: str) -> None:
+    """One line on the terminal even while pytest captures output (a download takes a while)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return
+    if capture is None:
+        reporter.write_line(text)
+        return
+    with capture.global_and_fixture_disabled():
+        reporter.write_line(text)
+
+
 @pytest.fixture(scope="session")
-def sglang_release(tmp_path_factory):
-    """Fetch a pinned SGLang release once per session (cached in SPECTOOL_CACHE across runs)."""
-    from spectool.fetch import fetch
+def sglang_release(tmp_path_factory, pytestconfig):
+    """Fetch a pinned SGLang release once per session (cached in SPECTOOL_CACHE across runs);
+    a release not in the cache yet is announced on the terminal before it downloads."""
+    from spectool.fetch import cache_dir, fetch
 
     cache = {}
 
     def get(version: str) -> Path:
         if version not in cache:
+            if not (cache_dir() / f"sglang-{version}" / ".spectool-fetched").exists():
+                _say(pytestconfig, f"fetching SGLang {version} into {cache_dir()} (first use; cached afterwards)")
             cache[version] = fetch(version, progress=False)
         dest = tmp_path_factory.mktemp(f"sglang-{version}")
         shutil.copytree(cache[version], dest, dirs_exist_ok=True, symlinks=True)
