@@ -1,7 +1,9 @@
 """The support matrix: for every SGLang release, the expected status of every recipe.
 
-``recipes/matrix.yaml`` is the committed expectation; ``check_release`` computes reality on a
+``recipes/matrix.yaml`` is the committed expectation; ``actual`` computes reality on a
 fetched release. A release on the index that the matrix does not list is reported by name.
+``markdown`` renders the expectation as the README's support table
+(``python -m spectool.matrix`` prints it).
 """
 
 from __future__ import annotations
@@ -49,3 +51,42 @@ def actual(tree_dir, recipes_dir=None) -> dict[str, tuple[str, str]]:
 
 def missing_releases(matrix: dict, available: list[str], since: str = "0.5.6.post2") -> list[str]:
     return [v for v in available if Version(v) >= Version(since) and v not in matrix]
+
+
+def _cell(status: str, recipe, version: str) -> str:
+    """'applies (variant)' where a recipe's variant covers the release, else the bare status."""
+    if status == "applies" and recipe is not None:
+        variant = recipe.variant_for(Version(version))
+        if variant is not None:
+            return f"applies (`{variant.name}`)"
+    return status
+
+
+def markdown(rows: dict[str, dict[str, str]] | None = None, recipes: list | None = None) -> str:
+    """The support matrix as a Markdown table: one column per recipe, and consecutive releases
+    whose cells are equal share a row (``0.5.13 – 0.5.14``). ``recipes`` (default: the shipped
+    ones) name the variant that applies; a recipe missing from them shows its bare status."""
+    if rows is None:
+        rows = load()
+    if recipes is None:
+        from .recipe import load_recipes
+
+        recipes = load_recipes()
+    by_id = {r.id: r for r in recipes}
+    ids = sorted({rid for row in rows.values() for rid in row})
+    groups: list[tuple[list[str], tuple[str, ...]]] = []
+    for version, row in rows.items():
+        cells = tuple(_cell(row[rid], by_id.get(rid), version) if rid in row else "-" for rid in ids)
+        if groups and groups[-1][1] == cells:
+            groups[-1][0].append(version)
+        else:
+            groups.append(([version], cells))
+    lines = ["| SGLang | " + " | ".join(f"`{rid}`" for rid in ids) + " |", "|---" * (len(ids) + 1) + "|"]
+    for versions, cells in groups:
+        span = versions[0] if len(versions) == 1 else f"{versions[0]} – {versions[-1]}"
+        lines.append(f"| {span} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(markdown(), end="")
