@@ -6,7 +6,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "tools/device/README.md"]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "tools/device/README.md",
+        ROOT / "results/README.md"]
 QUOTED = re.compile(r"`((?:results|golden|recipes|tools|tests|spectool)/[^`\s]*)`")
 
 
@@ -25,5 +26,5 @@ def test_every_path_the_docs_quote_exists():
 
 
 def test_the_check_finds_a_missing_path():
-    assert list(quoted_paths("see `results/verify-0.5.12/session99-abc/` and `results/bench-X-low`")) == [
-        "results/verify-0.5.12/session99-abc/"]
+    assert list(quoted_paths("see `results/0.5.99/h200/verify-golden/` and `results/bench-X-low`")) == [
+        "results/0.5.99/h200/verify-golden/"]
