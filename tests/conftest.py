@@ -99,24 +99,3 @@ def load_tool():
         return mod
 
     return load
-
-
-@pytest.fixture(scope="session")
-def reparse_verify(load_tool):
-    """A recorded verify run (a folder under results/) re-evaluated by tools/reparse_verify.py
-    with today's checks, no GPU: reparse(run, workdir) -> the new report. reparse.engine_files(run)
-    is the tool's own reader of the run's engine files (verify-logs.tgz), by file name."""
-    import json
-    import shutil
-
-    mod = load_tool("reparse_verify")
-
-    def reparse(run: Path, workdir: Path) -> dict:
-        workdir.mkdir(parents=True, exist_ok=True)
-        for f in ("verify-results.json", "verify-logs.tgz"):
-            shutil.copy(run / f, workdir / f)
-        assert mod.main(workdir) == 0
-        return json.loads((workdir / "verify-results-reparsed.json").read_text())
-
-    reparse.engine_files = mod._engine_files
-    return reparse

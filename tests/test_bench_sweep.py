@@ -188,11 +188,33 @@ def test_an_engine_that_dies_mid_profile_is_named_with_its_error_and_the_traces_
     assert "A2 against A0 at C=8" in (out / "profile.md").read_text()
 
 
-def test_the_h200_engine_death_is_read_from_its_real_log():
-    """The engine log session 17's profile left (results/profile-0.5.12-s17/A4G.log): the
-    reason is its last error line, among SGLang's import warnings and the traceback."""
-    log = Path(__file__).resolve().parents[1] / "results/profile-0.5.12-s17/A4G.log"
+# An engine's log as SGLang 0.5.12 leaves it when the scheduler dies of CUDA out-of-memory:
+# import warnings, a traceback whose frames name no error, the error, the shutdown.
+OOM_LOG = """\
+/tmp/site/torchao/quantization/quant_api.py:1731: SyntaxWarning: invalid escape sequence '\\.'
+flashinfer.comm is not available, falling back to standard implementation
+[2026-11-30 02:59:44] Ignore import error when loading sglang.srt.models.mimo_v2: Can not import FA3 in sgl_kernel.
+[2026-11-30 03:05:21] Scheduler hit an exception: Traceback (most recent call last):
+  File "/tmp/site/sglang/srt/managers/scheduler.py", line 3039, in run_batch
+    batch_result = self.model_worker.forward_batch_generation(
+  File "/tmp/site/sglang/srt/layers/activation.py", line 93, in forward_cuda
+    out = torch.empty(output_shape, dtype=x.dtype, device=x.device)
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 224.00 MiB. GPU 0 has a total capacity of 139.80 GiB.
+
+[2026-11-30 03:05:21] SIGQUIT received. signum=None, frame=None. It usually means one child failed.
+"""
+
+
+def test_an_engine_death_is_read_from_its_log(tmp_path):
+    """The reason is the log's last error line, among SGLang's import warnings and the
+    traceback, in one paragraph with what to change for an out-of-memory."""
+    log = tmp_path / "A4G.log"
+    log.write_text(OOM_LOG)
     msg = sweep.engine_failure("A4G", -9, "profile at C=256", log)
     assert msg.startswith("bench arm A4G's engine exited with -9 during profile at C=256: torch.OutOfMemoryError: "
                           "CUDA out of memory. Tried to allocate 224.00 MiB.")
-    assert "fewer arms at once" in msg and "\n" not in msg
+    assert "fewer arms at once" in msg and "\n" not in msg and f"Its log: {log}." in msg
+    log.write_text("[x] loading weights\n[x] ready\n")
+    quiet = sweep.engine_failure("A0", 1, "its start", log)
+    assert quiet.startswith("bench arm A0's engine exited with 1 during its start. Its log:")
+    assert quiet.endswith("Its last lines:\n[x] loading weights\n[x] ready") and "GPU" not in quiet

@@ -16,7 +16,7 @@ from spectool.ops import OPERATIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-DOCS = [README, *sorted((ROOT / "docs").rglob("*.md")), ROOT / "tools/device/README.md"]
+DOCS = [README, *sorted((ROOT / "docs").rglob("*.md")), ROOT / "tools/device/README.md", ROOT / "results/README.md"]
 QUOTED = re.compile(r"`((?:results|golden|recipes|tools|tests|spectool)/[^`\s]*)`")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 OPTION = re.compile(r"--[a-z][a-z0-9-]*")
@@ -71,8 +71,8 @@ def test_every_path_the_docs_quote_exists():
 
 
 def test_the_check_finds_a_missing_path():
-    assert list(quoted_paths("see `results/verify-0.5.12/run99-abc/` and `results/bench-X-low`")) == [
-        "results/verify-0.5.12/run99-abc/"
+    assert list(quoted_paths("see `results/0.5.99/h200/verify-golden/` and `results/bench-X-low`")) == [
+        "results/0.5.99/h200/verify-golden/"
     ]
 
 

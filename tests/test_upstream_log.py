@@ -83,23 +83,33 @@ def test_switch_right_after_a_prefill_counts_the_next_line_as_the_new_tier():
     assert compare.check_expectations({"fallback_steps": "all"}, st) == []
 
 
-def test_recorded_0517_run_reevaluates_to_the_recipes_counters(tmp_path, reparse_verify):
-    """tools/reparse_verify.py on the committed 0.5.17 run: tokens equal plain decoding and the
-    path counters equal the 0.5.12 recipe's, scenario by scenario, T=0 included (it failed to
-    start in session 2's run, before the mapping fix); the STANDALONE ones stay skipped."""
+def test_log_counters_pass_the_scenarios_claims_on_the_real_0517_log(tmp_path):
+    """The 0.5.17 log excerpt, cut at the workload bounds the run recorded, as the snapshots
+    of engine eagle3-t4's workloads: evaluated with counters from the log, every scenario of
+    that engine passes its path claims, with the recipe's step counts on 0.5.12."""
     import json
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
-    rows = {r["scenario"]: r for r in reparse_verify(root / "results/verify-0.5.17", tmp_path)["scenarios"]}
-    recipe = {r["scenario"]: r for r in json.loads((root / "results/verify-0.5.12/session5-85503b5/verify-results.json").read_text())["scenarios"]}
-    for name, r in rows.items():
-        if r.get("skipped"):
-            assert name.startswith("standalone")
-        else:
-            assert r["ok"] and r["equal"] == r["requests"], name
-            assert (r["fallback_steps"], r["spec_steps"]) == (recipe[name]["fallback_steps"], recipe[name]["spec_steps"]), name
-    assert sum(1 for r in rows.values() if r["ok"] and not r.get("skipped")) == 11 and rows["eagle3 always-fallback (T=0)"]["fallback_steps"] == 64
+    from spectool.harness.verify import runner, scenarios
+    from spectool.harness.verify.upstream_log import stats_at_decode_line
+
+    fx = Path(__file__).parent / "fixtures" / "upstream-0.5.17"
+    lines = (fx / "eagle3-t4.log").read_text().splitlines()
+    meta = json.loads((fx / "eagle3-t4.json").read_text())
+    wls = scenarios.workloads()
+    cfgs = [c for c in scenarios.configs() if c.name in ("base-graph", "eagle3-t4")]
+
+    bounds = meta["decode_lines_at_workload_bounds"]
+    snapshots = {w: {"stats_before": stats_at_decode_line(lines, b, 3, threshold=4),
+                     "stats_after": stats_at_decode_line(lines, a, 3, threshold=4)} for w, (b, a) in bounds.items()}
+    results = {c.name: {"ok": True, "workloads": {w: {
+        "requests": [{"index": i, "output_ids": [i] * r.max_new_tokens} for i, r in enumerate(wls[w].requests)],
+        "seconds": 1.0, **(snapshots[w] if c.algorithm else {})} for w in c.workloads}} for c in cfgs}
+    report = runner.evaluate(results, cfgs, wls, {"meta": {"key": "stand-in"}}, "0.5.17", "sm90", "H200", tmp_path,
+                             False, recipe_counters=False)
+    rows = {r["workload"]: r for r in report["scenarios"]}
+    assert report["ok"] and set(rows) == set(bounds), [r["failures"] for r in report["scenarios"]]
+    assert {w: [r["fallback_steps"], r["spec_steps"]] for w, r in rows.items()} == meta["recipe_counters_0.5.12"]
 
 
 def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(sglang_release, tmp_path):

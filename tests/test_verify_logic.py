@@ -38,8 +38,8 @@ def test_engine_switches_name_what_the_recipes_read():
         for k, v in c.env.items():
             forced.setdefault(k, set()).add(v)
     assert forced.get("SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS") == {"1"}
-    # 0 (the default since session 21) on the KV-only engine, 8 (the default before) on the
-    # engines whose scenarios claim the full sync inside the margin: both asked for by name.
+    # 0 (the default) on the KV-only engine, 8 on the engines whose scenarios claim the full
+    # sync inside a margin: both asked for by name.
     assert forced.get("SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN") == {"0", "8"}
     for var in forced:
         assert f'"{var}"' in sources, var  # read through os.environ or _spec_fallback_env_count
@@ -255,175 +255,167 @@ def test_golden_files_speak_only_for_their_model(tmp_path):
     assert not report["ok"] and "record one with --record" in report["golden_problems"][0]
 
 
-def test_kv_only_path_claims_are_checked_on_the_recorded_h200_runs(tmp_path, reparse_verify):
-    """The scenarios that claim the KV-only draft paths (and those that claim the sync stays
-    off) are checked against the recipe's counters. The runs on 12d88a3 (session 18, the final
-    recipes), 70485dd (17), ee9a8cf (16), 1f22c7e (15), 54df3f6 (session 14: the T=4 KV-only engine writes
-    four steps per graph replay), ea9ea95 (session 13),
-    fdfb10d (session 10), 25f148c (session 9), f79ebae (session 8) and d7cba07 (KV-only prefill
-    counted, on by default in all six) pass every claim. The earlier runs, re-evaluated, fail exactly what they lacked:
-    no KV-only prefill before d7cba07 (0574c06, 80f522d); the sync not yet replayed from graphs (85503b5); the sync still opt-in (609b3ff, which fails
-    the scenario that pins the default margin, 12 requests at T=0). So each check can fail."""
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    failed = {}
-    runs = (".", "session17-70485dd", "session16-ee9a8cf", "session15-1f22c7e", "session14-54df3f6", "session13-ea9ea95", "session10-fdfb10d", "session9-25f148c", "session8-f79ebae", "session7-d7cba07", "session7-0574c06", "session6-80f522d", "session5-85503b5", "session5-609b3ff")
-    reports = {}
-    for run in runs:
-        reports[run] = reparse_verify(root / "results/verify-0.5.12" / run, tmp_path / run.replace(".", "latest"))
-        rows = reports[run]["scenarios"]
-        failed[run] = {r["scenario"]: r["failures"] for r in rows if not r["ok"]}
-        kv = {r["scenario"]: r["kv_only_steps"] for r in rows}
-        if run != "session5-609b3ff":
-            assert kv["eagle3 always-fallback (T=0)"] == 0 and kv["eagle3 always-fallback stagger (T=0)"] == 40, run
-            assert kv["eagle3 KV-only draft sync"] == 63 and kv["eagle3 bs=T+1=5"] == 0, run
-        if run != "session5-85503b5" and run != "session5-609b3ff":
-            graphed = {r["scenario"]: r["kv_only_graph_steps"] for r in rows}
-            assert graphed["eagle3 KV-only draft sync"] == 63 and graphed["eagle3 always-fallback stagger (T=0)"] == 40
-    prefills = {r["scenario"]: r["kv_only_prefills"] for r in reports["."]["scenarios"]}
-    assert prefills["eagle3 always-fallback stagger (T=0)"] == 2 and prefills["eagle3 KV-only transition down"] == 2
-    # The prefill is on by default: an engine that does not ask for it used it in session 9's
-    # run (and in 8's and 7's). Whether it does in that scenario depends on how the staggered
-    # requests reach the scheduler (all at once, while the previous workload's fallback is
-    # still on: yes; a few first, whose spec step turns it off: no), so it is not a claim, and
-    # session 10's run (fdfb10d) has 0 there with every token and step count unchanged.
-    session9 = {r["scenario"]: r["kv_only_prefills"] for r in reports["session9-25f148c"]["scenarios"]}
-    assert session9["eagle3 transition down"] == 1 and prefills["eagle3 transition down"] in (0, 1)
-    for run in (".", "session17-70485dd", "session16-ee9a8cf", "session15-1f22c7e", "session14-54df3f6", "session13-ea9ea95", "session10-fdfb10d", "session9-25f148c", "session8-f79ebae",
-                "session7-d7cba07"):
-        assert failed[run] == {}, run
-    # Session 9 added the patch without the flag (the engine that crashed on its first prefill
-    # before 25f148c): it ran, token-exact, and the fallback counted nothing.
-    unset = [r for r in reports["."]["scenarios"] if r["config"] == "eagle3-unset"]
-    assert len(unset) == 2 and all(r["ok"] and r["equal"] == r["requests"] > 0 and r["fallback_steps"] is None for r in unset)
-    no_graph = "expected every KV-only draft sync replayed from its CUDA graph, got 0 of {}"
-    no_prefill = "expected prefills on the KV-only draft path, got none"
-    before_prefill = {"eagle3 always-fallback stagger (T=0)": [no_prefill], "eagle3 KV-only transition down": [no_prefill]}
-    assert failed["session7-0574c06"] == before_prefill and failed["session6-80f522d"] == before_prefill
-    assert failed["session5-85503b5"] == {"eagle3 always-fallback stagger (T=0)": [no_graph.format(40), no_prefill],
-                                          "eagle3 KV-only draft sync": [no_graph.format(63)],
-                                          "eagle3 KV-only transition down": [no_prefill]}
-    assert failed["session5-609b3ff"] == {
-        "eagle3 always-fallback stagger (T=0)": ["expected fallback steps with the KV-only draft sync, got none", no_prefill],
-        "eagle3 KV-only draft sync": [no_graph.format(63)], "eagle3 KV-only transition down": [no_prefill]}
+# Synthetic engine outputs for runner.evaluate: every engine decodes the same tokens, and each
+# scenario's engine counts the steps its claims ask for (derived from its Expect), so a test
+# can break one claim at a time and see exactly that one fail.
+SYNTHETIC_FALLBACK_STEPS = 20
 
 
-# What today's rule (every KV-only step replayed from a graph, at every TP) says of the TP=2
-# runs of the trees before session 12, which ran that sync eagerly at TP>1.
-EAGER_KV_ONLY_AT_TP2 = {
-    "eagle3 always-fallback stagger (T=0)": ["expected every KV-only draft sync replayed from its CUDA graph, got 0 of 40"],
-    "eagle3 KV-only draft sync": ["expected every KV-only draft sync replayed from its CUDA graph, got 0 of 63"],
-}
+def _tokens(workload):
+    return [{"index": i, "output_ids": [(7 * i + k) % 256 for k in range(r.max_new_tokens)],
+             "top2_margins": [5.0] * r.max_new_tokens} for i, r in enumerate(workload.requests)]
 
 
-def test_the_first_tensor_parallel_run_found_the_stats_file_race(tmp_path, reparse_verify):
-    """The first TP=2 run (H200 x2, f79ebae): every EAGLE-3 scenario token-exact. What fails
-    is the real bug it found, STANDALONE's engine crashing when both ranks wrote the stats
-    file (fixed since; test_recipes_0512.test_one_rank_writes_the_stats_file), and, by
-    today's rule, the KV-only sync that tree ran eagerly at TP>1 (graphs at TP=2 since
-    session 12: eager, the fallback kept 0.92 of plain decoding at C=64, with them 0.97)."""
-    import json
-    from pathlib import Path
+def _counters(expect) -> dict:
+    """A stats file snapshot that meets `expect`: the steps, phases and KV-only counts its
+    claims name (acceptance 4 on every speculative step)."""
+    if not expect.counted:
+        return {}
+    n = SYNTHETIC_FALLBACK_STEPS
 
-    run = Path(__file__).resolve().parent.parent / "results/verify-0.5.12-tp2/session8-f79ebae"
-    recorded = json.loads((run / "verify-results.json").read_text())
-    assert recorded["tp_size"] == 2 and recorded["model"]["key"] == ModelSpec().for_tp(2).key()
-    new = reparse_verify(run, tmp_path)
-    failed = {r["scenario"]: r["failures"] for r in new["scenarios"] if not r["ok"]}
-    assert failed == {**EAGER_KV_ONLY_AT_TP2, **{name: ["engine standalone-t4 failed"] for name in (
-        "standalone bs=1 (high acceptance)", "standalone transition down", "standalone spec-fallback-spec")}}
-    exact = [r for r in new["scenarios"] if r["config"].startswith("eagle3")]
-    assert len(exact) == 14 and all(r["equal"] == r["requests"] for r in exact)
-    kv = {r["scenario"]: (r["kv_only_steps"], r["kv_only_graph_steps"]) for r in new["scenarios"] if r.get("kv_only_steps")}
-    assert kv["eagle3 KV-only draft sync"] == (63, 0)
-    assert not new["golden_problems"] and len(new["golden_skipped"]) == 2
+    def phase(i, mode, steps):
+        return {"id": i, "mode": mode, "steps": steps, "reqs": steps, "correct_drafts": 3 * steps if mode == "spec" else 0}
 
-
-def test_tensor_parallel_reruns_are_token_exact_and_their_eager_sync_is_named(tmp_path, reparse_verify):
-    """The TP=2 runs on 25f148c (session 9, the stats file written by rank 0 only) and on
-    fdfb10d (session 10): every scenario, STANDALONE included, token-exact and passing,
-    except today's graph claim on the two KV-only scenarios, whose sync those trees ran
-    eagerly at TP>1."""
-    from pathlib import Path
-
-    for name in ("session9-25f148c", "session10-fdfb10d"):
-        run = Path(__file__).resolve().parent.parent / "results/verify-0.5.12-tp2" / name
-        new = reparse_verify(run, tmp_path / name)
-        assert new["tp_size"] == 2 and len(new["scenarios"]) == 19
-        assert all(r["equal"] == r["requests"] > 0 for r in new["scenarios"]), name
-        assert {r["scenario"]: r["failures"] for r in new["scenarios"] if not r["ok"]} == EAGER_KV_ONLY_AT_TP2, name
-        standalone = [r for r in new["scenarios"] if r["config"] == "standalone-t4"]
-        assert len(standalone) == 3 and sum(r["fallback_steps"] for r in standalone) > 0
+    if expect.fallback_steps == "all" or (expect.fallback_steps == "positive" and not (
+            expect.spec_after_fallback or expect.fallback_after_spec)):
+        phases = [phase(1, "fallback", n)]
+    elif expect.fallback_steps == "positive":
+        phases = [phase(1, "spec", n), phase(2, "fallback", n), phase(3, "spec", n)]
+    else:
+        phases = [phase(1, "spec", n)]
+    fb = sum(p["steps"] for p in phases if p["mode"] == "fallback")
+    kv = fb if expect.kv_only in ("positive", "graph") else 0
+    return {"fallback_steps": fb, "spec_steps": sum(p["steps"] for p in phases if p["mode"] == "spec"),
+            "phases": phases, "draft_kv_only_steps": kv, "draft_kv_only_graph_steps": kv,
+            "draft_kv_only_prefills": 2 if expect.kv_only_prefill == "positive" else 0}
 
 
-def test_the_kv_only_sync_replays_its_graphs_at_tp2(tmp_path, reparse_verify):
-    """Session 12's TP=2 run of the KV-only engines on 34e13b3 (graphs captured inside
-    graph_capture()): token-exact against the TP=2 baselines, and every KV-only step of
-    each scenario that claims it replayed from a CUDA graph."""
-    from pathlib import Path
-
-    run = Path(__file__).resolve().parent.parent / "results/verify-0.5.12-tp2/session12-34e13b3-kv-only"
-    new = reparse_verify(run, tmp_path)
-    assert new["tp_size"] == 2 and new["ok"] and len(new["scenarios"]) == 5
-    assert all(r["ok"] and r["equal"] == r["requests"] > 0 for r in new["scenarios"])
-    kv = {r["scenario"]: (r["kv_only_steps"], r["kv_only_graph_steps"]) for r in new["scenarios"] if r.get("kv_only_steps")}
-    assert kv == {"eagle3 always-fallback stagger (T=0)": (40, 40), "eagle3 KV-only draft sync": (63, 63),
-                  "eagle3 KV-only transition down": (73, 73), "eagle3 KV-only transition up": (32, 32)}
+def _engine_results():
+    wls = scenarios.workloads()
+    claims = {(s.config, s.workload): s.expect for s in scenarios.scenarios()}
+    return {c.name: {"ok": True, "startup_s": 1.0, "total_s": 2.0, "workloads": {
+        w: {"requests": _tokens(wls[w]), "seconds": 0.5, "stats_before": {},
+            "stats_after": _counters(claims[(c.name, w)]) if (c.name, w) in claims else {}}
+        for w in c.workloads}} for c in scenarios.configs()}
 
 
-def test_deferred_kv_only_writes_ran_token_exact_on_the_h200(tmp_path, reparse_verify):
-    """Session 22's runs of the margin-0 default (081e841: the engines that claim the full
-    sync inside a margin of 8 ask for it by name), session 18's of 12d88a3 (the queue's
-    counts derived from its pending lists) at TP=1 and TP=2, session 17's of 70485dd, and session 16's of ee9a8cf
-    before the FutureMap views and the queue kept by reference: every scenario
-    token-exact and passing; the KV-only engine wrote its 168 KV-only steps in far fewer
-    replays (4 steps per replay by default), counted by cause, two of them the queue written
-    before a speculative step's draft (the switch back to speculation, tokens exact), and
-    deduplicated only the few queues whose steps had different batch sizes (requests
-    finishing); the T=0 engine, pinned to one step per replay, replayed once per step and
-    never deduplicated. Session 15's run (1f22c7e) deduplicated every queue of two or more
-    steps and counted no deduplications, session 14's no causes, so this can fail."""
-    root = Path(__file__).resolve().parent.parent / "results"
+def _evaluate(results, golden_root, record=False, **kw):
+    from spectool.harness.verify import runner
 
-    def engine_stats(run, engine):  # the fallback's counters as the engine left them
-        return json.loads(reparse_verify.engine_files(run)[f"{engine}.stats.json"])
-
-    runs = (("verify-0.5.12/session22-081e841", 1), ("verify-0.5.12-tp2/session22-081e841", 2),
-            ("verify-0.5.12", 1), ("verify-0.5.12-tp2/session18-12d88a3", 2),
-            ("verify-0.5.12/session17-70485dd", 1), ("verify-0.5.12-tp2/session17-70485dd", 2),
-            ("verify-0.5.12/session16-ee9a8cf", 1), ("verify-0.5.12-tp2/session16-ee9a8cf", 2))
-    for name, tp in runs:
-        run = root / name
-        new = reparse_verify(run, tmp_path / name.replace("/", "-"))
-        assert new["tp_size"] == tp and new["ok"] and len(new["scenarios"]) == 19
-        assert all(r["ok"] and r["equal"] == r["requests"] > 0 for r in new["scenarios"]), tp
-        deferred, single = engine_stats(run, "eagle3-t4-kv-only"), engine_stats(run, "eagle3-t0")
-        causes = deferred["draft_kv_only_flush_causes"]
-        replays = sum(causes.values())
-        assert deferred["draft_kv_only_graph_steps"] == deferred["draft_kv_only_steps"] == 168
-        assert replays <= 168 / 3 and causes.get("spec", 0) >= 1, (tp, causes)
-        assert 1 <= deferred["draft_kv_only_dedups"] < replays / 4, "only queues of mixed batch sizes"
-        assert single["draft_kv_only_flush_causes"] == {"queued": single["draft_kv_only_steps"]} == {"queued": 40}
-        assert "draft_kv_only_dedups" not in single
-    assert "draft_kv_only_dedups" not in engine_stats(root / "verify-0.5.12/session15-1f22c7e", "eagle3-t4-kv-only")
-    assert "draft_kv_only_flush_causes" not in engine_stats(root / "verify-0.5.12/session14-54df3f6", "eagle3-t4-kv-only")
+    cfgs = kw.pop("cfgs", scenarios.configs())
+    return runner.evaluate(results, cfgs, scenarios.workloads(), {"meta": {"key": ModelSpec().key()}}, "0.5.12",
+                           "sm90", "NVIDIA H200", golden_root, record, **kw)
 
 
-def test_a_run_cut_off_before_its_report_is_evaluated_for_its_finished_engines(tmp_path, load_tool):
-    """Session 10's 0.5.17 run reached the device call's time limit after 7 of 9 engines had
-    finished: their outputs, evaluated as the complete 0.5.17 run's (counters from upstream's
-    log), pass the 11 scenarios they serve; the two unfinished engines are named, not failed."""
-    import json
-    import shutil
-    from pathlib import Path
+def _failed(report):
+    return {r["scenario"]: r["failures"] for r in report["scenarios"] if not r["ok"]}
 
-    root = Path(__file__).resolve().parent.parent
-    mod = load_tool("reparse_verify")
-    shutil.copy(root / "results/verify-0.5.17/session10-partial/verify-logs.tgz", tmp_path / "verify-logs.tgz")
-    assert mod.partial(tmp_path, root / "results/verify-0.5.17/verify-results.json") == 0
-    rep = json.loads((tmp_path / "verify-results-partial.json").read_text())
-    assert rep["ok"] and len(rep["scenarios"]) == 11 and all(r["ok"] for r in rep["scenarios"])
-    assert rep["partial"]["not_finished"] == ["eagle3-t4-kv-only", "eagle3-unset"]
-    transition = next(r for r in rep["scenarios"] if r["scenario"] == "eagle3 transition up")
-    assert transition["fallback_steps"] == 32 and transition["spec_steps"] == 168, transition
+
+def test_a_run_that_meets_every_claim_passes_and_its_baselines_become_the_golden_file(tmp_path):
+    """Every scenario token-exact with its claims met: the report passes, each row carries its
+    counts (none where the patch runs without the flag: nothing was counted), and the
+    baselines recorded as the golden file are what the next run is checked against."""
+    assert len({(s.config, s.workload) for s in scenarios.scenarios()}) == len(scenarios.scenarios())
+    recorded = _evaluate(_engine_results(), tmp_path, record=True)
+    assert recorded["ok"] and (tmp_path / "0.5.12/sm90/golden.json").exists()
+    report = _evaluate(_engine_results(), tmp_path)
+    assert report["ok"] and not report["golden_problems"] and _failed(report) == {}
+    assert len(report["scenarios"]) == len(scenarios.scenarios())
+    for row, s in zip(report["scenarios"], scenarios.scenarios()):
+        n = len(scenarios.workloads()[s.workload].requests)
+        assert row["equal"] == row["requests"] == n and row["mismatches"] == [], s.name
+        counted = SYNTHETIC_FALLBACK_STEPS if s.expect.fallback_steps in ("all", "positive") else 0
+        assert row["fallback_steps"] == (counted if s.expect.counted else None), s.name
+        assert row["min_baseline_margin"] == 5.0
+    unset = [r for r in report["scenarios"] if r["fallback_steps"] is None]
+    assert unset and all(r["config"] == "eagle3-unset" for r in unset)
+
+
+def test_each_path_claim_fails_by_name(tmp_path):
+    """One broken claim at a time, the rest met: exactly that scenario fails, with a message
+    that says what was expected and what was counted."""
+    _evaluate(_engine_results(), tmp_path, record=True)
+
+    def breaking(pick, change):
+        s = next(s for s in scenarios.scenarios() if pick(s.expect))
+        results = _engine_results()
+        change(results[s.config]["workloads"][s.workload])
+        report = _evaluate(results, tmp_path)
+        assert not report["ok"]
+        return s.name, _failed(report)
+
+    def stats(update):
+        return lambda w: w["stats_after"].update(update)
+
+    n = SYNTHETIC_FALLBACK_STEPS
+    name, failed = breaking(lambda e: e.kv_only == "graph", stats({"draft_kv_only_graph_steps": 0}))
+    assert failed == {name: [f"expected every KV-only draft sync replayed from its CUDA graph, got 0 of {n}"]}
+    name, failed = breaking(lambda e: e.kv_only_prefill == "positive", stats({"draft_kv_only_prefills": 0}))
+    assert failed == {name: ["expected prefills on the KV-only draft path, got none"]}
+    name, failed = breaking(lambda e: e.kv_only == "zero", stats({"draft_kv_only_steps": 5}))
+    assert failed == {name: ["expected no KV-only draft sync (batch within the margin), got 5 steps"]}
+    name, failed = breaking(lambda e: not e.counted, lambda w: w.update(stats_after={
+        "fallback_steps": 0, "spec_steps": 9, "phases": [_phase(1, "spec", 9)]}))
+    assert failed == {name: ["expected the fallback's decision never to run (no flag), but it counted 9 steps"]}
+    name, failed = breaking(lambda e: e.resume_acceptance_not_lower, lambda w: w["stats_after"]["phases"][2].update(
+        correct_drafts=0))
+    assert failed == {name: ["acceptance after speculation resumed (1.00) is below before the fallback (4.00): stale draft KV?"]}
+
+    def one_token_off(w):
+        w["requests"][0]["output_ids"][3] += 1
+
+    name, failed = breaking(lambda e: e.fallback_steps == "all", one_token_off)
+    assert failed == {name: ["1 request(s) differ from the no-speculation baseline"]}
+
+
+def test_a_failed_engine_fails_its_scenarios_and_is_named(tmp_path):
+    """An engine that died fails the scenarios it serves (a baseline: every scenario compared
+    with it), is listed with its log's tail, and the others are still evaluated."""
+    _evaluate(_engine_results(), tmp_path, record=True)
+    results = _engine_results()
+    results["standalone-t4"] = {"ok": False, "error": "exited with 1", "log_tail": "RuntimeError: boom"}
+    results["base-eager"] = {"ok": False, "error": "exited with -9", "log_tail": ""}
+    report = _evaluate(results, tmp_path)
+    assert not report["ok"] and set(report["engine_errors"]) == {"standalone-t4", "base-eager"}
+    assert report["engine_errors"]["standalone-t4"] == {"error": "exited with 1", "log_tail": "RuntimeError: boom"}
+    cfgs = {c.name: c for c in scenarios.configs()}
+    eager = {s.name for s in scenarios.scenarios() if not cfgs[s.config].cuda_graph}
+    standalone = {s.name for s in scenarios.scenarios() if s.config == "standalone-t4"}
+    assert eager and standalone and _failed(report) == {
+        **{n: ["engine standalone-t4 failed"] for n in standalone}, **{n: ["engine base-eager failed"] for n in eager}}
+
+
+def test_baselines_that_differ_from_the_golden_file_fail_the_run(tmp_path):
+    """Every engine of a workload decoding other tokens than the recorded baselines: the
+    scenarios still agree with their baselines, the golden check names the workload."""
+    _evaluate(_engine_results(), tmp_path, record=True)
+    results = _engine_results()
+    for res in results.values():
+        if "bs1" in res["workloads"]:
+            res["workloads"]["bs1"]["requests"][0]["output_ids"][0] += 1
+    report = _evaluate(results, tmp_path)
+    assert not report["ok"] and _failed(report) == {}
+    assert len(report["golden_problems"]) == 1 and "bs1" in report["golden_problems"][0]
+    assert "differs from golden" in report["golden_problems"][0]
+
+
+def test_counters_from_upstreams_log_check_only_what_the_log_shows(tmp_path):
+    """Where the switch is upstream's, the counters come from its log, which has no KV-only
+    path and counts every decode step, flag or not: the recipe's KV-only claims and the
+    no-count claim are not checked there; the engines upstream refuses are skipped with the
+    reason, not failed."""
+    _evaluate(_engine_results(), tmp_path, record=True)
+    results = _engine_results()
+    for res in results.values():
+        for w in res["workloads"].values():
+            if w["stats_after"]:
+                w["stats_after"].update(draft_kv_only_steps=0, draft_kv_only_graph_steps=0, draft_kv_only_prefills=0)
+    for w in results["eagle3-unset"]["workloads"].values():
+        w["stats_after"] = {"fallback_steps": 0, "spec_steps": 9, "phases": [_phase(1, "spec", 9)]}
+    skipped = {"standalone-t4": "upstream's batch-size switch supports EAGLE/EAGLE3 only"}
+    cfgs = [c for c in scenarios.configs() if c.name not in skipped]
+    report = _evaluate(results, tmp_path, cfgs=cfgs, skipped=skipped, recipe_counters=False)
+    assert report["ok"], _failed(report)
+    rows = [r for r in report["scenarios"] if r.get("skipped")]
+    assert rows and {r["config"] for r in rows} == {"standalone-t4"} and all(r["skipped"] == skipped["standalone-t4"] for r in rows)
+    assert _failed(_evaluate(results, tmp_path, cfgs=cfgs, skipped=skipped)), "the recipe's own counters are checked"

@@ -1,0 +1,116 @@
+"""The published measurements (results/, see results/README.md) regenerate from their raw data
+with the current code: each bench folder's table and report from its cells and transition,
+the profile's table from its reduced windows, the comparison with upstream's switch from
+the two sweeps, and each golden verify run's token comparisons and step counters from its
+engines' outputs. No number is typed in here: a change to the analysis that would change a
+published figure fails this test, and the folder is then regenerated or measured again."""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from spectool.harness.bench import analyze, profile
+from spectool.harness.bench.sweep import summarize
+from spectool.harness.verify import compare, scenarios
+from spectool.harness.verify.upstream_log import stats_at_decode_line
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+BENCH = sorted(p.parent for p in RESULTS.glob("*/*/bench-*/bench-results.json"))
+PROFILES = sorted(p.parent for p in RESULTS.glob("*/*/bench-*/profile.json"))
+VERIFY = sorted(p.parent for p in RESULTS.glob("*/*/verify-*/verify-results.json"))
+ANALYSIS = ("cells", "ratios", "ratio_intervals_90", "per_run_ratios", "suggested_threshold", "transition")
+
+
+def _name(folder: Path) -> str:
+    return str(folder.relative_to(RESULTS))
+
+
+def test_the_published_folders_are_there():
+    assert BENCH and PROFILES and VERIFY
+    assert all(re.fullmatch(r"\d+\.\d+\.\d+/[a-z0-9]+/(bench|verify)-[a-z0-9-]+", _name(f)) for f in BENCH + PROFILES + VERIFY)
+
+
+@pytest.mark.parametrize("folder", BENCH, ids=_name)
+def test_a_bench_folder_regenerates_from_its_cells(folder, tmp_path):
+    report = analyze.read_json(folder / "bench-results.json")
+    cells = analyze.read_cells(folder / "cells.jsonl") if (folder / "cells.jsonl").exists() else []
+    trans = analyze.read_json(folder / "transition.json") if (folder / "transition.json").exists() else None
+    extra = {"merged_from": report["merged_from"]} if "merged_from" in report else {}
+    new = summarize(tmp_path, cells, report["concurrencies"], report["threshold"], report["acc_len"], trans,
+                    report.get("startup_s") or {}, report.get("sglang_version"), report.get("gpu"),
+                    load=report.get("load", "lockstep"), extra=extra)
+    assert json.loads(json.dumps({k: new.get(k) for k in ANALYSIS})) == {k: report.get(k) for k in ANALYSIS}
+    assert (tmp_path / "bench-table.md").read_text() == (folder / "bench-table.md").read_text()
+
+
+@pytest.mark.parametrize("folder", PROFILES, ids=_name)
+def test_a_profiles_table_regenerates_from_its_reduced_windows(folder):
+    rows = {}
+    for key, row in json.loads((folder / "profile.json").read_text())["rows"].items():
+        arm, C, wave = re.fullmatch(r"(\w+)@(\d+)(?:#(\d+))?", key).groups()
+        rows[(arm, int(C), int(wave) - 1 if wave else 0)] = row
+    assert profile.markdown(rows) == (folder / "profile.md").read_text()
+
+
+def test_the_comparison_with_upstreams_switch_regenerates(load_tool):
+    tool = load_tool("compare_upstream")
+    assert all((folder / "cells.jsonl").exists() for folder in tool.NAMES.values())
+    assert tool.comparison_markdown() == (tool.UPSTREAM / "comparison.md").read_text()
+
+
+def _engine_outputs(folder: Path) -> tuple[dict, dict]:
+    """(config -> its recorded output, config -> its log lines) from verify-logs.tgz."""
+    outs, logs = {}, {}
+    with tarfile.open(folder / "verify-logs.tgz") as tar:
+        for m in tar.getmembers():
+            name = Path(m.name).name
+            if m.isfile() and name.endswith(".out.json"):
+                outs[name[: -len(".out.json")]] = json.loads(tar.extractfile(m).read())
+            elif m.isfile() and name.endswith(".log"):
+                logs[name[: -len(".log")]] = tar.extractfile(m).read().decode(errors="replace").replace("\r", "\n").splitlines()
+    return outs, logs
+
+
+@pytest.mark.parametrize("folder", VERIFY, ids=_name)
+def test_a_verify_runs_rows_regenerate_from_its_engines_outputs(folder):
+    """Every scenario the run passed: its tokens compared again with its baseline engine's,
+    its step counters taken again from the engine's snapshots (rebuilt from the engine's log
+    where the switch is upstream's), and the baselines compared with the golden file."""
+    report = json.loads((folder / "verify-results.json").read_text())
+    outs, logs = _engine_outputs(folder)
+    cfgs = {c.name: c for c in scenarios.configs()}
+    from_log = report["counters_from"].startswith("engine log")
+    wls = scenarios.workloads()
+    assert report["ok"] and report["scenarios"]
+    for row in report["scenarios"]:
+        assert row["ok"], row["scenario"]
+        if row.get("skipped"):
+            continue
+        cfg, w = cfgs[row["config"]], row["workload"]
+        base = scenarios.baseline_for(cfg, list(cfgs.values()), w)
+        cand = outs[cfg.name]["workloads"][w]
+        cmp = compare.compare_tokens(outs[base.name]["workloads"][w]["requests"], cand["requests"])
+        assert (cmp.requests, cmp.equal, cmp.tokens) == (row["requests"], row["equal"], row["tokens"]), row["scenario"]
+        before, after = cand["stats_before"], cand["stats_after"]
+        if from_log:
+            before, after = (stats_at_decode_line(logs[cfg.name], snap.get("fallback_steps", 0) + snap.get("spec_steps", 0),
+                                                  3, cfg.threshold) for snap in (before, after))
+        window = compare.stats_window(before, after)
+        counted = compare.counted_steps(window) > 0
+        assert (window["fallback_steps"] if counted else None, window["spec_steps"] if counted else None) == (
+            row["fallback_steps"], row["spec_steps"]), row["scenario"]
+        assert [window[k] for k in ("draft_kv_only_steps", "draft_kv_only_graph_steps", "draft_kv_only_prefills")] == [
+            row["kv_only_steps"], row["kv_only_graph_steps"], row["kv_only_prefills"]], row["scenario"]
+    golden_file = RESULTS.parent / report["golden_file"]
+    golden = json.loads(golden_file.read_text())
+    if golden["model"]["key"] != report["model"]["key"]:  # TP>1 runs their own model
+        return
+    baselines = {w: out["workloads"][w]["requests"] for name, out in outs.items() if cfgs[name].algorithm is None
+                 for w in out["workloads"]}
+    for w, requests in baselines.items():
+        assert compare.compare_to_golden(golden, w, [r.prompt for r in wls[w].requests], requests) == [], w
