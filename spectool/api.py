@@ -7,10 +7,10 @@ from pathlib import Path
 
 from . import __version__, lockfile, transaction
 from .errors import SourceError, ValidationError
-from .plan import (ALREADY_APPLIED, APPLIED_NOW, OK_STATES, UPSTREAMED, WOULD_APPLY, Plan,
-                   build_plan, sha256)
+from .plan import Plan, build_plan, sha256
 from .recipe import Recipe, load_recipes
 from .source import SglangTree, locate
+from .statuses import FileIntegrity, Status
 
 
 @dataclass
@@ -51,7 +51,8 @@ def _integrity(tree: SglangTree, lock: lockfile.Lock | None) -> list[dict]:
     for rel, h in sorted(lock.files.items()):
         path = tree.root / rel
         cur = sha256(path.read_bytes()) if path.exists() else None
-        state = "intact" if cur == h["after"] else "original" if cur == h["before"] else "missing" if cur is None else "modified"
+        state = (FileIntegrity.INTACT if cur == h["after"] else FileIntegrity.ORIGINAL if cur == h["before"]
+                 else FileIntegrity.MISSING if cur is None else FileIntegrity.MODIFIED)
         out.append({"file": rel, "state": state, "before": h["before"], "after": h["after"], "current": cur})
     return out
 
@@ -59,7 +60,7 @@ def _integrity(tree: SglangTree, lock: lockfile.Lock | None) -> list[dict]:
 def _refuse_modified(tree: SglangTree, lock, files: list[dict], force: bool, verb: str) -> None:
     if force or lock is None:
         return
-    bad = [f["file"] for f in files if f["state"] in ("modified", "missing")]
+    bad = [f["file"] for f in files if f["state"].damaged]
     if str(tree.version) != lock.sglang_version:
         raise SourceError(
             f"{tree.dir} holds SGLang {tree.version}, but its spectool.lock was written for "
@@ -110,7 +111,7 @@ def check(sglang_dir, *, recipes_dir=None, select=None, options=None, version=No
     out = Outcome("check", tree, plan, files=files)
     if changed:
         out.notes.append(f"recipe(s) changed since they were applied: {', '.join(changed)}; planned from the saved originals (apply updates the tree)")
-    out.ok = plan.ok and not any(f["state"] in ("modified", "missing") for f in files)
+    out.ok = plan.ok and not any(f["state"].damaged for f in files)
     if lock and str(tree.version) != lock.sglang_version:
         out.ok = False
         out.notes.append(f"spectool.lock was written for SGLang {lock.sglang_version}, the tree is {tree.version}")
@@ -161,16 +162,16 @@ def apply(sglang_dir, *, recipes_dir=None, select=None, options=None, version=No
 def _lock_recipes(plan: Plan, options) -> list[dict]:
     by_id = {r.id: r for r in plan.recipes}
     return [
-        {"id": r.id, "variant": r.variant, "status": r.status if r.status != WOULD_APPLY else APPLIED_NOW,
+        {"id": r.id, "variant": r.variant, "status": r.status if r.status != Status.WOULD_APPLY else Status.APPLIED,
          "content_hash": by_id[r.id].content_hash, "options": (options or {}).get(r.id, {})}
-        for r in plan.results if r.status in OK_STATES
+        for r in plan.results if r.status.ok
     ]
 
 
 def _post_check(tree, recipes, options, plan) -> None:
     """'Applied' only after reading the files back: every recipe must now be in place."""
     again = build_plan(tree, recipes, options)
-    bad = [r.id for r in again.results if r.status not in (ALREADY_APPLIED, UPSTREAMED)]
+    bad = [r.id for r in again.results if r.status not in (Status.ALREADY_APPLIED, Status.UPSTREAMED)]
     if bad or again.changes:
         raise ValidationError(
             f"after writing, recipe(s) {', '.join(bad) or '?'} do not read back as applied; the "
@@ -178,8 +179,8 @@ def _post_check(tree, recipes, options, plan) -> None:
             "'spectool revert' and report the recipe."
         )
     for r in plan.results:
-        if r.status == WOULD_APPLY:
-            r.status = APPLIED_NOW
+        if r.status == Status.WOULD_APPLY:
+            r.status = Status.APPLIED
 
 
 def status(sglang_dir, *, version=None) -> Outcome:
@@ -193,7 +194,7 @@ def status(sglang_dir, *, version=None) -> Outcome:
     out.files = _integrity(tree, lock)
     out.notes.append(f"applied to SGLang {lock.sglang_version} by spectool {lock.spectool_version}")
     out.applied = lock.recipes
-    out.ok = all(f["state"] == "intact" for f in out.files) and str(tree.version) == lock.sglang_version
+    out.ok = all(f["state"] == FileIntegrity.INTACT for f in out.files) and str(tree.version) == lock.sglang_version
     return out
 
 
@@ -217,10 +218,10 @@ def revert(sglang_dir, *, version=None, force=False) -> Outcome:
             data = orig_path.read_bytes()
             if sha256(data) != f["before"]:
                 raise SourceError(f"the saved original of {f['file']} does not match its hash in spectool.lock; cannot revert it.")
-            if f["state"] != "original":
+            if f["state"] != FileIntegrity.ORIGINAL:
                 writes[f["file"]] = data
             extra[f"{lockfile.ORIG_DIR}/{f['file']}"] = None
         transaction.commit(tree.root, tree.dir, writes, extra)
-        out.files = [{**f, "state": "reverted"} for f in files]
+        out.files = [{**f, "state": FileIntegrity.REVERTED} for f in files]
         out.wrote = True
         return out

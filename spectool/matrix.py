@@ -14,10 +14,11 @@ import yaml
 from packaging.version import Version
 
 from .errors import RecipeError
+from .statuses import Status
 
 EXPECTED = {"applies", "upstreamed", "unsupported"}
-_FROM_PLAN = {"would-apply": "applies", "already-applied": "applies", "applied": "applies",
-              "upstreamed": "upstreamed", "unsupported": "unsupported", "blocked": "unsupported"}
+_FROM_PLAN = {Status.WOULD_APPLY: "applies", Status.ALREADY_APPLIED: "applies", Status.APPLIED: "applies",
+              Status.UPSTREAMED: "upstreamed", Status.UNSUPPORTED: "unsupported", Status.BLOCKED: "unsupported"}
 
 
 def default_path() -> Path:

@@ -11,21 +11,11 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from .errors import DriftError, RecipeError, SpectoolError, SourceError
-from .ops import ALREADY, APPLIED, FileState, OpContext, add_import
+from .ops import FileState, OpContext, add_import
 from .recipe import Recipe
 from .source import MissingModule, SglangTree
+from .statuses import OpStatus, Status
 
-# Per-recipe outcomes, the words the user sees.
-WOULD_APPLY = "would-apply"
-APPLIED_NOW = "applied"
-ALREADY_APPLIED = "already-applied"
-UPSTREAMED = "upstreamed"
-DRIFT = "drift"
-CONFLICT = "conflict"
-UNSUPPORTED = "unsupported"
-BLOCKED = "blocked"
-INVALID = "invalid"
-OK_STATES = {WOULD_APPLY, APPLIED_NOW, ALREADY_APPLIED, UPSTREAMED}
 
 
 def sha256(data: bytes) -> str:
@@ -93,7 +83,7 @@ def parse_module(data: bytes, rel: str) -> cst.Module:
 @dataclass
 class RecipeResult:
     id: str
-    status: str
+    status: Status
     variant: str | None = None
     message: str = ""
     error: SpectoolError | None = None
@@ -134,7 +124,7 @@ class Plan:
 
     @property
     def ok(self) -> bool:
-        return all(r.status in OK_STATES for r in self.results)
+        return all(r.status.ok for r in self.results)
 
     @property
     def changed(self) -> bool:
@@ -164,10 +154,10 @@ def build_plan(tree: SglangTree, recipes: list[Recipe], options: dict | None = N
     for recipe in recipes:
         opts = _options_for(recipe, options)
         variant = recipe.variant_for(tree.version)
-        res = RecipeResult(recipe.id, UNSUPPORTED, variant.name if variant else None)
+        res = RecipeResult(recipe.id, Status.UNSUPPORTED, variant.name if variant else None)
         by_id[recipe.id] = res
         results.append(res)
-        failed_req = [r for r in recipe.requires if by_id.get(r) and by_id[r].status not in OK_STATES]
+        failed_req = [r for r in recipe.requires if by_id.get(r) and not by_id[r].status.ok]
         if variant is None:
             ranges = ", ".join(f"{v.name} ({v.versions})" for v in recipe.variants)
             res.message = f"no variant covers SGLang {tree.version}; variants: {ranges}"
@@ -180,34 +170,34 @@ def build_plan(tree: SglangTree, recipes: list[Recipe], options: dict | None = N
             res.status, res.message = _check_upstreamed(tree, files, recipe, variant)
             continue
         if failed_req:
-            res.status, res.message = BLOCKED, f"requires {', '.join(failed_req)}, which did not apply"
+            res.status, res.message = Status.BLOCKED, f"requires {', '.join(failed_req)}, which did not apply"
             continue
         snap = files.snapshot()
         statuses = []
         try:
             for i, op in enumerate(variant.operations):
                 if op.when and not opts.get(op.when):
-                    res.ops.append({"op": op.kind, "target": str(op.target), "status": "skipped-by-option"})
+                    res.ops.append({"op": op.kind, "target": str(op.target), "status": OpStatus.SKIPPED})
                     continue
                 ctx = OpContext(recipe.id, variant.name, i, tree, files, opts)
                 status = op.run(ctx)
                 st = files.get(op.target.module)
                 for imp in op.imports:
-                    if add_import(st, imp, op.where, recipe.id) == APPLIED:
-                        status = APPLIED
+                    if add_import(st, imp, op.where, recipe.id) == OpStatus.APPLIED:
+                        status = OpStatus.APPLIED
                 statuses.append(status)
                 res.ops.append({"op": op.kind, "target": str(op.target), "status": status})
                 if st.relpath not in res.files:
                     res.files.append(st.relpath)
         except DriftError as exc:
             files.restore(snap)
-            res.status, res.error, res.message = exc.kind, exc, exc.message
+            res.status, res.error, res.message = Status(exc.kind), exc, exc.message
             continue
-        if statuses and all(s == ALREADY for s in statuses):
-            res.status = ALREADY_APPLIED
+        if statuses and all(s == OpStatus.ALREADY for s in statuses):
+            res.status = Status.ALREADY_APPLIED
         else:
-            n_already = sum(s == ALREADY for s in statuses)
-            res.status = WOULD_APPLY
+            n_already = sum(s == OpStatus.ALREADY for s in statuses)
+            res.status = Status.WOULD_APPLY
             if n_already:
                 res.message = f"{n_already} of {len(statuses)} operations were already in place"
         if variant.upstreamed is not None:
@@ -224,29 +214,29 @@ def build_plan(tree: SglangTree, recipes: list[Recipe], options: dict | None = N
     return plan
 
 
-def _check_upstreamed(tree, files, recipe, variant) -> tuple[str, str]:
+def _check_upstreamed(tree, files, recipe, variant) -> tuple[Status, str]:
     probe = variant.upstreamed.probe
     note = variant.upstreamed.note
     if probe is None:
-        return UPSTREAMED, note
+        return Status.UPSTREAMED, note
     from .cstutil import find_definition
 
     try:
         st = files.get(probe.module)
     except MissingModule:
-        return DRIFT, f"declared upstreamed, but the probe module {probe.module} is missing"
+        return Status.DRIFT, f"declared upstreamed, but the probe module {probe.module} is missing"
     path = find_definition(st.module, probe.qualname)
     if path is None:
-        return DRIFT, f"declared upstreamed, but the probe {probe} is missing: the upstream feature moved"
+        return Status.DRIFT, f"declared upstreamed, but the probe {probe} is missing: the upstream feature moved"
     if variant.upstreamed.anchor:
         from .ops.statements import statement_matches
         from .patterns import Pattern
 
         pattern = Pattern.parse(variant.upstreamed.anchor, expression=False)
         if not statement_matches(st, path[-1], pattern):
-            return DRIFT, (f"declared upstreamed, but {probe} no longer contains "
+            return Status.DRIFT, (f"declared upstreamed, but {probe} no longer contains "
                            f"{variant.upstreamed.anchor.strip().splitlines()[0]!r}: the upstream code changed")
-    return UPSTREAMED, note
+    return Status.UPSTREAMED, note
 
 
 def _validate(plan: Plan) -> None:
@@ -254,7 +244,7 @@ def _validate(plan: Plan) -> None:
     from .validate import new_undefined_names
 
     for change in plan.changes:
-        touched = [r for r in plan.results if change.relpath in r.files and r.status == WOULD_APPLY]
+        touched = [r for r in plan.results if change.relpath in r.files and r.status == Status.WOULD_APPLY]
         problem = None
         try:
             compile(change.after, change.relpath, "exec", dont_inherit=True)
@@ -266,7 +256,7 @@ def _validate(plan: Plan) -> None:
                 problem = "uses names it does not define after patching: " + ", ".join(names)
         if problem:
             for r in touched:
-                r.status = INVALID
+                r.status = Status.INVALID
                 r.message = f"{change.relpath} {problem} (recipes touching it: {', '.join(t.id for t in touched)})"
-    if any(r.status == INVALID for r in plan.results):
+    if any(r.status == Status.INVALID for r in plan.results):
         plan.changes = []

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
+from .statuses import FileIntegrity, Status
+
+if TYPE_CHECKING:  # pragma: no cover - rich is imported only when a table is printed
+    from rich.console import Console
 
 JSON_SCHEMA_VERSION = 1
 
 _STYLE = {
-    "applied": "green", "would-apply": "cyan", "already-applied": "green", "upstreamed": "blue",
-    "drift": "red", "conflict": "red", "unsupported": "yellow", "blocked": "yellow", "invalid": "red",
-    "intact": "green", "original": "yellow", "modified": "red", "missing": "red", "reverted": "green",
+    Status.APPLIED: "green", Status.WOULD_APPLY: "cyan", Status.ALREADY_APPLIED: "green", Status.UPSTREAMED: "blue",
+    Status.DRIFT: "red", Status.CONFLICT: "red", Status.UNSUPPORTED: "yellow", Status.BLOCKED: "yellow",
+    Status.INVALID: "red",
+    FileIntegrity.INTACT: "green", FileIntegrity.ORIGINAL: "yellow", FileIntegrity.MODIFIED: "red",
+    FileIntegrity.MISSING: "red", FileIntegrity.REVERTED: "green",
 }
 
 
@@ -27,7 +32,9 @@ def to_json(payload: dict) -> str:
     return json.dumps({"schema_version": JSON_SCHEMA_VERSION, **payload}, indent=2, sort_keys=True, default=str)
 
 
-def print_outcome(outcome, console: Console, *, show_diff: bool = False) -> None:
+def print_outcome(outcome, console: "Console", *, show_diff: bool = False) -> None:
+    from rich.table import Table
+
     tree = outcome.tree
     if tree is not None:
         console.print(f"SGLang {tree.version} at {tree.dir} ({tree.kind})")

@@ -14,12 +14,14 @@ from .. import cstutil
 from ..codefile import CodeRef
 from ..errors import ConflictError, DriftError, RecipeError
 from ..patterns import normalized
+from ..statuses import OpStatus
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..source import SglangTree
 
-APPLIED = "applied"
-ALREADY = "already"
+# What run() returns (the names recipes' operations have always used).
+APPLIED = OpStatus.APPLIED
+ALREADY = OpStatus.ALREADY
 
 
 @dataclass
