@@ -8,11 +8,10 @@ import traceback
 from pathlib import Path
 
 import click
-from rich.console import Console
 
-from . import __version__, api
-from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, BadInputError, SpectoolError
-from .report import print_outcome, to_json  # noqa: F401
+from . import __version__
+from .errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, BadInputError, SpectoolError
+from .report import print_outcome, to_json
 
 
 def _csv(text: str) -> list[str]:
@@ -32,8 +31,11 @@ def _numbers(option: str, text: str, kind, least, example: str) -> list:
     return values
 
 
-def _console() -> Console:
+def _console():
+    """A rich console for tables (rich is imported only by commands that print one)."""
     import shutil
+
+    from rich.console import Console
 
     width = shutil.get_terminal_size((160, 40)).columns if sys.stdout.isatty() else 160
     return Console(stderr=False, highlight=False, width=width)
@@ -77,11 +79,38 @@ def guarded(fn):
     return wrapper
 
 
+def exit_codes(ok: str, failed: str, bad_input: str = "") -> str:
+    """The 'Exit codes' block of a command's --help, from the constants in spectool.errors.
+    `failed` says what exit 1 means for this command; Ctrl-C also exits 1."""
+    rows = [(EXIT_OK, ok), (EXIT_FAILED, failed),
+            (EXIT_BAD_INPUT, "bad input or usage: a one-paragraph error" + (f" ({bad_input})" if bad_input else "")),
+            (EXIT_INTERNAL, "internal error: a bug in spectool, reported in one paragraph")]
+    import textwrap
+
+    lines = [line for code, text in rows
+             for line in textwrap.wrap(text, 74, initial_indent=f"{code}  ", subsequent_indent="   ")]
+    return "Exit codes:\n\n\b\n" + "\n".join(lines)
+
+
+def recipes_opts(default: str = "the set pinned in spectool.toml; with --recipes-dir, every recipe there"):
+    """--recipes and --recipes-dir, the same on every command that reads recipes."""
+
+    def decorate(fn):
+        fn = click.option("--recipes-dir", type=click.Path(file_okay=False), default=None,
+                          help="Where recipes live (default: the shipped ones).")(fn)
+        fn = click.option("--recipes", "select", default="", metavar="IDS",
+                          help=f"Comma-separated recipe ids, with the recipes they require (default: {default}).")(fn)
+        return fn
+
+    return decorate
+
+
+def _version_opt(fn):
+    return click.option("--sglang-version", "version", default=None, help="Override the detected SGLang version.")(fn)
+
+
 def _recipe_opts(fn):
-    fn = click.option("--recipes", "select", default="", help="Comma-separated recipe ids (default: the pinned set).")(fn)
-    fn = click.option("--recipes-dir", type=click.Path(file_okay=False), default=None, help="Where recipes live (default: the shipped ones).")(fn)
-    fn = click.option("--sglang-version", "version", default=None, help="Override the detected SGLang version.")(fn)
-    return fn
+    return recipes_opts()(_version_opt(fn))
 
 
 def _json_opt(fn):
@@ -93,12 +122,18 @@ def _dir_opt(required=True):
                         help="A git checkout of SGLang, a folder holding the sglang package, or the package.")
 
 
-def _selection(select: str, recipes_dir=None):
-    """--recipes wins; else the pin file's set for the shipped recipes; else all in --recipes-dir."""
+def _ids(select: str) -> list[str] | None:
+    """--recipes as a list of ids (None: not given)."""
+    return [s.strip() for s in select.split(",") if s.strip()] or None
+
+
+def selection(select: str, recipes_dir=None):
+    """(recipe ids, options): --recipes wins; else the pin file's set for the shipped recipes;
+    else all in --recipes-dir."""
     from .pin import load_pin
 
-    if select:
-        return [s.strip() for s in select.split(",") if s.strip()], {}
+    if _ids(select):
+        return _ids(select), {}
     if recipes_dir is not None:
         return None, {}
     pin = load_pin(required=False)
@@ -135,13 +170,20 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog=exit_codes("ok", "the check failed: drift, conflict, a changed file, a mismatch (each command's "
+                               "--help says which)"))
 @click.version_option(__version__, prog_name="spectool")
 def main():
-    """Declarative, verified patches for SGLang: apply, check, status, revert, fetch, verify, bench."""
+    """Declarative, verified patches for SGLang: apply, check, status, revert, upgrade, gate,
+    fetch, verify, bench. Every command takes --json: one report on stdout (schema_version 1)."""
 
 
-@main.command()
+@main.command(epilog=exit_codes(
+    "applied, or every recipe already in place (--dry-run: nothing would change)",
+    "a recipe drifted, conflicts, is unsupported or blocked, or would leave invalid code: nothing "
+    "was written (--dry-run: something would change)",
+    "also: a patched file changed since the apply, without --force"))
 @_dir_opt(required=False)
 @_recipe_opts
 @click.option("--dry-run", is_flag=True, help="Print the unified diff, change nothing (exit 1 if anything would change).")
@@ -150,26 +192,33 @@ def main():
 @guarded
 def apply(sglang_dir, select, recipes_dir, version, dry_run, force, as_json):
     """Apply the recipes to an SGLang tree (default: fetch the pinned release into ./build)."""
+    from . import api
+
     if sglang_dir is None:
         from .fetch import prepare_pinned_tree
 
         sglang_dir = prepare_pinned_tree(progress=not as_json)
-    ids, options = _selection(select, recipes_dir)
+    ids, options = selection(select, recipes_dir)
     out = api.apply(sglang_dir, recipes_dir=recipes_dir, select=ids, options=options, version=version,
                     dry_run=dry_run, force=force)
     ok = out.ok and not (dry_run and out.plan is not None and out.plan.changed)
     _emit(out, as_json, show_diff=dry_run, ok=ok)
 
 
-@main.command()
+@main.command(epilog=exit_codes(
+    "every recipe would apply or is applied, and every patched file is intact",
+    "a recipe would not apply (drift, conflict, unsupported, blocked, invalid), a patched file "
+    "changed since the apply, or spectool.lock is for another SGLang release"))
 @_dir_opt()
 @_recipe_opts
 @click.option("--against", default=None, help="Fetch this SGLang release and check the recipes against it instead.")
 @_json_opt
 @guarded
 def check(sglang_dir, select, recipes_dir, version, against, as_json):
-    """Would every recipe apply, or is it applied and intact? Exit 0 or 1."""
-    ids, options = _selection(select, recipes_dir)
+    """Would every recipe apply, or is it applied and intact? Writes nothing."""
+    from . import api
+
+    ids, options = selection(select, recipes_dir)
     if against:
         from .fetch import fetch
 
@@ -178,94 +227,126 @@ def check(sglang_dir, select, recipes_dir, version, against, as_json):
     _emit(out, as_json)
 
 
-@main.command()
+@main.command(epilog=exit_codes(
+    "every patched file is intact, or nothing is applied",
+    "a patched file changed or is missing, or the tree is another SGLang release than the lock's"))
 @_dir_opt()
-@click.option("--sglang-version", "version", default=None)
+@_version_opt
 @_json_opt
 @guarded
 def status(sglang_dir, version, as_json):
     """What is applied (from spectool.lock), with hash checks of every patched file."""
+    from . import api
+
     _emit(api.status(sglang_dir, version=version), as_json)
 
 
-@main.command()
+@main.command(epilog=exit_codes(
+    "restored, or nothing to revert", "interrupted (Ctrl-C); the journal finishes the revert on the next run",
+    "also: a patched file changed since the apply, without --force, or a saved original is damaged"))
 @_dir_opt()
-@click.option("--sglang-version", "version", default=None)
+@_version_opt
 @click.option("--force", is_flag=True, help="Revert even files changed since the apply.")
 @_json_opt
 @guarded
 def revert(sglang_dir, version, force, as_json):
     """Restore every patched file byte for byte."""
+    from . import api
+
     out = api.revert(sglang_dir, version=version, force=force)
     _emit(out, as_json)
 
 
-def _upgrade(to, recipes_dir, as_json, from_version=None) -> int:
-    """Plan every recipe against release `to` (fetched, nothing written); 1 if anything needs
-    work. Recipes with no variant for `to` are also tried with the variant of `from_version`
-    (default: the pinned release), which shows the real drift: missing anchors, candidates."""
+def _upgrade(to, recipes_dir, select, as_json, from_version=None) -> tuple[int, dict | None]:
+    """Plan the recipes against release `to` (fetched, nothing written); exit 1 if anything
+    needs work. Recipes with no variant for `to` are also tried with the variant of
+    `from_version` (default: the pinned release), which shows the real drift: missing anchors,
+    candidates. With as_json the report is returned, else printed."""
+    from . import api
     from .fetch import fetch as do_fetch
     from .pin import load_pin
+    from .statuses import Status
 
     tree_dir = do_fetch(to, progress=not as_json)
-    out = api.check(tree_dir, recipes_dir=recipes_dir)
-    needs_work = [r for r in out.plan.results if r.status not in ("would-apply", "already-applied", "upstreamed")]
-    retire = [r.id for r in out.plan.results if r.status == "upstreamed"]
+    out = api.check(tree_dir, recipes_dir=recipes_dir, select=select)
+    needs_work = [r for r in out.plan.results
+                  if r.status not in (Status.WOULD_APPLY, Status.ALREADY_APPLIED, Status.UPSTREAMED)]
+    retire = [r.id for r in out.plan.results if r.status == Status.UPSTREAMED]
     if from_version is None:
         pin = load_pin(required=False)
         from_version = pin.version if pin else None
-    uncovered = [r.id for r in needs_work if r.status in ("unsupported", "blocked")]
+    uncovered = [r.id for r in needs_work if r.status in (Status.UNSUPPORTED, Status.BLOCKED)]
     current = None
     if uncovered and from_version and from_version != to:
         current = api.check(tree_dir, recipes_dir=recipes_dir, select=uncovered, version=from_version)
+    rc = EXIT_FAILED if needs_work else EXIT_OK
     if as_json:
         payload = out.to_json()
         payload.update(command="upgrade", to=to, needs_work=[r.id for r in needs_work], retire=retire)
         if current is not None:
             payload["current_variants_on_new_release"] = [r.to_json() for r in current.plan.results]
-        click.echo(to_json(payload))
-    else:
-        console = _console()
-        print_outcome(out, console)
-        if current is not None:
-            console.print(f"\nThe variants you run today (SGLang {from_version}) against SGLang {to}:")
-            print_outcome(current, console)
-        for rid in retire:
-            console.print(f"retire: {rid} is upstream in SGLang {to}; drop it from your pin's recipe set when you upgrade.")
-        console.print(f"upgrade to SGLang {to}: " + ("[green]ready[/]" if not needs_work else
-                      f"[red]{len(needs_work)} recipe(s) need work[/]: " + ", ".join(f"{r.id} ({r.status})" for r in needs_work)))
-    return EXIT_FAILED if needs_work else EXIT_OK
+        return rc, payload
+    console = _console()
+    print_outcome(out, console)
+    if current is not None:
+        console.print(f"\nThe variants you run today (SGLang {from_version}) against SGLang {to}:")
+        print_outcome(current, console)
+    for rid in retire:
+        console.print(f"retire: {rid} is upstream in SGLang {to}; drop it from your pin's recipe set when you upgrade.")
+    console.print(f"upgrade to SGLang {to}: " + ("[green]ready[/]" if not needs_work else
+                  f"[red]{len(needs_work)} recipe(s) need work[/]: " + ", ".join(f"{r.id} ({r.status})" for r in needs_work)))
+    return rc, None
 
 
-@main.command()
+_UPGRADE_FAILED = "a recipe needs work on the new release: drift, conflict, unsupported, blocked or invalid"
+
+
+@main.command(epilog=exit_codes("every recipe applies to release TO or is upstream there", _UPGRADE_FAILED,
+                                "also: a release that is not on the index, a failed download"))
 @click.option("--to", "to", required=True, help="The SGLang release to upgrade to.")
 @click.option("--from", "from_version", default=None, help="The release you run today (default: the pin).")
-@click.option("--recipes-dir", type=click.Path(file_okay=False), default=None)
+@recipes_opts(default="every recipe in --recipes-dir or the shipped ones")
 @_json_opt
 @guarded
-def upgrade(to, from_version, recipes_dir, as_json):
+def upgrade(to, from_version, select, recipes_dir, as_json):
     """The upgrade gate: would the recipes apply to release TO? Drift, candidates, what to retire."""
-    sys.exit(_upgrade(to, recipes_dir, as_json, from_version))
+    rc, payload = _upgrade(to, recipes_dir, _ids(select), as_json, from_version)
+    if payload is not None:
+        click.echo(to_json(payload))
+    sys.exit(rc)
 
 
-@main.command()
+@main.command(epilog=exit_codes("no SGLang pin in the changed files, or every recipe is ready for each pinned release",
+                                _UPGRADE_FAILED, "also: a changed file that is not valid TOML, a release that is "
+                                "not on the index"))
 @click.argument("files", nargs=-1, type=click.Path())
-@click.option("--recipes-dir", type=click.Path(file_okay=False), default=None)
+@recipes_opts(default="every recipe in --recipes-dir or the shipped ones")
+@_json_opt
 @guarded
-def gate(files, recipes_dir):
+def gate(files, select, recipes_dir, as_json):
     """pre-commit entry: read the SGLang pin from the changed files (spectool.toml or a
-    requirements file with sglang==X) and run the upgrade gate against it."""
+    requirements file with sglang==X) and run the upgrade gate against it. --json prints one
+    report, its 'upgrades' holding the upgrade report of each pinned release."""
     from .pin import pinned_version_in
 
     versions = sorted({v for f in files for v in [pinned_version_in(Path(f))] if v})
     if not versions:
-        click.echo("spectool gate: no SGLang pin in the changed files; nothing to check.")
+        note = "no SGLang pin in the changed files; nothing to check."
+        if as_json:
+            click.echo(to_json({"ok": True, "command": "gate", "notes": [note], "upgrades": []}))
+        else:
+            click.echo(f"spectool gate: {note}")
         sys.exit(EXIT_OK)
-    rc = max(_upgrade(v, recipes_dir, False) for v in versions)
+    results = [_upgrade(v, recipes_dir, _ids(select), as_json) for v in versions]
+    rc = max(code for code, _ in results)
+    if as_json:
+        click.echo(to_json({"ok": rc == EXIT_OK, "command": "gate", "notes": [],
+                            "upgrades": [payload for _, payload in results]}))
     sys.exit(rc)
 
 
-@main.command()
+@main.command(epilog=exit_codes("fetched; the path is printed", "interrupted (Ctrl-C)",
+                                "also: a release that is not on the index, a hash mismatch, a failed download"))
 @click.argument("version", required=False)
 @click.option("--dest", type=click.Path(file_okay=False), default=None, help="Copy the unpacked release here (default: print the cache path).")
 @_json_opt

@@ -7,15 +7,20 @@ from pathlib import Path
 
 import click
 
-from ..cli import _console, _csv, _dir_opt, _json_opt, _numbers, guarded
+from ..cli import _console, _csv, _dir_opt, _json_opt, _numbers, exit_codes, guarded, recipes_opts, selection
 from ..errors import EXIT_FAILED, EXIT_OK, BadInputError
 from ..report import to_json
 from .bench.arms import MAX_ENGINES
 from .bench.sweep import LOADS, PORT_BASE, PROFILE_LOADS
 
 
-@click.command()
+@click.command(epilog=exit_codes(
+    "every engine configuration gave the no-speculation tokens exactly",
+    "tokens differ from the baseline, a step count is not as expected, an engine failed, or the golden "
+    "file does not fit",
+    "also: no CUDA GPU, a tree the recipes are not applied to"))
 @_dir_opt(required=False)
+@recipes_opts()
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="results/verify", help="Where results, logs and the JSON report go.")
 @click.option("--golden-dir", type=click.Path(file_okay=False), default=None, help="Recorded golden files, per SGLang version and GPU arch (default: ./golden, else the shipped ones).")
 @click.option("--record", is_flag=True, help="Record the baseline tokens as the golden file.")
@@ -29,9 +34,13 @@ from .bench.sweep import LOADS, PORT_BASE, PROFILE_LOADS
                    "verify runs at once need their own, below 32768 (where Linux hands out ephemeral ports).")
 @_json_opt
 @guarded
-def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, model_cache, port_base, as_json):
-    """Golden GPU tests: the patched SGLang must give the no-speculation tokens exactly."""
+def verify(sglang_dir, select, recipes_dir, out_dir, golden_dir, record, parallel, only, tp_size, model_cache, port_base,
+           as_json):
+    """Golden GPU tests: the patched SGLang must give the no-speculation tokens exactly. The tree
+    given by --sglang-dir must have the recipes applied (checked first, as 'spectool check')."""
     from .verify.runner import print_report, verify as run_verify
+
+    ids, options = selection(select, recipes_dir)
 
     if golden_dir is None:
         here = Path("golden")
@@ -39,7 +48,7 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
     report = run_verify(sglang_dir, Path(out_dir), golden_root=Path(golden_dir), record=record, parallel=parallel,
                         only=_csv(only) or None, tp_size=tp_size,
                         model_cache=Path(model_cache) if model_cache else None, port_base=port_base,
-                        console=_console())
+                        recipes=dict(recipes_dir=recipes_dir, select=ids, options=options), console=_console())
     if as_json:
         click.echo(to_json(report))
     else:
@@ -47,7 +56,10 @@ def verify(sglang_dir, out_dir, golden_dir, record, parallel, only, tp_size, mod
     sys.exit(EXIT_OK if report["ok"] else EXIT_FAILED)
 
 
-@click.command()
+@click.command(epilog=exit_codes(
+    "measured (or merged, profiled, a threshold suggested); the table is printed",
+    "interrupted (Ctrl-C); a rerun with the same --out resumes from its cells.jsonl",
+    "also: no CUDA GPU, an engine that failed to start"))
 @_dir_opt(required=False)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="results/bench", help="Results folder (resumes from cells.jsonl).")
 @click.option("--threshold", type=click.IntRange(min=0), default=12, help="T for arm A2 (see --suggest-threshold).")

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ...errors import BadInputError
+from ...statuses import Status
 from . import compare, scenarios
 from .golden_model import ModelSpec, ensure_models
 
@@ -99,7 +100,9 @@ def run_engines(jobs: list[dict], workdir: Path, env: dict, parallel: int, timeo
 
 def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: bool = False, parallel: int = 4,
            timeout: float = 420, only: list[str] | None = None, tp_size: int = 1, model_cache: Path | None = None,
-           port_base: int = 31000, console=None) -> dict:
+           port_base: int = 31000, recipes: dict | None = None, console=None) -> dict:
+    """Run every engine configuration against the golden tokens. `recipes` (recipes_dir,
+    select, options) names the recipes the tree must have applied (default: the shipped ones)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     known = [c.name for c in scenarios.configs()]
@@ -115,7 +118,7 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
         raise BadInputError(f"spectool verify --record --tp {tp_size}: golden files are recorded with the TP=1 model "
                             f"(TP={tp_size} needs a model of its own, whose tokens no golden file holds); record at --tp 1.")
     env = dict(os.environ)
-    sg_version, upstream_switch = inspect_tree(sglang_dir, env)  # bad input first, then the GPU
+    sg_version, upstream_switch = inspect_tree(sglang_dir, env, **(recipes or {}))  # bad input first, then the GPU
     arch, gpu_name = gpu_info()
     out_dir.mkdir(parents=True, exist_ok=True)
     t_all = time.time()
@@ -149,9 +152,10 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
     return report
 
 
-def inspect_tree(sglang_dir: str | None, env: dict) -> tuple[str, bool]:
+def inspect_tree(sglang_dir: str | None, env: dict, *, recipes_dir=None, select=None, options=None) -> tuple[str, bool]:
     """(SGLang version, whether its batch-size switch is upstream's) of the tree under test,
-    which must be fully patched; puts it first on the engines' PYTHONPATH."""
+    which must be fully patched by the recipes (default: every shipped one); puts it first on
+    the engines' PYTHONPATH."""
     here = str(Path(__file__).resolve().parents[3])
     if not sglang_dir:
         import importlib.metadata
@@ -163,12 +167,12 @@ def inspect_tree(sglang_dir: str | None, env: dict) -> tuple[str, bool]:
 
     tree = locate(sglang_dir)
     env["PYTHONPATH"] = os.pathsep.join([str(tree.root), here, env.get("PYTHONPATH", "")])
-    chk = api.check(sglang_dir)
-    if not all(r.status in ("already-applied", "upstreamed") for r in chk.plan.results):
+    chk = api.check(sglang_dir, recipes_dir=recipes_dir, select=select, options=options)
+    if not all(r.status in (Status.ALREADY_APPLIED, Status.UPSTREAMED) for r in chk.plan.results):
         bad = ", ".join(f"{r.id}={r.status}" for r in chk.plan.results)
         raise BadInputError(f"the SGLang tree {sglang_dir} is not patched ({bad}); run 'spectool apply --sglang-dir {sglang_dir}' first.")
     # Where the fallback is upstream's, its counters come from the engine log instead.
-    return str(tree.version), any(r.id == "spec-fallback" and r.status == "upstreamed" for r in chk.plan.results)
+    return str(tree.version), any(r.id == "spec-fallback" and r.status == Status.UPSTREAMED for r in chk.plan.results)
 
 
 def plan_jobs(cfgs, wls, models, out_dir: Path, sg_version: str, upstream_switch: bool, tp_size: int = 1,
