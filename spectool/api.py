@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from . import __version__, lockfile, transaction
+from . import __version__, lockfile, readback, transaction
 from .errors import SourceError, ValidationError
-from .plan import Plan, build_plan, sha256
-from .recipe import Recipe, load_recipes
 from .source import SglangTree, locate
 from .statuses import FileIntegrity, Status
+
+if TYPE_CHECKING:  # pragma: no cover - planning (libcst) is imported by the commands that plan
+    from .plan import Plan
+    from .recipe import Recipe
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass
@@ -76,6 +84,8 @@ def _refuse_modified(tree: SglangTree, lock, files: list[dict], force: bool, ver
 
 
 def _select(recipes_dir, select) -> list[Recipe]:
+    from .recipe import load_recipes
+
     return load_recipes(Path(recipes_dir) if recipes_dir else None, select or None)
 
 
@@ -102,12 +112,17 @@ def _originals(tree: SglangTree, lock) -> dict[str, bytes]:
 
 def check(sglang_dir, *, recipes_dir=None, select=None, options=None, version=None) -> Outcome:
     """Would everything apply, or is it applied and intact? Writes nothing."""
+    from .plan import build_plan
+
     tree = locate(sglang_dir, version)
     recipes = _select(recipes_dir, select)
     lock = lockfile.read(tree.dir)
     files = _integrity(tree, lock)
     changed = _changed_recipes(lock, recipes)
-    plan = build_plan(tree, recipes, options, overrides=_originals(tree, lock) if changed else None)
+    if changed:
+        plan = build_plan(tree, recipes, options, overrides=_originals(tree, lock))
+    else:  # unchanged since apply read it back: its recorded plan, nothing parsed
+        plan = readback.recall(tree, recipes, options) or build_plan(tree, recipes, options)
     out = Outcome("check", tree, plan, files=files)
     if changed:
         out.notes.append(f"recipe(s) changed since they were applied: {', '.join(changed)}; planned from the saved originals (apply updates the tree)")
@@ -121,6 +136,8 @@ def check(sglang_dir, *, recipes_dir=None, select=None, options=None, version=No
 def apply(sglang_dir, *, recipes_dir=None, select=None, options=None, version=None,
           dry_run=False, force=False) -> Outcome:
     """Apply the recipes to the tree: all of them, or (on any drift or conflict) none."""
+    from .plan import build_plan
+
     tree = locate(sglang_dir, version)
     recipes = _select(recipes_dir, select)
     with transaction.locked(tree.dir):
@@ -139,7 +156,11 @@ def apply(sglang_dir, *, recipes_dir=None, select=None, options=None, version=No
             out.notes.append(f"recipe(s) changed since they were applied: {', '.join(changed)}; re-applied from the saved originals")
         out.plan, out.files = plan, files
         out.ok = plan.ok
-        if not plan.ok or dry_run or not plan.changed:
+        if not plan.ok or dry_run:
+            return out
+        if not plan.changed:
+            if originals is None:  # what is on disk was just planned: keep the read-back
+                _keep_readback(tree, recipes, options, plan)
             return out
         new_lock = lockfile.Lock(str(tree.version), spectool_version=__version__,
                                  files=dict(lock.files) if lock else {})
@@ -155,7 +176,8 @@ def apply(sglang_dir, *, recipes_dir=None, select=None, options=None, version=No
         extra[lockfile.LOCKFILE] = new_lock.to_bytes()
         transaction.commit(tree.root, tree.dir, {c.relpath: c.after for c in plan.changes}, extra)
         out.wrote = True
-        _post_check(tree, recipes, options, plan)
+        again = _post_check(tree, recipes, options, plan)
+        _keep_readback(tree, recipes, options, again)
         return out
 
 
@@ -168,8 +190,19 @@ def _lock_recipes(plan: Plan, options) -> list[dict]:
     ]
 
 
-def _post_check(tree, recipes, options, plan) -> None:
-    """'Applied' only after reading the files back: every recipe must now be in place."""
+def _keep_readback(tree, recipes, options, plan) -> None:
+    """Record a plan of the tree as it is on disk, so check can skip planning it again."""
+    data = readback.record(tree, recipes, options, plan)
+    current = tree.dir / readback.READBACK
+    if data is not None and not (current.is_file() and current.read_bytes() == data):
+        transaction.write_atomic(current, data)
+
+
+def _post_check(tree, recipes, options, plan) -> Plan:
+    """'Applied' only after reading the files back: every recipe must now be in place. Returns
+    the read-back plan."""
+    from .plan import build_plan
+
     again = build_plan(tree, recipes, options)
     bad = [r.id for r in again.results if r.status not in (Status.ALREADY_APPLIED, Status.UPSTREAMED)]
     if bad or again.changes:
@@ -181,6 +214,7 @@ def _post_check(tree, recipes, options, plan) -> None:
     for r in plan.results:
         if r.status == Status.WOULD_APPLY:
             r.status = Status.APPLIED
+    return again
 
 
 def status(sglang_dir, *, version=None) -> Outcome:
@@ -210,7 +244,7 @@ def revert(sglang_dir, *, version=None, force=False) -> Outcome:
         transaction.recover(tree.root, tree.dir, sorted(lock.files))
         files = _integrity(tree, lock)
         _refuse_modified(tree, lock, files, force, "revert")
-        writes, extra = {}, {lockfile.LOCKFILE: None}
+        writes, extra = {}, {lockfile.LOCKFILE: None, readback.READBACK: None}
         for f in files:
             orig_path = tree.dir / lockfile.ORIG_DIR / f["file"]
             if not orig_path.exists():

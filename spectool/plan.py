@@ -121,6 +121,7 @@ class Plan:
     results: list[RecipeResult]
     changes: list[FileChange]
     options: dict
+    inputs: dict[str, str] = field(default_factory=dict)  # relpath -> sha256 of the bytes planned from
 
     @property
     def ok(self) -> bool:
@@ -204,12 +205,15 @@ def build_plan(tree: SglangTree, recipes: list[Recipe], options: dict | None = N
             res.message = (res.message + "; " if res.message else "") + variant.upstreamed.note
     changes = []
     for rel, st in sorted(files.states.items()):
-        after = st.module.bytes
+        # An unedited module is still the (cached) parse of its bytes, which libcst renders
+        # back byte for byte: skip the render.
+        after = st.original if st.module is parse_module(st.original, rel) else st.module.bytes
         # Planned from overrides (saved originals): what changes is relative to the disk.
         on_disk = (tree.root / rel).read_bytes() if rel in files.overrides else st.original
         if after != on_disk:
             changes.append(FileChange(rel, on_disk, after, st.original))
-    plan = Plan(tree, recipes, results, changes, options)
+    plan = Plan(tree, recipes, results, changes, options,
+                inputs={rel: sha256(st.original) for rel, st in sorted(files.states.items())})
     _validate(plan)
     return plan
 

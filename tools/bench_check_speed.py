@@ -2,9 +2,13 @@
 
     python tools/bench_check_speed.py DIR [runs]
 
-Goal: under 2 s on the 2-core development machine (only the files recipes name are parsed).
+Goal: under 2 s on the 2-core development machine. On an applied, unchanged tree check
+answers from apply's read-back (spectool/readback.py) and parses nothing; elsewhere only the
+files recipes name are parsed. The load average is printed with the times: a busy machine
+measures slower.
 """
 
+import os
 import statistics
 import subprocess
 import sys
@@ -18,4 +22,5 @@ for _ in range(runs):
     r = subprocess.run([sys.executable, "-m", "spectool.cli", "check", "--sglang-dir", d], capture_output=True)
     times.append(time.perf_counter() - t)
 print(f"spectool check on {d}: median {statistics.median(times):.2f} s, min {min(times):.2f} s, "
-      f"max {max(times):.2f} s over {runs} runs (exit {r.returncode})")
+      f"max {max(times):.2f} s over {runs} runs (exit {r.returncode}); "
+      f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
