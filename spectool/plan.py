@@ -205,9 +205,9 @@ def build_plan(tree: SglangTree, recipes: list[Recipe], options: dict | None = N
             res.message = (res.message + "; " if res.message else "") + variant.upstreamed.note
     changes = []
     for rel, st in sorted(files.states.items()):
-        # An unedited module is still the (cached) parse of its bytes, which libcst renders
-        # back byte for byte: skip the render.
-        after = st.original if st.module is parse_module(st.original, rel) else st.module.bytes
+        # An unedited module is still the parse of its bytes, which libcst renders back byte
+        # for byte: skip the render.
+        after = st.original if st.module is st.parsed else st.module.bytes
         # Planned from overrides (saved originals): what changes is relative to the disk.
         on_disk = (tree.root / rel).read_bytes() if rel in files.overrides else st.original
         if after != on_disk:

@@ -1,4 +1,8 @@
-"""The operation kinds a recipe may use, by name. One general mechanism each."""
+"""The operation kinds a recipe may use, by name. One general mechanism each.
+
+A new kind subclasses ``Operation`` (spectool/ops/base.py: its docstring is the contract) and
+is listed in OPERATIONS below.
+"""
 
 from .base import ALREADY, APPLIED, FileState, OpContext, Operation, Target
 from .expressions import ReplaceExpression, WrapExpression

@@ -1,4 +1,7 @@
-"""What every operation shares: its target, its file state, drift and conflict reporting."""
+"""What every operation shares: its target, its file state, drift and conflict reporting.
+
+``Operation`` is the extension point: its docstring is the contract a new kind of edit follows.
+"""
 
 from __future__ import annotations
 
@@ -19,21 +22,29 @@ from ..statuses import OpStatus
 if TYPE_CHECKING:  # pragma: no cover
     from ..source import SglangTree
 
-# What run() returns (the names recipes' operations have always used).
+# What Operation.run returns, under the short names operations use.
 APPLIED = OpStatus.APPLIED
 ALREADY = OpStatus.ALREADY
 
 
 @dataclass
 class FileState:
-    """One SGLang file while a plan is built: its current tree and who inserted which nodes."""
+    """One SGLang file while a plan is built: its current tree and who inserted which nodes.
+    ``parsed`` is the parse of ``original`` (the bytes the plan started from); ``module`` starts
+    as it and is replaced by every edit."""
 
     relpath: str
     original: bytes
     module: cst.Module
     owners: dict[int, str] = field(default_factory=dict)
+    parsed: cst.Module | None = None
     _keep: list = field(default_factory=list)  # keeps owned nodes alive so ids stay unique
     _code_cache: dict[int, str] = field(default_factory=dict)
+    _positions: Any = None
+
+    def __post_init__(self):
+        if self.parsed is None:
+            self.parsed = self.module
 
     def code(self, node: cst.CSTNode) -> str:
         key = id(node)
@@ -56,9 +67,22 @@ class FileState:
                 return o
         return None
 
-    def line_of(self, code: str) -> int | None:
+    def line_of(self, where: cst.CSTNode | str) -> int | None:
+        """The line of the file as read where a node starts (libcst's PositionProvider, for the
+        drift report's candidates). A node this plan created, or a piece of code, is looked up
+        by its first line of text: the first line of the file that holds it."""
+        if isinstance(where, cst.CSTNode):
+            if self._positions is None:
+                from libcst.metadata import MetadataWrapper, PositionProvider
+
+                wrapper = MetadataWrapper(self.parsed, unsafe_skip_copy=True)
+                self._positions = wrapper.resolve(PositionProvider)
+            pos = self._positions.get(where)
+            if pos is not None:
+                return pos.start.line
+            where = self.code(where)
         text = self.original.decode("utf-8", "replace")
-        first = code.strip().splitlines()[0] if code.strip() else ""
+        first = where.strip().splitlines()[0] if where.strip() else ""
         pos = text.find(first)
         return None if pos < 0 else text.count("\n", 0, pos) + 1
 
@@ -97,7 +121,46 @@ class Target:
 
 
 class Operation:
-    """One AST-level rewrite. Subclasses declare their YAML keys and implement ``run``."""
+    """One kind of AST edit a recipe names with ``op: KIND``; subclass it to add a kind.
+
+    **YAML keys.** ``kind`` is the name recipes use. ``required`` and ``optional`` map every key
+    the operation accepts (besides ``op``) to its Python type (``object``: any); the recipe
+    loader refuses unknown keys, missing required ones and wrong types, naming file and key.
+    Every kind requires ``target`` (``sglang.module:Class.method``, parsed into
+    ``self.target``); ``when`` (a recipe option that switches the operation on), ``count`` (how
+    many anchor matches to expect, default 1) and ``imports`` (module-level import statements
+    added with the edit) are read here for kinds that list them. Keys named in ``code_keys``
+    hold code references, ``FILE.py:QUALNAME`` beside the recipe, loaded into
+    ``self.code[key]`` (a ``CodeRef``).
+
+    **validate()** runs when the recipe is loaded: check the spec, parse patterns and code now
+    and raise ``RecipeError`` (message starting with ``self.where``) for anything wrong, so a
+    broken recipe fails with exit 2 before any planning. Call ``super().validate()`` to load
+    the code references.
+
+    **run(ctx)** edits ``self.state(ctx).module`` in memory (the plan writes files, never an
+    operation) and returns ``APPLIED`` when it changed the tree or ``ALREADY`` when its edit
+    was in place. libcst trees are immutable: find the node (``self.scope``,
+    ``cstutil.iter_statements``, ``patterns.Pattern``), build the new one and rebuild the path
+    above it (``cstutil.rebuild``), then record the nodes it inserted with
+    ``st.own(ctx.recipe_id, nodes)`` so another recipe touching them is a conflict.
+
+    **Idempotence.** run on its own output must return ``ALREADY`` and change nothing: compare
+    what is there with what would be inserted independently of formatting (``same_code``,
+    patterns). apply re-plans every file after writing and refuses a recipe that would change
+    it again; each kind has a before/after fixture under tests/fixtures/ that checks it.
+
+    **Errors.** A source that does not match the recipe (definition or anchor missing, matched
+    the wrong number of times, different code already there) raises ``self.drift(ctx, st, what,
+    candidates)``: the recipe's status becomes ``drift`` (exit 1, nothing written) and the
+    candidates (``nearest_definitions``, ``nearest_statements``) show where the code went. A
+    node another recipe inserted or changed (``st.owner_in``) raises ``self.conflict(...)``.
+    A ``RecipeError`` stops the command with exit 2; any other exception is an internal error
+    (exit 3). ``anchor_text()`` is what the drift report names as the anchor.
+
+    **Registering.** Add the class to the tuple in spectool/ops/__init__.py; ``OPERATIONS``
+    maps each ``kind`` to its class, and the recipe loader accepts every kind listed there.
+    """
 
     kind: ClassVar[str]
     required: ClassVar[dict[str, type]] = {}
@@ -169,14 +232,14 @@ class Operation:
             code = st.code(stmt).strip()
             head = code.splitlines()[0] if code else ""
             ratio = difflib.SequenceMatcher(None, text.strip(), head).ratio()
-            scored.append((ratio, head))
+            scored.append((ratio, head, stmt))
         scored.sort(key=lambda x: -x[0])
         out, seen = [], set()
-        for ratio, head in scored:
+        for ratio, head, stmt in scored:
             if head in seen or ratio < 0.3:
                 continue
             seen.add(head)
-            line = st.line_of(head)
+            line = st.line_of(stmt)
             out.append(f"{st.relpath}:{line or '?'}: {head[:120]}")
             if len(out) == 4:
                 break
@@ -187,5 +250,6 @@ class Operation:
         b = "\n".join(ref_module.code_for_node(n) for n in ref_nodes)
         return normalized(a) == normalized(b)
 
-    def run(self, ctx: OpContext) -> str:  # pragma: no cover - abstract
+    def run(self, ctx: OpContext) -> OpStatus:  # pragma: no cover - abstract
+        """Edit the file state in memory; APPLIED if the tree changed, ALREADY if it was in place."""
         raise NotImplementedError

@@ -154,7 +154,7 @@ class AddArgument(InsertStatements):
 
             close = difflib.get_close_matches(after, list(by_flag), n=5, cutoff=0.6)
             raise self.drift(ctx, st, f"no add_argument call for {after!r}",
-                             [f"{st.relpath}:{st.line_of(repr(c)[1:-1]) or '?'}: {c}" for c in close])
+                             [f"{st.relpath}:{st.line_of(by_flag[c][-1]) or '?'}: {c}" for c in close])
         hit = by_flag[after]
         stmt, block = hit[-1], hit[-2]
         body = list(cstutil.body_of(block))
