@@ -188,3 +188,70 @@ def test_verify_bad_input_is_one_paragraph_exit_2(tmp_path, args, needle):
     assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
     assert not (tmp_path / "v").exists()
+
+
+def test_importing_the_cli_loads_neither_harness_nor_libcst_nor_rich():
+    """`spectool --version`, status, fetch and the pre-commit gate's start stay light: the GPU
+    harness is loaded by the verify and bench commands, libcst by planning, rich by tables."""
+    import subprocess
+    import sys
+
+    code = ("import spectool.cli, sys; "
+            "print(sorted(m for m in sys.modules if m.startswith(('spectool.harness', 'libcst', 'rich'))))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]", r.stdout
+
+
+def _help(*command):
+    r = run(*command, "--help")
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+READS_RECIPES = {"apply", "check", "upgrade", "gate", "verify"}
+
+
+@pytest.mark.parametrize("command", sorted(main.list_commands(None)))
+def test_every_command_states_its_exit_codes_and_takes_json(command):
+    from spectool.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERNAL, EXIT_OK
+
+    text = _help(command)
+    block = text[text.index("Exit codes:"):]
+    lines = [line.strip() for line in block.splitlines()[1:] if line.strip()]
+    codes = [int(line.split()[0]) for line in lines if line.split()[0].isdigit()]
+    assert codes == [EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL], block
+    assert f"{EXIT_BAD_INPUT}  bad input or usage" in block and f"{EXIT_INTERNAL}  internal error" in block
+    assert "exit 0 or 1" not in text.lower()
+    assert "--json" in text
+    assert ("--recipes IDS" in text and "--recipes-dir" in text) == (command in READS_RECIPES), text
+
+
+def test_exit_codes_in_help_are_what_the_commands_return(tmp_path):
+    """check's help says 1 for a recipe that would not apply and 2 for bad input; it does."""
+    text = " ".join(_help("check").split())
+    assert "1 a recipe would not apply" in text and "2 bad input or usage" in text
+    tree = _tree(tmp_path, version="0.0.1")
+    assert run("check", "--sglang-dir", tree, "--recipes-dir", RECIPES).exit_code == 1
+    assert run("check", "--sglang-dir", tmp_path / "none", "--recipes-dir", RECIPES).exit_code == 2
+    assert run("check", "--no-such-option").exit_code == 2
+
+
+def test_gate_json_without_a_pin(tmp_path):
+    req = tmp_path / "requirements.txt"
+    req.write_text("torch==2.11\n")
+    r = run("gate", req, "--json")
+    d = _json(r)
+    assert r.exit_code == 0 and d["command"] == "gate" and d["ok"] and d["upgrades"] == []
+    assert "no SGLang pin" in d["notes"][0]
+
+
+@pytest.mark.network
+def test_gate_json_reports_each_pinned_release(tmp_path):
+    req = tmp_path / "requirements.txt"
+    req.write_text("sglang==0.5.12\n")
+    r = run("gate", req, "--json", "--recipes", "sm120")
+    d = _json(r)
+    assert r.exit_code == 0 and d["command"] == "gate" and d["ok"], r.output
+    [up] = d["upgrades"]
+    assert up["command"] == "upgrade" and up["to"] == "0.5.12" and up["needs_work"] == []
+    assert [x["id"] for x in up["recipes"]] == ["sm120"] and up["recipes"][0]["status"] == "would-apply"
