@@ -36,8 +36,9 @@ from .bench.sweep import LOADS, PORT_BASE, PROFILE_LOADS
 @guarded
 def verify(sglang_dir, select, recipes_dir, out_dir, golden_dir, record, parallel, only, tp_size, model_cache, port_base,
            as_json):
-    """Golden GPU tests: the patched SGLang must give the no-speculation tokens exactly. The tree
-    given by --sglang-dir must have the recipes applied (checked first, as 'spectool check')."""
+    """Golden GPU tests: the patched SGLang must give the no-speculation tokens exactly. A tree
+    given by --sglang-dir must have the recipes applied (checked before any GPU work); without
+    it, the installed sglang runs as it is."""
     from .verify.runner import print_report, verify as run_verify
 
     ids, options = selection(select, recipes_dir)
