@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import textwrap
 import traceback
 from pathlib import Path
 
@@ -85,8 +86,6 @@ def exit_codes(ok: str, failed: str, bad_input: str = "") -> str:
     rows = [(EXIT_OK, ok), (EXIT_FAILED, failed),
             (EXIT_BAD_INPUT, "bad input or usage: a one-paragraph error" + (f" ({bad_input})" if bad_input else "")),
             (EXIT_INTERNAL, "internal error: a bug in spectool, reported in one paragraph")]
-    import textwrap
-
     lines = [line for code, text in rows
              for line in textwrap.wrap(text, 74, initial_indent=f"{code}  ", subsequent_indent="   ")]
     return "Exit codes:\n\n\b\n" + "\n".join(lines)
