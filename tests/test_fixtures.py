@@ -120,3 +120,72 @@ def test_undefined_name_is_caught(tmp_path):
     assert out.plan.results[0].status == "invalid"
     assert "math" in out.plan.results[0].message
     assert (tree / TARGET).read_bytes() == before
+
+
+def test_bulk_add_completes_a_partly_present_block(tmp_path):
+    """add_method with a code class: a method of the block already there with the same code
+    is kept where it is and the others are placed around it, giving the same file as a
+    fresh apply; the report counts the operation as applied."""
+    d = FIXTURES / "add_methods"
+    code = (d / "recipe" / "code.py").read_text()
+    step = code[code.index("    # inserted with the block"):code.index("    def _count_total")]
+    src = (d / "before.py").read_text().replace("        self.n = n  # keep this comment\n",
+                                                "        self.n = n  # keep this comment\n\n" + step.rstrip() + "\n")
+    tree = make_tree(tmp_path / "tree", "0.5.12", {TARGET: src.encode()})
+    out = api.apply(tree, recipes_dir=d)
+    assert out.ok and out.plan.results[0].status == "applied"
+    assert (tree / TARGET).read_bytes() == (d / "after.py").read_bytes()
+
+
+def test_bulk_add_reports_the_method_that_drifted(tmp_path):
+    """One method of the block present with other code: drift that names that method (its
+    recipe, operation and file), and nothing is written."""
+    d = FIXTURES / "add_methods"
+    src = (d / "before.py").read_text().replace("    def step(self, batch):",
+                                                "    def _count_total(self):\n        return 0\n\n    def step(self, batch):")
+    tree = make_tree(tmp_path / "tree", "0.5.12", {TARGET: src.encode()})
+    out = api.apply(tree, recipes_dir=d)
+    res = out.plan.results[0]
+    assert res.status == "drift"
+    assert "fx-add-methods" in res.error.message and "operation #2" in res.error.message
+    assert "different method '_count_total'" in res.error.message
+    assert res.error.details["anchor"] == "Worker._count_total"
+    assert (tree / TARGET).read_text() == src
+
+
+def test_add_definition_needs_its_anchor_and_its_name_free(tmp_path):
+    """add_definition: no top-level definition to place it before is drift with the nearest
+    names; a different definition of the same name already there is drift too."""
+    d = FIXTURES / "add_methods"
+    src = (d / "before.py").read_text()
+    for changed, needle in ((src.replace("class Worker:", "class Worker2:"), "no top-level definition 'Worker'"),
+                            (src.replace("class Other:", "class Counter:"), "different definition 'Counter'")):
+        tree = make_tree(tmp_path / str(len(needle)), "0.5.12", {TARGET: changed.encode()})
+        res = api.apply(tree, recipes_dir=d).plan.results[0]
+        assert res.status == "drift" and needle in res.error.message, res.error.message
+        assert (tree / TARGET).read_text() == changed
+    assert any("Worker2" in c for c in api.apply(make_tree(tmp_path / "c", "0.5.12", {
+        TARGET: src.replace("class Worker:", "class Worker2:").encode()}), recipes_dir=d).plan.results[0].error.candidates)
+
+
+@pytest.mark.parametrize("code,op,needle", [
+    ("class Worker:\n    n = 1\n\n    def f(self):\n        pass\n", "add_method", "must hold only methods"),
+    ("class Worker:\n    def f(self):\n        pass\n", "replace_method", "must be a function."),
+    ("def helper():\n    pass\n", "add_definition", "exactly one of 'before' or 'after'"),
+])
+def test_bulk_and_definition_ops_refuse_bad_code_at_load(tmp_path, code, op, needle):
+    """A code class with statements other than methods, a class given to replace_method, an
+    add_definition without a place: refused when the recipe loads, saying why."""
+    from spectool.errors import RecipeError
+    from spectool.recipe import load_recipe
+
+    rdir = tmp_path / "r"
+    rdir.mkdir()
+    (rdir / "code.py").write_text(code)
+    target = "sglang.srt.target" if op == "add_definition" else "sglang.srt.target:Worker"
+    name = "helper" if op == "add_definition" else "Worker"
+    (rdir / "recipe.yaml").write_text(f"id: bad\nsummary: s\nvariants:\n  - name: all\n    versions: '>=0.1'\n"
+                                      f"    operations:\n      - op: {op}\n        target: {target}\n"
+                                      f"        code: code.py:{name}\n")
+    with pytest.raises(RecipeError, match=needle):
+        load_recipe(rdir / "recipe.yaml")

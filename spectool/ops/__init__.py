@@ -7,12 +7,12 @@ is listed in OPERATIONS below.
 from .base import ALREADY, APPLIED, FileState, OpContext, Operation, Target
 from .expressions import ReplaceExpression, WrapExpression
 from .imports import AddImport, add_import
-from .members import AddField, AddMethod, ReplaceMethod
+from .members import AddDefinition, AddField, AddMethod, ReplaceMethod
 from .statements import AddArgument, InsertAfter, InsertBefore
 
 OPERATIONS: dict[str, type[Operation]] = {
     cls.kind: cls
-    for cls in (AddMethod, ReplaceMethod, AddField, InsertBefore, InsertAfter, AddArgument,
+    for cls in (AddMethod, ReplaceMethod, AddField, AddDefinition, InsertBefore, InsertAfter, AddArgument,
                 ReplaceExpression, WrapExpression, AddImport)
 }
 
