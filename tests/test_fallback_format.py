@@ -11,6 +11,8 @@ import pytest
 
 from spectool.testing import bind_methods, load_function
 
+from .sglang_source import fallback_state_class, server_args, server_args_class
+
 WORKER = "sglang/srt/speculative/eagle_worker_v2.py"
 
 pytestmark = pytest.mark.network
@@ -76,10 +78,9 @@ def test_fallback_result_format(version, patched_release, monkeypatch):
         device="cpu", speculative_num_draft_tokens=ndt, req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
         speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
         _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
-        _fallback_attn_backend="decode-backend", _fallback_graph_runner="decode-graph",
+        _spec_fallback=fallback_state_class(tree)(threshold=0, attn_backend="decode-backend", graph_runner="decode-graph"),
         draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
         _spec_fallback_draft_extend=lambda *a: seen.setdefault("draft_extend", a),
-        _fallback_early_plan=False, _fallback_constants={},
     )
     bind(path, ns, worker, *steps(version))
     batch = SimpleNamespace(seq_lens=torch.tensor([3, 5, 10]), seq_lens_cpu=torch.tensor([3, 5, 10]), seq_lens_sum=18,
@@ -150,8 +151,7 @@ def test_draft_kv_sync_replays_its_one_token_graph(graph_fits, patched_release):
           "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
     extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
     runner = Runner()
-    worker = SimpleNamespace(device="cpu", topk=1, _fallback_draft_extend_runner=runner, _fallback_draft_decode_min_bs=None,
-                             _fallback_kv_only_above=None,
+    worker = SimpleNamespace(device="cpu", topk=1, _spec_fallback=fallback_state_class(tree)(draft_extend_runner=runner),
                              draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=eager_forward)))
     bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_next_draft_input", "_spec_fallback_kv_only_flush")
     nxt = SimpleNamespace()
@@ -205,29 +205,29 @@ def test_draft_extend_graph_is_captured_at_one_token(patched_release):
         ns = {"DraftBackendFactory": Factory, "EAGLEDraftExtendCudaGraphRunner": make_runner(fail),
               "logger": SimpleNamespace(warning=lambda *a: seen.setdefault("warned", a))}
         build = load_function(path, "EAGLEWorkerV2._spec_fallback_build_draft_extend_graph", ns)
-        worker = SimpleNamespace(topk=1, _override_worker_state=override, _fallback_draft_extend_runner=None,
+        worker = SimpleNamespace(topk=1, _override_worker_state=override, _spec_fallback=fallback_state_class(tree)(),
                                  draft_worker=SimpleNamespace(cuda_graph_runner_for_draft_extend="spec-graph", draft_runner=None))
         bind(path, ns, worker, "_spec_fallback_capture")
-        build(worker, SimpleNamespace())
+        build(worker, server_args(server_args_class(tree, {})))
         assert seen["factory_steps"] == 0 and seen["capture"] == ("one-token-backend", 0, 0)
         assert state["steps"] == 3, "worker state restored after capture"
-        assert worker._fallback_draft_extend_runner == (None if fail else "one-token-graph")
+        assert worker._spec_fallback.draft_extend_runner == (None if fail else "one-token-graph")
     assert "warned" in seen
     # No spec-path draft-extend graph (backend without support, or --disable-cuda-graph): none built.
     seen.clear()
-    worker = SimpleNamespace(topk=1, _override_worker_state=override, _fallback_draft_extend_runner=None,
+    worker = SimpleNamespace(topk=1, _override_worker_state=override, _spec_fallback=fallback_state_class(tree)(),
                              draft_worker=SimpleNamespace(cuda_graph_runner_for_draft_extend=None, draft_runner=None))
-    build(worker, SimpleNamespace())
-    assert worker._fallback_draft_extend_runner is None and "capture" not in seen
+    build(worker, server_args(server_args_class(tree, {})))
+    assert worker._spec_fallback.draft_extend_runner is None and "capture" not in seen
 
 
-@pytest.mark.parametrize("version,early_plan", [("0.5.12", False), ("0.5.12", True), ("0.5.8", False)])
-def test_verify_done_fires_only_after_the_new_lengths_exist(version, early_plan, patched_release, monkeypatch):
+@pytest.mark.parametrize("version", ["0.5.12", "0.5.8"])
+def test_verify_done_fires_only_after_the_new_lengths_exist(version, patched_release, monkeypatch):
     """0.5.12's scheduler plans the next step once verify_done fires, reading new_seq_lens: the
-    event must be recorded after the lengths are computed. By default (0.5.12) it is recorded
-    before the target forward (the lengths do not depend on it), so the next step is planned
-    while this one runs; with SPECTOOL_FALLBACK_EARLY_PLAN=0, and in the seed era, after the
-    target forward, as in spec."""
+    event must be recorded after the lengths are computed. In 0.5.12 it is recorded before the
+    target forward (the lengths do not depend on it), so the next step is planned while this
+    one runs; in the seed era after the target forward, as in spec."""
+    early_plan = version == "0.5.12"
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
     tree = patched_release(version)
@@ -259,10 +259,10 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, early_plan,
 
     mr = SimpleNamespace(attn_backend="a", graph_runner="g")
     worker = SimpleNamespace(
-        device="cpu", _fallback_early_plan=early_plan, _fallback_constants=None, speculative_num_draft_tokens=4, req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(40).reshape(2, 20)),
+        device="cpu", speculative_num_draft_tokens=4, req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(40).reshape(2, 20)),
         speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
         _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
-        _fallback_attn_backend="d", _fallback_graph_runner="dg",
+        _spec_fallback=fallback_state_class(tree)(threshold=0, attn_backend="d", graph_runner="dg"),
         draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
         _spec_fallback_draft_extend=lambda *a: order.append("draft"),
     )
@@ -280,37 +280,46 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, early_plan,
         assert order.index("verify_done") > order.index("target"), order
 
 
-@pytest.mark.parametrize("env,early", [(None, True), ("1", True), ("0", False)])
-def test_early_plan_is_the_default_and_can_be_turned_off(env, early, patched_release, monkeypatch):
-    """The scheduler plans the next step during a fallback step unless
-    SPECTOOL_FALLBACK_EARLY_PLAN=0 (the bench's A4L control arm)."""
-    import os
+@pytest.mark.parametrize("flags,min_bs,above,steps", [
+    ({}, 16, 32, 4),
+    ({"speculative_disable_draft_decode_min_bs": None, "speculative_disable_kv_only_margin": None}, None, None, 1),
+    ({"speculative_disable_draft_decode_min_bs": 1, "speculative_disable_kv_only_margin": 8,
+      "speculative_disable_kv_only_steps_per_replay": 1}, 1, 40, 1),
+])
+def test_start_up_takes_the_draft_sync_from_server_args(flags, min_bs, above, steps, patched_release):
+    """0.5.12's start-up: a decode attention backend for the target, then the draft sync's
+    settings from the server args (None: 'off'): a plain draft backend from the min batch size,
+    the KV-only sync above threshold + margin with its steps per replay; without CUDA graphs
+    nothing is captured."""
+    import logging
 
-    if env is None:
-        monkeypatch.delenv("SPECTOOL_FALLBACK_EARLY_PLAN", raising=False)
-    else:
-        monkeypatch.setenv("SPECTOOL_FALLBACK_EARLY_PLAN", env)
     tree = patched_release("0.5.12")
-    build = load_function(tree / WORKER,
-                          "EAGLEWorkerV2._spec_fallback_build_decode_graph", {"os": os})
+    path = tree / WORKER
+    cls = server_args_class(tree, {})
+    ns = {"logger": logging.getLogger("test")}
+    backends = []
     mr = SimpleNamespace(init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "decode-backend")
-    worker = SimpleNamespace(_target_worker=SimpleNamespace(model_runner=mr), _spec_fallback_init_draft_decode=lambda: None,
-                             _spec_fallback_init_draft_kv_only=lambda: None)
-    bind(tree / WORKER, {}, worker, "_spec_fallback_plain_attn_backend")
-    build(worker, SimpleNamespace(disable_cuda_graph=True))
-    assert worker._fallback_early_plan is early
-    assert worker._fallback_attn_backend == "decode-backend"
+    draft_runner = SimpleNamespace(init_new_workspace=False,
+                                   _get_attention_backend=lambda init_new_workspace: backends.append(1) or "plain")
+    worker = SimpleNamespace(_target_worker=SimpleNamespace(model_runner=mr), _spec_fallback=fallback_state_class(tree)(threshold=32),
+                             draft_worker=SimpleNamespace(draft_runner=draft_runner),
+                             _spec_fallback_kv_only_unsupported=lambda: None)
+    bind(path, ns, worker, "_spec_fallback_build", "_spec_fallback_plain_attn_backend",
+         "_spec_fallback_init_draft_decode", "_spec_fallback_init_draft_kv_only")
+    worker._spec_fallback_build(server_args(cls, speculative_disable_batch_size_threshold=32, disable_cuda_graph=True, **flags))
+    state = worker._spec_fallback
+    assert state.attn_backend == "decode-backend" and state.graph_runner is None
+    assert state.draft_decode_min_bs == min_bs and state.draft_attn_backend == ("plain" if min_bs else None)
+    assert state.kv_only_above == above and state.kv_only_steps_per_replay == steps
+    assert len(backends) == (1 if min_bs else 0), "a draft backend only for the decode sync"
 
 
-
-def test_draft_kv_sync_as_a_plain_decode_step(patched_release, monkeypatch):
-    """From SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS requests up (default 16), the draft KV
+def test_draft_kv_sync_as_a_plain_decode_step(patched_release):
+    """From --speculative-disable-draft-decode-min-bs requests up (default 16), the draft KV
     sync is a DECODE forward of the draft on its own plain attention backend: same slots and
     positions as the draft extend, metadata planned without spec_info (so triton's decode path
     reads req_to_token, not a draft tree), the target's hidden states given to the model, and
     the batch and the draft runner left as they were."""
-    import os
-
     torch = pytest.importorskip("torch")
     tree = patched_release("0.5.12")
     path = tree / WORKER
@@ -343,8 +352,8 @@ def test_draft_kv_sync_as_a_plain_decode_step(patched_release, monkeypatch):
     extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
     plain = Backend()
     dr = SimpleNamespace(attn_backend="draft-extend-backend", forward=draft_forward)
-    worker = SimpleNamespace(device="cpu", topk=1, _fallback_draft_decode_min_bs=2, _fallback_draft_attn_backend=plain,
-                             _fallback_kv_only_above=None,
+    worker = SimpleNamespace(device="cpu", topk=1,
+                             _spec_fallback=fallback_state_class(tree)(draft_decode_min_bs=2, draft_attn_backend=plain),
                              speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
                              draft_worker=SimpleNamespace(draft_runner=dr))
     bind(path, ns, worker, "_spec_fallback_draft_decode", "_spec_fallback_as_decode",
@@ -364,24 +373,20 @@ def test_draft_kv_sync_as_a_plain_decode_step(patched_release, monkeypatch):
     assert batch.seq_lens.tolist() == [3, 5, 10] and batch.seq_lens_sum == 18
 
     # Below the batch size it names, the draft extend path runs (its preparation is reached).
-    worker._fallback_draft_decode_min_bs = 4
-    worker._fallback_draft_extend_runner = None
+    worker._spec_fallback.draft_decode_min_bs = 4
     with pytest.raises(AttributeError, match="prepare_for_extend_to_fill_draft_kvcache"):
         extend(worker, batch, torch.tensor([7, 8, 9]), target_hidden, SimpleNamespace())
 
-    # The switch: on from 16 requests by default, `off` or not a number (with a warning) turns
-    # it off, a number sets the batch size.
-    switch_ns = {"os": os, "logger": SimpleNamespace(warning=lambda *a: seen.setdefault("warned", a))}
-    init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_decode", switch_ns)
+    # The flag: on from 16 requests by default, None ('off') turns it off, a number sets the
+    # batch size.
+    init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_decode", {})
     runner = SimpleNamespace(init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "plain")
-    for value, expect in ((None, 16), ("off", None), ("x", None), ("64", 64), ("1", 1)):
-        if value is None:
-            monkeypatch.delenv("SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS", raising=False)
-        else:
-            monkeypatch.setenv("SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS", value)
-        w = SimpleNamespace(draft_worker=SimpleNamespace(draft_runner=runner))
-        bind(path, switch_ns, w, "_spec_fallback_plain_attn_backend", "_spec_fallback_env_count")
-        init(w)
-        assert w._fallback_draft_decode_min_bs == expect
-        assert w._fallback_draft_attn_backend == ("plain" if expect else None)
-    assert "warned" in seen
+    cls = server_args_class(tree, {})
+    for flags, expect in (({}, 16), ({"speculative_disable_draft_decode_min_bs": None}, None),
+                          ({"speculative_disable_draft_decode_min_bs": 64}, 64),
+                          ({"speculative_disable_draft_decode_min_bs": 1}, 1)):
+        w = SimpleNamespace(draft_worker=SimpleNamespace(draft_runner=runner), _spec_fallback=fallback_state_class(tree)())
+        bind(path, {}, w, "_spec_fallback_plain_attn_backend")
+        init(w, server_args(cls, **flags))
+        assert w._spec_fallback.draft_decode_min_bs == expect
+        assert w._spec_fallback.draft_attn_backend == ("plain" if expect else None)

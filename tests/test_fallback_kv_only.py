@@ -1,4 +1,4 @@
-"""The KV-only draft sync (SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN) on the real patched
+"""The KV-only draft sync (--speculative-disable-kv-only-margin) on the real patched
 0.5.12 file: the K and V it writes must be exactly those the release's own EAGLE-3 draft
 forward computes for the same token, hidden states and position. The reference runs SGLang's
 code itself (llama_eagle3's LlamaModel.forward and LlamaDecoderLayer.forward, llama's
@@ -13,6 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from spectool.testing import bind_methods, load_function
+
+from .sglang_source import fallback_state_class, server_args, server_args_class
 
 WORKER = "sglang/srt/speculative/eagle_worker_v2.py"
 
@@ -120,7 +122,7 @@ def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sliced, patched_rele
 
     writes = []
     pool = SimpleNamespace(set_kv_buffer=lambda *a: writes.append(a))
-    worker = SimpleNamespace(device="cpu", topk=1, _fallback_stats={},
+    worker = SimpleNamespace(device="cpu", topk=1, _spec_fallback=fallback_state_class(tree)(),
                              draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(
                                  model=SimpleNamespace(model=model), token_to_kv_pool=pool)))
     kv_only = load_function(tree / WORKER,
@@ -143,7 +145,7 @@ def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sliced, patched_rele
     assert nxt.topk_p.shape == (BS, 1) and nxt.topk_p.dtype == torch.float32 and not nxt.topk_p.any()
     assert nxt.topk_index.dtype == torch.int64 and not nxt.topk_index.any()
     assert nxt.hidden_states.shape == (BS, H) and not nxt.hidden_states.any()
-    assert worker._fallback_stats["draft_kv_only_steps"] == 1
+    assert worker._spec_fallback.stats["draft_kv_only_steps"] == 1
 
     # A wrong position would write a different K: the comparison can fail.
     writes.clear()
@@ -169,12 +171,12 @@ def _stash_worker(tree, torch, graphs=(8, 16), defer=1, width=6, bufs=None, repl
         def replay(worker, bufs, n):
             seen.append((n, {k: v[:n].clone() for k, v in bufs.items()}))
 
-    worker = SimpleNamespace(_fallback_stats={}, _fallback_kv_only_defer=defer)
+    worker = SimpleNamespace(_spec_fallback=fallback_state_class(tree)(kv_only_steps_per_replay=defer))
     bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker, "_spec_fallback_kv_only_stash",
                  "_spec_fallback_kv_only_flush", "_spec_fallback_last_write_wins",
                  "_spec_fallback_kv_only_queue")
     stand_ins = {n: SimpleNamespace(replay=lambda n=n: replay(worker, bufs, n)) for n in reversed(graphs)}
-    worker._fallback_kv_only_graphs = worker._spec_fallback_kv_only_queue(stand_ins, bufs, pd_decode)
+    worker._spec_fallback.kv_only_graphs = worker._spec_fallback_kv_only_queue(stand_ins, bufs, pd_decode)
     return worker, seen
 
 
@@ -185,7 +187,7 @@ def _step(torch, first, n, width=6):
 
 
 def test_kv_only_graph_replay_pads_to_a_captured_size(patched_release):
-    """One step at a time (SPECTOOL_FALLBACK_KV_ONLY_DEFER=1): a batch replays the smallest
+    """One step at a time (--speculative-disable-kv-only-steps-per-replay 1): a batch replays the smallest
     captured size that holds it, its inputs copied into the static buffers and the padding
     rows sent to the KV pool's dummy slot 0 at position 0 with token 0; a larger batch, or
     hidden states of another width, are refused (False: they run eagerly)."""
@@ -200,20 +202,20 @@ def test_kv_only_graph_replay_pads_to_a_captured_size(patched_release):
     assert b["tokens"].tolist() == [1, 2, 3, 4, 5, 0, 0, 0]
     assert b["positions"].tolist() == [10, 11, 12, 13, 14, 0, 0, 0]
     assert b["loc"].tolist() == [40, 41, 42, 43, 44, 0, 0, 0]
-    bufs = worker._fallback_kv_only_graphs["bufs"]
+    bufs = worker._spec_fallback.kv_only_graphs["bufs"]
     assert (b["hidden"][:5] == 2).all() and bufs["loc"][8:].tolist() == [9] * 8, "rows past the size untouched"
     assert worker._spec_fallback_kv_only_stash(*_step(torch, 0, 17)) is False
     assert worker._spec_fallback_kv_only_stash(tokens, torch.zeros(5, 4), positions, loc) is False
-    empty = SimpleNamespace(_fallback_kv_only_graphs=None)
+    empty = SimpleNamespace(_spec_fallback=fallback_state_class(tree)())
     bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, empty, "_spec_fallback_kv_only_stash",
                  "_spec_fallback_kv_only_flush")
     assert empty._spec_fallback_kv_only_stash(tokens, hidden, positions, loc) is False
     empty._spec_fallback_kv_only_flush("spec")  # nothing stashed, no graphs: nothing to do
-    assert len(seen) == 1 and worker._fallback_stats["draft_kv_only_flush_causes"] == {"queued": 1}
+    assert len(seen) == 1 and worker._spec_fallback.stats["draft_kv_only_flush_causes"] == {"queued": 1}
 
 
 def test_deferred_kv_only_steps_share_one_replay(patched_release):
-    """SPECTOOL_FALLBACK_KV_ONLY_DEFER=3: three steps' rows queue in the static buffers, one
+    """Three steps per replay: three steps' rows queue in the static buffers, one
     after another, and one replay writes them all; a step that would not fit behind the
     queued rows writes them first; a flush asked for (before a speculative step, a full sync
     or a prefill) writes what is queued, and nothing when nothing is."""
@@ -230,7 +232,7 @@ def test_deferred_kv_only_steps_share_one_replay(patched_release):
     assert b["positions"].tolist() == list(range(100, 115)) + [0]
     assert b["loc"].tolist() == list(range(1000, 1015)) + [0]
     assert [float(h) for h in b["hidden"][:15, 0]] == [0.0] * 5 + [5.0] * 5 + [10.0] * 5
-    assert not any(worker._fallback_kv_only_graphs["pending"].values()), "the replay empties the queue"
+    assert not any(worker._spec_fallback.kv_only_graphs["pending"].values()), "the replay empties the queue"
 
     seen.clear()
     assert stash(*_step(torch, 0, 13))  # 13 rows queued; 13 more would not fit in 24
@@ -249,7 +251,7 @@ def test_deferred_kv_only_steps_share_one_replay(patched_release):
     assert size == 8 and b["loc"].tolist() == [1000, 1001, 1002, 1003, 0, 0, 0, 0]
     flush("prefill")
     assert len(seen) == 1, "nothing queued, nothing replayed"
-    stats = worker._fallback_stats
+    stats = worker._spec_fallback.stats
     assert stats["draft_kv_only_flush_causes"] == {"queued": 1, "full": 3, "spec": 1}, "each replay counted by cause"
     assert "draft_kv_only_flushes" not in stats, "the total is the causes' sum"
 
@@ -274,15 +276,15 @@ def test_a_slot_given_again_keeps_the_latest_write(patched_release):
     queue(worker, [60, 52, 50])  # a request left: 4 then 3 rows, slots 52 and 50 given again
     (size, b), = seen
     assert b["loc"].tolist() == [0, 51, 0, 53, 60, 52, 50, 0]
-    assert worker._fallback_stats["draft_kv_only_dedups"] == 1
+    assert worker._spec_fallback.stats["draft_kv_only_dedups"] == 1
     queue(worker, [60, 61, 62, 63])  # the next queue has one batch size: not deduplicated
     assert seen[1][1]["loc"].tolist() == [50, 51, 52, 53, 60, 61, 62, 63]
-    assert worker._fallback_stats["draft_kv_only_dedups"] == 1, "the next queue starts with no sizes"
+    assert worker._spec_fallback.stats["draft_kv_only_dedups"] == 1, "the next queue starts with no sizes"
 
     worker, seen = _stash_worker(tree, torch, graphs=(8, 16), defer=2)
     queue(worker, [60, 61, 62, 63])  # one batch size: every slot is new, written as queued
     assert seen[0][1]["loc"].tolist() == [50, 51, 52, 53, 60, 61, 62, 63]
-    assert "draft_kv_only_dedups" not in worker._fallback_stats
+    assert "draft_kv_only_dedups" not in worker._spec_fallback.stats
 
     worker, seen = _stash_worker(tree, torch, graphs=(8, 16), defer=2, pd_decode=True)
     queue(worker, [60, 52, 61, 50])  # PD decode: a request may have joined as another left
@@ -356,7 +358,7 @@ def test_deferred_kv_only_writes_equal_the_step_by_step_ones(patched_release):
                     assert worker._spec_fallback_kv_only_stash(*step)
             worker._spec_fallback_kv_only_flush("prefill")
         pool["k"][0] = pool["v"][0] = 0  # the dummy slot takes padding and superseded rows
-        return pool, sum(worker._fallback_stats["draft_kv_only_flush_causes"].values())
+        return pool, sum(worker._spec_fallback.stats["draft_kv_only_flush_causes"].values())
 
     (one, n1), (four, n4) = run(1), run(4)
     assert (n1, n4) == (4, 1)
@@ -366,64 +368,47 @@ def test_deferred_kv_only_writes_equal_the_step_by_step_ones(patched_release):
     assert not torch.allclose(one["k"], dropped["k"], atol=1e-6), "the comparison can fail"
 
 
-def test_kv_only_switch_and_dispatch(patched_release, monkeypatch):
-    """On by default on every step above the threshold (margin 0 since session 21; 8 before),
-    SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN sets the
-    margin or `off`; refused (with the reason: a warning when asked for by name, info by
-    default) for drafts whose K/V need more than the input layer; used only more than the
-    margin above the threshold, the full draft forward below."""
+def test_kv_only_switch_and_dispatch(patched_release):
+    """On by default on every step above the threshold (margin 0);
+    --speculative-disable-kv-only-margin sets the margin or None ('off'); refused, with the
+    reason at info level, for drafts whose K/V need more than the input layer; used only more
+    than the margin above the threshold, the full draft forward below."""
     torch = pytest.importorskip("torch")
-    import os
 
     tree = patched_release("0.5.12")
     path = tree / WORKER
-    warned = []
     informed = []
-    ns = {"os": os, "torch": torch,
-          "logger": SimpleNamespace(warning=lambda *a: warned.append(a), info=lambda *a: informed.append(a))}
+    ns = {"torch": torch, "logger": SimpleNamespace(info=lambda *a: informed.append(a))}
     init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_kv_only", ns)
+    cls = server_args_class(tree, {})
 
     def worker(eagle3=True, layers=1, mla=False):
         layer = SimpleNamespace(is_input_layer=True, self_attn=SimpleNamespace(rotary_emb=None))
-        w = SimpleNamespace(_fallback_threshold=32,
+        w = SimpleNamespace(_spec_fallback=fallback_state_class(tree)(threshold=32),
                             speculative_algorithm=SimpleNamespace(is_eagle3=lambda: eagle3),
                             draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(
                                 use_mla_backend=mla,
                                 model=SimpleNamespace(model=SimpleNamespace(layers=[layer] * layers)))))
-        bind_methods(path, "EAGLEWorkerV2", ns, w, "_spec_fallback_kv_only_unsupported", "_spec_fallback_env_count")
+        bind_methods(path, "EAGLEWorkerV2", ns, w, "_spec_fallback_kv_only_unsupported")
         return w
 
-    for value, expect in ((None, 32), ("off", None), ("x", None), ("0", 32), ("3", 35), ("8", 40)):
-        if value is None:
-            monkeypatch.delenv("SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", raising=False)
-        else:
-            monkeypatch.setenv("SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", value)
-        warned.clear()
+    for flags, expect in (({}, 32), ({"speculative_disable_kv_only_margin": None}, None),
+                          ({"speculative_disable_kv_only_margin": 3}, 35),
+                          ({"speculative_disable_kv_only_margin": 8, "speculative_disable_kv_only_steps_per_replay": 2}, 40)):
         w = worker()
-        init(w)
-        assert w._fallback_kv_only_above == expect, value
-        assert bool(warned) == (value == "x"), "a warning only for a value that is not a number"
-        assert w._fallback_kv_only_prefill is True, "the KV-only prefill is on by default"
-    monkeypatch.setenv("SPECTOOL_FALLBACK_KV_ONLY_PREFILL", "0")
-    w = worker()
-    init(w)
-    assert w._fallback_kv_only_prefill is False, "SPECTOOL_FALLBACK_KV_ONLY_PREFILL=0 turns it off"
-    monkeypatch.delenv("SPECTOOL_FALLBACK_KV_ONLY_PREFILL")
-    monkeypatch.setenv("SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", "8")
+        init(w, server_args(cls, **flags))
+        assert w._spec_fallback.kv_only_above == expect, flags
+        want_steps = flags.get("speculative_disable_kv_only_steps_per_replay", 4) if expect is not None else 1
+        assert w._spec_fallback.kv_only_steps_per_replay == want_steps
     for kw, reason in (({"eagle3": False}, "not EAGLE-3"), ({"layers": 2}, "one layer"), ({"mla": True}, "MLA")):
-        warned.clear()
+        informed.clear()
         w = worker(**kw)
-        init(w)
-        assert w._fallback_kv_only_above is None and reason in warned[-1][1]
-    monkeypatch.delenv("SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN")
-    warned.clear()
-    w = worker(eagle3=False)
-    init(w)
-    assert w._fallback_kv_only_above is None and not warned and "not EAGLE-3" in informed[-1][1]
+        init(w, server_args(cls, speculative_disable_kv_only_margin=8))
+        assert w._spec_fallback.kv_only_above is None and reason in informed[-1][1]
 
     extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
     taken = []
-    w = SimpleNamespace(draft_worker=None, _fallback_kv_only_above=40, _fallback_draft_decode_min_bs=16,
+    w = SimpleNamespace(draft_worker=None, _spec_fallback=fallback_state_class(tree)(kv_only_above=40, draft_decode_min_bs=16),
                         _spec_fallback_draft_kv_only=lambda *a: taken.append("kv_only"),
                         _spec_fallback_kv_only_flush=lambda cause: taken.append(f"flush:{cause}"),
                         _spec_fallback_draft_decode=lambda *a: taken.append("decode"))
@@ -432,18 +417,16 @@ def test_kv_only_switch_and_dispatch(patched_release, monkeypatch):
     assert taken == ["kv_only", "flush:sync", "decode", "flush:sync", "decode"], "stashed K/V written before the draft reads"
 
 
-def test_kv_only_graphs_are_built_only_where_they_can_replay(patched_release, monkeypatch):
+def test_kv_only_graphs_are_built_only_where_they_can_replay(patched_release):
     """Graphs are captured for the decode-graph batch sizes above the KV-only threshold, at
     every TP size (inside SGLang's graph_capture(): the draft's embedding all-reduces under
     TP), with buffers of the width and dtype of the draft's fc input; none without the
-    KV-only sync, without the decode graph runner, or with SPECTOOL_FALLBACK_KV_ONLY_GRAPH=0.
+    KV-only sync, or without the decode graph runner.
     The capture itself needs a GPU (`spectool verify` checks that every KV-only step replayed
     a graph, at TP=1 and TP=2)."""
     torch = pytest.importorskip("torch")
-    import os
-
     tree = patched_release("0.5.12")
-    ns = {"torch": torch, "os": os, "logger": SimpleNamespace(warning=lambda *a: None)}
+    ns = {"torch": torch, "logger": SimpleNamespace(warning=lambda *a: None)}
     build = load_function(tree / WORKER, "EAGLEWorkerV2._spec_fallback_build_kv_only_graphs", ns)
     # The capture's graph_capture() is the release's own, imported into the patched module.
     assert "from sglang.srt.distributed.parallel_state import graph_capture" in (tree / WORKER).read_text()
@@ -452,19 +435,17 @@ def test_kv_only_graphs_are_built_only_where_they_can_replay(patched_release, mo
     captured = []
 
     def worker(above=12, runner=True):
+        graph_runner = SimpleNamespace(capture_bs=[1, 2, 4, 8, 12, 16, 24, 32]) if runner else None
         w = SimpleNamespace(
-            _fallback_kv_only_above=above, device="cpu",
-            _fallback_graph_runner=SimpleNamespace(capture_bs=[1, 2, 4, 8, 12, 16, 24, 32]) if runner else None,
+            _spec_fallback=fallback_state_class(tree)(kv_only_above=above, graph_runner=graph_runner), device="cpu",
             draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(model=SimpleNamespace(model=SimpleNamespace(fc=fc)))),
             _spec_fallback_capture=lambda what, otherwise, fn: captured.append((what, fn)) or "graphs")
-        bind_methods(tree / WORKER, "EAGLEWorkerV2", ns, w, "_spec_fallback_env_count")
         return w
 
-    monkeypatch.delenv("SPECTOOL_FALLBACK_KV_ONLY_GRAPH", raising=False)
     args = SimpleNamespace(disaggregation_mode="null")
     w = worker()
     build(w, args)
-    assert w._fallback_kv_only_graphs == "graphs" and len(captured) == 1
+    assert w._spec_fallback.kv_only_graphs == "graphs" and len(captured) == 1
     cells = captured[0][1].__closure__
     sizes = next(c.cell_contents for c in cells if isinstance(c.cell_contents, list))
     bufs = next(c.cell_contents for c in cells if isinstance(c.cell_contents, dict))
@@ -481,11 +462,7 @@ def test_kv_only_graphs_are_built_only_where_they_can_replay(patched_release, mo
         captured.clear()
         w = worker(**kw)
         build(w, args)
-        assert w._fallback_kv_only_graphs is None and not captured, kw
-    monkeypatch.setenv("SPECTOOL_FALLBACK_KV_ONLY_GRAPH", "0")
-    w = worker()
-    build(w, args)
-    assert w._fallback_kv_only_graphs is None and not captured
+        assert w._spec_fallback.kv_only_graphs is None and not captured, kw
 
 
 EXTEND = SimpleNamespace(is_idle=lambda: False)  # ForwardMode.EXTEND, as both functions read it
@@ -543,8 +520,7 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_
     pool = SimpleNamespace(set_kv_buffer=lambda *a: writes.append(a))
     dw = SimpleNamespace(draft_runner=SimpleNamespace(model=SimpleNamespace(model=model), token_to_kv_pool=pool),
                          _draft_extend_for_prefill=lambda *a: pytest.fail("the full draft prefill ran"))
-    worker = SimpleNamespace(device="cpu", topk=1, draft_worker=dw, _fallback_kv_only_above=2, _fallback_kv_only_prefill=True,
-                             _fallback_active=False, _fallback_stats={"last_batch_size": 0})
+    worker = SimpleNamespace(device="cpu", topk=1, draft_worker=dw, _spec_fallback=fallback_state_class(tree)(kv_only_above=2))
     bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_kv_only_prefill_applies", "_spec_fallback_kv_only_write",
                  "_spec_fallback_kv_only_flush",
                  "_spec_fallback_zero_draft_input", "_spec_fallback_constant", "_spec_fallback_eligible")
@@ -561,30 +537,31 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_
     for name in ("topk_p", "topk_index", "hidden_states"):
         got, want = getattr(out, name), getattr(ref_out, name)
         assert got.shape == want.shape and got.dtype == want.dtype and not got.any(), name
-    assert worker._fallback_stats["draft_kv_only_prefills"] == 1
+    assert worker._spec_fallback.stats["draft_kv_only_prefills"] == 1
 
 
 def test_kv_only_prefill_only_when_the_steps_after_it_fall_back(patched_release):
     """More than the margin above T, counting the running batch only while the fallback is
-    on; never for grammars, logprobs, multimodal inputs, or with the switch off."""
+    on; never for grammars, logprobs, multimodal inputs, or without the KV-only sync."""
     torch = pytest.importorskip("torch")
-    path = patched_release("0.5.12") / WORKER
+    tree = patched_release("0.5.12")
+    path = tree / WORKER
     ns = {"ForwardMode": SimpleNamespace(EXTEND="EXTEND")}
     applies = load_function(path, "EAGLEWorkerV2._spec_fallback_kv_only_prefill_applies", ns)
 
-    def case(n=3, above=2, active=False, last=0, switch=True, mm=None, **flags):
+    def case(n=3, above=2, active=False, last=0, mm=None, **flags):
         batch = SimpleNamespace(seq_lens=torch.zeros(n), forward_mode="EXTEND", has_grammar=False, return_logprob=False,
                                 multimodal_inputs=[None] * n)
         for k, val in flags.items():
             setattr(batch, k, val)
-        w = SimpleNamespace(_fallback_kv_only_above=above, _fallback_kv_only_prefill=switch, _fallback_active=active,
-                            _fallback_stats={"last_batch_size": last})
+        w = SimpleNamespace(_spec_fallback=fallback_state_class(tree)(kv_only_above=above, active=active))
+        w._spec_fallback.stats["last_batch_size"] = last
         bind_methods(path, "EAGLEWorkerV2", ns, w, "_spec_fallback_eligible")  # the decode steps' rule
         return applies(w, batch, mm)
 
     assert case() and not case(n=2)
     assert case(n=2, active=True, last=1) and not case(n=2, active=False, last=9)
-    assert not case(above=None) and not case(switch=False) and not case(mm=object())
+    assert not case(above=None) and not case(mm=object())
     assert not case(has_grammar=True) and not case(return_logprob=True) and not case(return_hidden_states=True)
     assert not case(forward_mode="MIXED") and not case(multimodal_inputs=[None, object(), None])
 
@@ -593,24 +570,22 @@ def test_an_engine_without_the_flag_runs_the_release_prefill(patched_release):
     """Patched but with no threshold set (every engine whose user has not opted in, and the
     bench's A1): the prefill hook hands the draft's half to the release's own
     _draft_extend_for_prefill, the decode hook declines, the verify-complete hook counts
-    nothing. The worker's real _spec_fallback_init runs first: on session 9's first H200
-    bench such an engine crashed on its first prefill, reading an attribute that only a set
-    threshold created."""
+    nothing. The worker's real _spec_fallback_init runs first, with the release's default
+    server args: the hooks must read only what it sets for such an engine."""
     torch = pytest.importorskip("torch")
-    import collections
     import logging
-    import os
 
-    path = patched_release("0.5.12") / WORKER
-    ns = {"torch": torch, "collections": collections, "os": os, "logger": logging.getLogger("test"),
-          "ForwardMode": SimpleNamespace(EXTEND=EXTEND)}
+    tree = patched_release("0.5.12")
+    path = tree / WORKER
+    ns = {"torch": torch, "logger": logging.getLogger("test"), "ForwardMode": SimpleNamespace(EXTEND=EXTEND),
+          "SpecFallbackState": fallback_state_class(tree)}
     calls = []
     worker = SimpleNamespace(_target_worker=SimpleNamespace(tp_rank=0), draft_worker=SimpleNamespace(
         _draft_extend_for_prefill=lambda *a: calls.append(a) or "the release's draft input"))
     bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_init", "_spec_fallback_should_run",
                  "_spec_fallback_on_verify", "_spec_fallback_kv_only_prefill_applies", "_spec_fallback_eligible",
                  "_spec_fallback_kv_only_flush")
-    worker._spec_fallback_init(SimpleNamespace())  # a ServerArgs without the threshold flag
+    worker._spec_fallback_init(server_args(server_args_class(tree, {})))
     prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
     batch, tokens = _prefill_batch(torch)
     hidden = torch.zeros(11, 3 * H)
@@ -621,36 +596,22 @@ def test_an_engine_without_the_flag_runs_the_release_prefill(patched_release):
                              seq_lens=torch.zeros(64))
     assert worker._spec_fallback_should_run(decode) is False
     worker._spec_fallback_on_verify([1, 2])  # the verify-complete hook: nothing pending, nothing counted
-    assert worker._fallback_stats["spec_steps"] == 0 and worker._fallback_stats["phases"] == []
+    assert worker._spec_fallback.stats["spec_steps"] == 0 and worker._spec_fallback.stats["phases"] == []
 
 
-@pytest.mark.parametrize("cached", [True, False])
-def test_zero_draft_inputs_come_from_one_buffer_per_engine(cached, patched_release, monkeypatch):
+def test_zero_draft_inputs_come_from_one_buffer_per_engine(patched_release):
     """The zeros a KV-only step hands the scheduler (the next draft input) are views of
-    buffers filled once, reused while batches fit and made again, larger, for a larger batch;
-    with SPECTOOL_FALLBACK_CACHED_INPUTS=0 every call fills new tensors (the same-run control).
-    Both give the same values, shapes and dtypes, which is what the FutureMap copies."""
+    buffers filled once, reused while batches fit and made again, larger, for a larger batch,
+    with the values, shapes and dtypes the FutureMap copies."""
     torch = pytest.importorskip("torch")
     tree = patched_release("0.5.12")
-    if not cached:
-        monkeypatch.setenv("SPECTOOL_FALLBACK_CACHED_INPUTS", "0")
-    # The switch is read where the engine builds its fallback graphs: run that line of the
-    # real method by stopping right after it (the first backend it asks for).
-    stop = RuntimeError("stop after the switches")
     worker = SimpleNamespace(
-        device="cpu", topk=1,
-        _target_worker=SimpleNamespace(model_runner=SimpleNamespace()),
-        _spec_fallback_plain_attn_backend=lambda runner: (_ for _ in ()).throw(stop),
+        device="cpu", topk=1, _spec_fallback=fallback_state_class(tree)(),
         draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(model=SimpleNamespace(model=SimpleNamespace(
             embed_tokens=SimpleNamespace(weight=torch.zeros(V, H, dtype=torch.bfloat16)))))),
     )
-    ns = {"torch": torch, "os": __import__("os")}
-    bind_methods(tree / WORKER, "EAGLEWorkerV2", ns, worker,
-                 "_spec_fallback_build_decode_graph", "_spec_fallback_zero_draft_input", "_spec_fallback_constant")
-    with pytest.raises(RuntimeError, match="stop after"):
-        worker._spec_fallback_build_decode_graph(SimpleNamespace())
-    assert (worker._fallback_constants == {}) is cached and (worker._fallback_constants is None) is not cached
-
+    bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker,
+                 "_spec_fallback_zero_draft_input", "_spec_fallback_constant")
     first, second, bigger = SimpleNamespace(), SimpleNamespace(), SimpleNamespace()
     worker._spec_fallback_zero_draft_input(first, 4)
     worker._spec_fallback_zero_draft_input(second, 3)
@@ -660,8 +621,7 @@ def test_zero_draft_inputs_come_from_one_buffer_per_engine(cached, patched_relea
         assert nxt.topk_index.shape == (bs, 1) and nxt.topk_index.dtype == torch.int64 and not nxt.topk_index.any()
         assert nxt.hidden_states.shape == (bs, H) and nxt.hidden_states.dtype == torch.bfloat16
         assert not nxt.hidden_states.any()
-    shared = second.hidden_states.data_ptr() == first.hidden_states.data_ptr()
-    assert shared is cached, "a batch that fits reuses the buffer (cached) / fills anew (control)"
+    assert second.hidden_states.data_ptr() == first.hidden_states.data_ptr(), "a batch that fits reuses the buffer"
     assert bigger.hidden_states.data_ptr() != first.hidden_states.data_ptr()
     assert first.hidden_states.shape == (4, H) and not first.hidden_states.any(), "earlier views stay valid"
     ones = worker._spec_fallback_constant("accept_lens", 5, (), torch.int32, 1)
@@ -678,7 +638,7 @@ def test_queued_rows_are_kept_by_reference_and_written_once_per_replay(patched_r
     worker, seen = _stash_worker(tree, torch, graphs=(8, 16), defer=2)
     tokens, hidden, positions, loc = _step(torch, 0, 3)
     assert worker._spec_fallback_kv_only_stash(tokens.to(torch.int64), hidden, positions, loc) and not seen
-    captured = worker._fallback_kv_only_graphs
+    captured = worker._spec_fallback.kv_only_graphs
     assert captured["pending"]["loc"][0] is loc and (captured["bufs"]["hidden"][:3] == 0).all()
     assert captured["bufs"]["loc"][:3].tolist() == [9, 9, 9], "the slots wait for the replay"
     worker._spec_fallback_kv_only_stash(*_step(torch, 3, 3))

@@ -5,6 +5,7 @@ patched functions with their collaborators simulated."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from types import SimpleNamespace
 
@@ -12,6 +13,8 @@ import pytest
 
 from spectool import api
 from spectool.testing import load_function
+
+from .sglang_source import disable_flags_parser, server_args, server_args_class
 
 pytestmark = pytest.mark.network
 
@@ -82,10 +85,46 @@ def test_deepgemm_opt_out(trees, version):
 
 def test_seed_validation_tells_how_to_enable_spec_v2(trees):
     env = SimpleNamespace(SGLANG_ENABLE_SPEC_V2=SimpleNamespace(get=lambda: False))
-    fn = load_function(trees["0.5.8"] / "sglang/srt/server_args.py", "ServerArgs._validate_speculative_disable_threshold",
-                       {"envs": env, "logger": logging.getLogger("t")})
-    args = SimpleNamespace(speculative_disable_batch_size_threshold=8, speculative_disable_batch_size_hysteresis=0,
-                           speculative_algorithm="EAGLE3", disable_overlap_schedule=False, speculative_eagle_topk=1,
-                           enable_dp_attention=False, max_running_requests=None)
+    cls = server_args_class(trees["0.5.8"], {"envs": env, "logger": logging.getLogger("t")})
+    args = server_args(cls, speculative_disable_batch_size_threshold=8, speculative_algorithm="EAGLE3",
+                       speculative_eagle_topk=1)
     with pytest.raises(ValueError, match="SGLANG_ENABLE_SPEC_V2"):
-        fn(args)
+        args._validate_speculative_disable_threshold()
+
+
+@pytest.mark.parametrize("version", ["0.5.6.post2", "0.5.10"])
+def test_seed_has_the_same_flags_and_refuses_the_same_values(trees, version):
+    """The era's ServerArgs takes every flag 0.5.12 has (a command line works on both) and
+    refuses a hysteresis of the threshold or more."""
+    env = SimpleNamespace(SGLANG_ENABLE_SPEC_V2=SimpleNamespace(get=lambda: True))
+    cls = server_args_class(trees[version], {"envs": env, "logger": logging.getLogger("t")})
+    parser = disable_flags_parser(trees[version], cls)
+    assert sorted(a.dest for a in parser._actions[1:]) == sorted(
+        f.name for f in dataclasses.fields(cls) if f.name.startswith("speculative_disable_"))
+    assert len(parser._actions) == 6
+    args = server_args(cls, speculative_disable_batch_size_threshold=8, speculative_disable_batch_size_hysteresis=8,
+                       speculative_algorithm="EAGLE3", speculative_eagle_topk=1)
+    with pytest.raises(ValueError, match=r"hysteresis must be 0 or below the threshold \(8\), got 8"):
+        args._validate_speculative_disable_threshold()
+
+
+def test_seed_worker_says_the_draft_sync_flags_have_no_effect(trees, caplog):
+    """This era's draft KV sync is always the one-token draft extend: a draft-sync flag set
+    to anything but its default is named in a warning at start-up."""
+    tree = trees["0.5.10"]
+    cls = server_args_class(tree, {})
+    worker = "sglang/srt/speculative/eagle_worker_v2.py"
+    build = load_function(tree / worker, "EAGLEWorkerV2._spec_fallback_build",
+                          {"ServerArgs": cls, "logger": logging.getLogger("t")})
+    stop = RuntimeError("stop after the flags")  # the graph capture that follows needs a GPU
+    for values, named in (({}, []), ({"speculative_disable_kv_only_margin": None,
+                                      "speculative_disable_draft_decode_min_bs": 1},
+                                     ["--speculative-disable-draft-decode-min-bs", "--speculative-disable-kv-only-margin"])):
+        caplog.clear()
+        w = SimpleNamespace(_spec_fallback=None, _target_worker=SimpleNamespace(model_runner=None),
+                            _spec_fallback_plain_attn_backend=lambda runner: (_ for _ in ()).throw(stop))
+        with caplog.at_level(logging.WARNING), pytest.raises(RuntimeError, match="stop after"):
+            build(w, server_args(cls, speculative_disable_batch_size_threshold=8, **values))
+        assert [m for m in caplog.messages if "has no effect" in m] == [
+            f"spec-fallback: {flag} has no effect on this SGLang: its draft KV sync is always a one-token draft extend"
+            for flag in named]

@@ -1,18 +1,23 @@
-"""The era-independent half of the fallback: decision, counters, observability.
+"""The era-independent half of the fallback: its state, the decision, counters, and the
+target step and draft KV sync that both eras share.
 
-Inserted into EAGLEWorkerV2 of every supported SGLang release. Everything here depends only
-on the batch (size, grammar, logprob and hidden-state flags), which every tensor-parallel
-rank receives identically, so all ranks take the same branch; the hysteresis state is
-updated from the same inputs on every rank. The era-specific half (how one plain decode step
-is returned, graph capture) is in v0_5_12/worker.py and seed/worker.py; the target step and
-the draft KV sync below are the same in both eras.
+Inserted into sglang/srt/speculative/eagle_worker_v2.py of every supported release: the
+SpecFallbackState dataclass at module level, the EAGLEWorkerV2 methods below in source order,
+and the hooks into __init__, forward_batch_generation and on_verify_complete_cpu. The decision
+depends only on the batch (size, grammar, logprob and hidden-state flags), which every
+tensor-parallel rank receives identically, so all ranks take the same branch; the hysteresis
+state is updated from the same inputs on every rank. The era-specific half (how one plain
+decode step is returned, what is captured at start-up) is v0_5_12/worker.py or seed/worker.py.
 """
 
 import collections
+import dataclasses
 import json
 import logging
 import os
+import threading
 import time
+from typing import Any, Optional
 
 import torch
 
@@ -39,60 +44,152 @@ def decode_hook(self, model_worker_batch):
     self._spec_fallback_kv_only_flush("spec")  # a speculative step reads the draft KV
 
 
-class EAGLEWorkerV2:
-    def _spec_fallback_init(self, server_args):
-        """spectool spec-fallback: read the threshold, prepare counters and the decode graph."""
-        self._fallback_threshold = getattr(
-            server_args, "speculative_disable_batch_size_threshold", None
-        )
-        self._fallback_hysteresis = (
-            getattr(server_args, "speculative_disable_batch_size_hysteresis", 0) or 0
-        )
-        self._fallback_active = False
-        self._fallback_stats = {
+@dataclasses.dataclass
+class SpecFallbackState:
+    """The dynamic speculation disable of one EAGLEWorkerV2: its settings (the
+    --speculative-disable-* server args), the decision's state, what start-up built for plain
+    decode steps, and its counters.
+
+    The counters are changed under `lock` by the scheduler thread; with a stats file
+    (SPECTOOL_FALLBACK_STATS) a daemon thread rewrites it every STATS_INTERVAL_S seconds from
+    a consistent copy, so the file is never more than that behind the last step, and no step
+    has to come after a change for it to be written."""
+
+    STATS_INTERVAL_S = 0.5
+
+    # Settings. threshold None: the flag is unset and the release's own path always runs.
+    threshold: Optional[int] = None
+    hysteresis: int = 0
+    draft_decode_min_bs: Optional[int] = None  # the draft sync is a DECODE forward from here
+    kv_only_above: Optional[int] = None  # the draft sync writes only K/V above this batch
+    kv_only_steps_per_replay: int = 1
+    # Drafting is off; it comes back at threshold - hysteresis.
+    active: bool = False
+    # Built at start-up: the target's decode backend and graph, the draft's.
+    attn_backend: Any = None
+    graph_runner: Any = None
+    draft_attn_backend: Any = None
+    draft_extend_runner: Any = None
+    kv_only_graphs: Optional[dict] = None  # graphs, static buffers and queued rows
+    constants: dict = dataclasses.field(default_factory=dict)
+    # Counters. `phases`: one entry per run of steps in one mode; acceptance is counted per
+    # phase, so a stale draft cache after a switch shows up as a drop in the next spec phase.
+    stats: dict = dataclasses.field(
+        default_factory=lambda: {
             "fallback_steps": 0,
             "spec_steps": 0,
             "switches_to_fallback": 0,
             "switches_to_spec": 0,
             "fallback_requests": 0,
             "last_batch_size": 0,
-            # One entry per run of steps in one mode; acceptance is measured per phase, so a
-            # stale draft cache after a switch shows up as a drop in the next spec phase.
             "phases": [],
             "phase_count": 0,
         }
-        # Phase ids of steps whose results the scheduler has not reported yet (bounded: a
-        # release without the on_verify_complete_cpu hook never pops).
-        self._fallback_modes = collections.deque(maxlen=4096)
-        # One writer per engine: rank 0. StandaloneWorkerV2 (0.5.12) sets no tp_rank of its
-        # own, so the rank comes from the target worker, which every release gives one; at
-        # TP=2 both ranks once wrote the same file and one crashed on the other's rename.
+    )
+    # The phase id of each step whose result the scheduler has not reported yet (bounded: a
+    # release without the on_verify_complete_cpu hook never pops).
+    pending_phases: Any = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=4096)
+    )
+    lock: Any = dataclasses.field(default_factory=threading.Lock)
+    stats_path: Optional[str] = None  # where publish_stats writes them
+
+    def record_step(self, bs, fallback, switched):
+        """Count one decode step of `bs` requests in its phase, and a switch of `active`."""
+        mode = "fallback" if fallback else "spec"
+        stats = self.stats
+        with self.lock:
+            phases = stats["phases"]
+            if not phases or phases[-1]["mode"] != mode:
+                stats["phase_count"] += 1
+                phases.append({"id": stats["phase_count"], "mode": mode,
+                               "steps": 0, "reqs": 0, "correct_drafts": 0})
+                del phases[:-200]
+            phases[-1]["steps"] += 1
+            stats["last_batch_size"] = bs
+            if switched:
+                stats["switches_to_fallback" if self.active else "switches_to_spec"] += 1
+            if fallback:
+                stats["fallback_steps"] += 1
+                stats["fallback_requests"] += bs
+            else:
+                stats["spec_steps"] += 1
+            self.pending_phases.append(phases[-1]["id"])
+
+    def record_verify(self, num_correct_drafts_per_req):
+        """Result-side counters: the scheduler reports accept counts in step order, so the
+        oldest pending step's phase is the one this result belongs to."""
+        with self.lock:
+            if not self.pending_phases:
+                return
+            phase_id = self.pending_phases.popleft()
+            for phase in reversed(self.stats["phases"]):
+                if phase["id"] == phase_id:
+                    phase["reqs"] += len(num_correct_drafts_per_req)
+                    phase["correct_drafts"] += sum(num_correct_drafts_per_req)
+                    break
+
+    def count(self, name, key=None):
+        """One more `name` in the counters (or `name[key]`, a count per cause)."""
+        with self.lock:
+            if key is None:
+                self.stats[name] = self.stats.get(name, 0) + 1
+            else:
+                per_key = self.stats.setdefault(name, {})
+                per_key[key] = per_key.get(key, 0) + 1
+
+    def write_stats(self, path):
+        """Write the counters to `path` (JSON, replaced atomically), with `written_at`
+        (time.time()): a reader that waited for a write after its last request knows the
+        file holds every step before that."""
+        with self.lock:
+            text = json.dumps({**self.stats, "written_at": time.time()})
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+
+    def publish_stats(self, path):
+        """Write the counters to `path` now, then every STATS_INTERVAL_S seconds from a
+        daemon thread while stats_path is `path`."""
+        self.stats_path = path
+        self.write_stats(path)
+
+        def publish():
+            while True:
+                time.sleep(self.STATS_INTERVAL_S)
+                if self.stats_path != path:
+                    return
+                self.write_stats(path)
+
+        threading.Thread(target=publish, name="spec-fallback-stats", daemon=True).start()
+
+
+class EAGLEWorkerV2:
+    def _spec_fallback_init(self, server_args):
+        """Read the fallback's settings; with a threshold, build its decode step and start
+        its counters file (SPECTOOL_FALLBACK_STATS, written by TP rank 0 only)."""
+        state = self._spec_fallback = SpecFallbackState(
+            threshold=server_args.speculative_disable_batch_size_threshold,
+            hysteresis=server_args.speculative_disable_batch_size_hysteresis,
+        )
+        if state.threshold is None:
+            return
+        self._spec_fallback_build(server_args)
+        # StandaloneWorkerV2 sets no tp_rank of its own: the rank comes from its target
+        # worker, which every release gives one.
         rank = getattr(self, "tp_rank", None)
         if rank is None:
             rank = getattr(getattr(self, "_target_worker", None), "tp_rank", 0)
-        self._fallback_stats_path = (
-            os.environ.get("SPECTOOL_FALLBACK_STATS") if rank == 0 else None
-        )
-        self._fallback_publish_interval = float(
-            os.environ.get("SPECTOOL_FALLBACK_STATS_INTERVAL", "0.5")
-        )
-        self._fallback_last_publish = 0.0
-        self._fallback_attn_backend = None
-        self._fallback_graph_runner = None
-        self._fallback_draft_extend_runner = None
-        # Read by the prefill hook of every engine, flag set or not (the era's KV-only init sets
-        # it when there is a threshold): an engine without the flag crashed on its first
-        # prefill when only that init set it (the bench's A1, session 9).
-        self._fallback_kv_only_above = None
-        if self._fallback_threshold is None:
-            return
-        self._spec_fallback_build_decode_graph(server_args)
+        stats_path = os.environ.get("SPECTOOL_FALLBACK_STATS")
+        if stats_path and rank == 0:
+            state.publish_stats(stats_path)
         logger.info(
             "spec-fallback: drafting is switched off above %d requests per decode batch "
             "(back on at <= %d); decode CUDA graph: %s",
-            self._fallback_threshold,
-            self._fallback_threshold - self._fallback_hysteresis,
-            "yes" if self._fallback_graph_runner is not None else "no (eager)",
+            state.threshold,
+            state.threshold - state.hysteresis,
+            "yes" if state.graph_runner is not None else "no (eager)",
         )
 
     def _spec_fallback_plain_attn_backend(self, runner):
@@ -124,75 +221,38 @@ class EAGLEWorkerV2:
 
     def _spec_fallback_should_run(self, batch):
         """Decide per decode step; identical on every TP rank (depends on the batch only)."""
-        threshold = self._fallback_threshold
+        state = self._spec_fallback
         if (
-            threshold is None
+            state.threshold is None
             or batch.forward_mode.is_idle()
             or batch.spec_info is None
         ):
             return False
         bs = len(batch.seq_lens)
-        if self._fallback_active:
-            active = bs > threshold - self._fallback_hysteresis
+        if state.active:
+            active = bs > state.threshold - state.hysteresis
         else:
-            active = bs > threshold
+            active = bs > state.threshold
         take = active and self._spec_fallback_eligible(batch)
-        stats = self._fallback_stats
-        mode = "fallback" if take else "spec"
-        phases = stats["phases"]
-        if not phases or phases[-1]["mode"] != mode:
-            stats["phase_count"] += 1
-            phases.append({"id": stats["phase_count"], "mode": mode,
-                           "steps": 0, "reqs": 0, "correct_drafts": 0})
-            del phases[:-200]
-        phases[-1]["steps"] += 1
-        self._fallback_modes.append(phases[-1]["id"])
-        stats["last_batch_size"] = bs
-        if active != self._fallback_active:
-            self._fallback_active = active
-            key = "switches_to_fallback" if active else "switches_to_spec"
-            stats[key] += 1
+        switched = active != state.active
+        if switched:
             logger.info(
                 "spec-fallback: decode batch of %d requests, drafting %s "
                 "(fallback steps %d, speculative steps %d so far)",
                 bs,
                 "OFF" if active else "ON",
-                stats["fallback_steps"],
-                stats["spec_steps"],
+                state.stats["fallback_steps"],
+                state.stats["spec_steps"],
             )
-        if take:
-            stats["fallback_steps"] += 1
-            stats["fallback_requests"] += bs
-        else:
-            stats["spec_steps"] += 1
-        if self._fallback_stats_path:
-            self._spec_fallback_publish_stats()
+        state.active = active
+        state.record_step(bs, take, switched)
         return take
 
     def _spec_fallback_on_verify(self, num_correct_drafts_per_req):
-        """Result-side counters: the scheduler reports accept counts in step order, so the
-        oldest pending step's phase is the one this result belongs to."""
-        if not getattr(self, "_fallback_modes", None):
-            return
-        phase_id = self._fallback_modes.popleft()
-        for phase in reversed(self._fallback_stats["phases"]):
-            if phase["id"] == phase_id:
-                phase["reqs"] += len(num_correct_drafts_per_req)
-                phase["correct_drafts"] += sum(num_correct_drafts_per_req)
-                break
-
-    def _spec_fallback_publish_stats(self):
-        """Counters for tests and dashboards: a JSON file named by SPECTOOL_FALLBACK_STATS,
-        rewritten at most every SPECTOOL_FALLBACK_STATS_INTERVAL seconds (default 0.5)."""
-        now = time.monotonic()
-        if now - self._fallback_last_publish < self._fallback_publish_interval:
-            return
-        self._fallback_last_publish = now
-        path = self._fallback_stats_path
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self._fallback_stats, f)
-        os.replace(tmp, path)
+        """The scheduler's accept counts of one step, counted in that step's phase."""
+        state = getattr(self, "_spec_fallback", None)
+        if state is not None:
+            state.record_verify(num_correct_drafts_per_req)
 
     def _spec_fallback_target_decode(self, batch, input_ids, new_seq_lens=None):
         """One plain DECODE step of the target over `input_ids` (one token per request), on
@@ -204,6 +264,7 @@ class EAGLEWorkerV2:
         holds its pre-step lengths again and out_cache_loc = those slots, which is what the
         draft extend over the same tokens needs. `new_seq_lens`: the lengths + 1 if the
         caller has them already (one kernel fewer)."""
+        state = self._spec_fallback
         batch.seq_lens.record_stream(
             torch.get_device_module(self.device).current_stream()
         )
@@ -214,8 +275,8 @@ class EAGLEWorkerV2:
         pre_step = self._spec_fallback_as_decode(batch, input_ids, new_seq_lens)
         mr = self._target_worker.model_runner
         saved = (mr.attn_backend, mr.graph_runner)
-        mr.attn_backend = self._fallback_attn_backend
-        mr.graph_runner = self._fallback_graph_runner
+        mr.attn_backend = state.attn_backend
+        mr.graph_runner = state.graph_runner
         try:
             target_out = self._target_worker.forward_batch_generation(batch)
         finally:

@@ -56,6 +56,12 @@ class module_functions:  # noqa: N801 - a container: its body is inserted at mod
             raise ValueError(
                 f"--speculative-disable-batch-size-threshold must be >= 0 (got {threshold})."
             )
+        hysteresis = getattr(server_args, "speculative_disable_batch_size_hysteresis", 0)
+        if hysteresis < 0 or (hysteresis > 0 and hysteresis >= threshold):
+            raise ValueError(
+                "--speculative-disable-batch-size-hysteresis must be 0 or below the threshold "
+                f"({threshold}), got {hysteresis}."
+            )
         algorithm = server_args.speculative_algorithm
         topk = getattr(server_args, "speculative_eagle_topk", None)
         if algorithm not in ("EAGLE", "EAGLE3") or topk not in (None, 1):
@@ -72,7 +78,7 @@ class module_functions:  # noqa: N801 - a container: its body is inserted at mod
                 "--speculative-disable-batch-size-threshold writes its own adaptive config; "
                 "do not combine it with --speculative-adaptive-config."
             )
-        if getattr(server_args, "speculative_disable_batch_size_hysteresis", 0):
+        if hysteresis:
             logger.warning(
                 "--speculative-disable-batch-size-hysteresis is ignored on this SGLang: "
                 "upstream's batch-size tiers switch without hysteresis."
@@ -82,8 +88,8 @@ class module_functions:  # noqa: N801 - a container: its body is inserted at mod
         config = {"1": {"candidate_steps": [steps], **tier}}
         config[str(threshold + 1)] = {"candidate_steps": [0], **tier}
         if threshold == 0:
-            # Upstream requires --speculative-num-steps among the candidate steps (measured
-            # on 0.5.17: start-up fails otherwise), so it sits on a tier no batch can reach.
+            # Upstream requires --speculative-num-steps among the candidate steps (start-up
+            # fails otherwise), so it sits on a tier no batch can reach.
             config = {
                 "1": {"candidate_steps": [0], **tier},
                 str(2**31 - 1): {"candidate_steps": [steps], **tier},

@@ -1,5 +1,5 @@
-"""Threshold flag for the classic ServerArgs (0.5.6.post2 to 0.5.14): a dataclass field plus
-an argparse flag, validated at the end of _handle_speculative_decoding.
+"""Flags of the dynamic speculation disable for the classic ServerArgs (0.5.6.post2 to 0.5.14):
+dataclass fields plus argparse flags, validated at the end of _handle_speculative_decoding.
 
 Both a field and an ``add_argument`` are needed in this style: ``from_cli_args`` reads every
 dataclass field from the argparse namespace.
@@ -14,9 +14,24 @@ from sglang.srt.environ import envs
 logger = logging.getLogger(__name__)
 
 
+def int_or_off(value: str) -> Optional[int]:
+    """argparse type of a count that can be switched off: a whole number, or 'off' (None)."""
+    if value.strip().lower() == "off":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number or 'off', got {value!r}"
+        ) from None
+
+
 class ServerArgsFields:
     speculative_disable_batch_size_threshold: Optional[int] = None
     speculative_disable_batch_size_hysteresis: int = 0
+    speculative_disable_draft_decode_min_bs: Optional[int] = 16
+    speculative_disable_kv_only_margin: Optional[int] = 0
+    speculative_disable_kv_only_steps_per_replay: int = 4
 
 
 def add_cli_args(parser: argparse.ArgumentParser):
@@ -33,7 +48,31 @@ def add_cli_args(parser: argparse.ArgumentParser):
         type=int,
         default=ServerArgs.speculative_disable_batch_size_hysteresis,
         help="Once drafting is off, turn it back on only when the decode batch is at most "
-        "threshold - hysteresis requests (avoids flapping at the boundary). Default: 0.",
+        "threshold - hysteresis requests (avoids flapping at the boundary); 0 or below the "
+        "threshold. Default: 0.",
+    )
+    parser.add_argument(
+        "--speculative-disable-draft-decode-min-bs",
+        type=int_or_off,
+        default=ServerArgs.speculative_disable_draft_decode_min_bs,
+        help="While drafting is off, keep the draft KV cache in sync with a plain decode "
+        "forward of the draft from this many requests up, and with a one-token draft extend "
+        "below; 'off' always uses the draft extend. Default: 16.",
+    )
+    parser.add_argument(
+        "--speculative-disable-kv-only-margin",
+        type=int_or_off,
+        default=ServerArgs.speculative_disable_kv_only_margin,
+        help="While drafting is off and the decode batch is more than this many requests "
+        "above the threshold, the draft KV sync writes only the draft layer's K/V (EAGLE-3 "
+        "heads of one layer), not its output; 'off' always runs the draft. Default: 0.",
+    )
+    parser.add_argument(
+        "--speculative-disable-kv-only-steps-per-replay",
+        type=int,
+        default=ServerArgs.speculative_disable_kv_only_steps_per_replay,
+        help="How many decode steps' K/V-only draft syncs are written by one CUDA graph "
+        "replay (1: every step its own). Default: 4.",
     )
 
 
@@ -41,12 +80,31 @@ def call_validation(self):
     self._validate_speculative_disable_threshold()
 
 
-class ServerArgs:
-    speculative_disable_batch_size_threshold: Optional[int] = None
-    speculative_disable_batch_size_hysteresis: int = 0
-
+class ServerArgs(ServerArgsFields):
     def _validate_speculative_disable_threshold(self):
-        """spectool: refuse settings under which the batch-size fallback cannot work."""
+        """Refuse settings under which the dynamic speculation disable cannot work."""
+        for flag, value, least in (
+            (
+                "--speculative-disable-draft-decode-min-bs",
+                self.speculative_disable_draft_decode_min_bs,
+                1,
+            ),
+            (
+                "--speculative-disable-kv-only-margin",
+                self.speculative_disable_kv_only_margin,
+                0,
+            ),
+        ):
+            if value is not None and (not isinstance(value, int) or value < least):
+                raise ValueError(
+                    f"{flag} must be a whole number >= {least} or 'off' (None), got {value!r}."
+                )
+        steps = self.speculative_disable_kv_only_steps_per_replay
+        if not isinstance(steps, int) or steps < 1:
+            raise ValueError(
+                "--speculative-disable-kv-only-steps-per-replay must be a whole number >= 1, "
+                f"got {steps!r}."
+            )
         threshold = self.speculative_disable_batch_size_threshold
         if threshold is None:
             return
@@ -56,10 +114,12 @@ class ServerArgs:
                 "0 means never draft in decode."
             )
         hysteresis = self.speculative_disable_batch_size_hysteresis
-        if hysteresis < 0 or (hysteresis > 0 and hysteresis > threshold):
+        if hysteresis < 0 or (hysteresis > 0 and hysteresis >= threshold):
             raise ValueError(
-                "--speculative-disable-batch-size-hysteresis must be between 0 and the "
-                f"threshold ({threshold}), got {hysteresis}."
+                "--speculative-disable-batch-size-hysteresis must be 0 or below the threshold "
+                f"({threshold}), got {hysteresis}: drafting comes back when the decode batch "
+                "holds at most threshold - hysteresis requests, so a hysteresis of the "
+                "threshold or more would keep it off for good."
             )
         if self.speculative_algorithm not in ("EAGLE", "EAGLE3", "STANDALONE"):
             raise ValueError(

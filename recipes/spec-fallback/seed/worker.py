@@ -1,5 +1,6 @@
 """EAGLEWorkerV2 fallback for the seed era, SGLang 0.5.6.post2 to 0.5.10 (spec v2 behind
-SGLANG_ENABLE_SPEC_V2=1). The decision and counters are in ../common.py.
+SGLANG_ENABLE_SPEC_V2=1): start-up and the decode step (the state, the decision and the
+shared steps are in ../common.py).
 
 What differs from 0.5.12, and how this code handles it:
 
@@ -23,6 +24,7 @@ import torch
 
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.utils.common import fast_topk
@@ -31,10 +33,24 @@ logger = logging.getLogger(__name__)
 
 
 class EAGLEWorkerV2:
-    def _spec_fallback_build_decode_graph(self, server_args):
-        """A second target attention backend plus a DECODE graph runner (1 token/request)."""
+    def _spec_fallback_build(self, server_args):
+        """Start-up: a second target attention backend plus a DECODE graph runner (one
+        token per request). This era's draft KV sync is always the one-token draft extend,
+        so the flags that choose another sync have no effect here: said once, if set."""
+        for name in (
+            "speculative_disable_draft_decode_min_bs",
+            "speculative_disable_kv_only_margin",
+            "speculative_disable_kv_only_steps_per_replay",
+        ):
+            if getattr(server_args, name) != getattr(ServerArgs, name):
+                logger.warning(
+                    "spec-fallback: --%s has no effect on this SGLang: its draft KV sync is "
+                    "always a one-token draft extend",
+                    name.replace("_", "-"),
+                )
+        state = self._spec_fallback
         mr = self._target_worker.model_runner
-        self._fallback_attn_backend = self._spec_fallback_plain_attn_backend(mr)
+        state.attn_backend = self._spec_fallback_plain_attn_backend(mr)
         if server_args.disable_cuda_graph:
             return
         tic = time.perf_counter()
@@ -50,8 +66,8 @@ class EAGLEWorkerV2:
             mr.spec_algorithm = SpeculativeAlgorithm.NONE
             if not self.speculative_algorithm.is_standalone():
                 mr.server_args.enable_return_hidden_states = True
-            mr.attn_backend = self._fallback_attn_backend
-            self._fallback_graph_runner = self._spec_fallback_capture(
+            mr.attn_backend = state.attn_backend
+            state.graph_runner = self._spec_fallback_capture(
                 "a decode CUDA graph",
                 "fallback steps will run eagerly",
                 lambda: CudaGraphRunner(mr),

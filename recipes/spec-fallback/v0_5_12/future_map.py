@@ -1,26 +1,23 @@
-"""spectool spec-fallback, SGLang 0.5.12: the scheduler's FutureMap reads a decode batch's
-next draft input as views of its buffers instead of gathering it.
+"""SGLang 0.5.12: the scheduler's FutureMap reads a decode batch's next draft input as views of
+its buffers instead of gathering it.
 
 The FutureMap (managers/overlap_utils.py) stores each step's next draft input (five tensors)
 in circular buffers at a contiguous interval of slots, and the next step gathers them back
 with `buf[indices]`: five gather kernels per step, where plain decoding's map resolves its
-token ids in one. When the indices are still that interval, the gather is a slice. On the
-H200 at C=64 these are five of the 18 kernels a fallback step runs between two forwards that
-plain decoding does not (docs/performance.md, session 16); a speculative step saves them too.
+token ids in one. When the indices are still that interval, the gather is a slice: fallback
+and speculative steps alike save those kernels.
 """
-
-import os
 
 from sglang.srt.speculative.spec_utils import spec_need_hidden_states
 
 
 def resolve_hook(self, draft_input):
-    if self._spectool_resolve_by_slices(draft_input):
+    if self._resolve_future_as_views(draft_input):
         return
 
 
 class FutureMap:
-    def _spectool_resolve_by_slices(self, draft_input):
+    def _resolve_future_as_views(self, draft_input):
         """Point the draft input at its slots when they are the interval it was stored at:
         views, no kernels. A batch filtered since keeps its interval but fewer indices, and a
         merged batch has none: both are gathered as before. (ScheduleBatch.filter_batch does
@@ -30,17 +27,11 @@ class FutureMap:
 
         Views are safe where copies were: each stored interval is read by one step, and its
         slots are written again only after the circular buffer comes round (three batches
-        of the largest size at least), later on the same stream.
-        SPECTOOL_FUTURE_MAP_VIEWS=0 gathers every batch as the release does (a same-run
-        control: `spectool bench --variant A4G=A4:SPECTOOL_FUTURE_MAP_VIEWS=0`)."""
-        views = getattr(self, "_spectool_views", None)
-        if views is None:  # read once per map
-            views = self._spectool_views = os.environ.get("SPECTOOL_FUTURE_MAP_VIEWS", "1") != "0"
+        of the largest size at least), later on the same stream."""
         future = draft_input.future_indices
         interval = future.interval
         if (
-            not views
-            or interval is None
+            interval is None
             or not self.buf_initialized
             or future.indices.shape[0] != interval.stop - interval.start
         ):

@@ -1,6 +1,5 @@
-"""EAGLEWorkerV2 fallback for SGLang 0.5.12 (the decode step; decision and counters: ../common.py).
-
-Inserted into sglang/srt/speculative/eagle_worker_v2.py. Design (see docs/fallback.md):
+"""EAGLEWorkerV2 fallback for SGLang 0.5.12: start-up and the decode step (the state, the
+decision and the shared steps are in ../common.py).
 
 * Target: one token per request in DECODE mode, through a *second* attention backend and a
   DECODE CUDA graph built once at start-up. In spec mode the target's only graph runner is
@@ -9,35 +8,33 @@ Inserted into sglang/srt/speculative/eagle_worker_v2.py. Design (see docs/fallba
 * Draft: one draft forward over the token the target produced, with the target's EAGLE-3
   hidden states, writes the draft KV at the same slot the spec path would have used and
   yields the next topk_p / topk_index / hidden_states, so drafting can resume on the next
-  step without a cold or stale draft cache. From 16 requests up it is a plain DECODE
-  forward of the draft (a decode attention kernel); below, a one-token DRAFT_EXTEND_V2
-  replaying its own CUDA graph (captured once at one token per request, like upstream's
-  steps-0 tier from 0.5.15) wherever the spec path graphs its draft extend.
+  step without a cold or stale draft cache. From --speculative-disable-draft-decode-min-bs
+  requests up it is a plain DECODE forward of the draft (a decode attention kernel); below, a
+  one-token DRAFT_EXTEND_V2 replaying its own CUDA graph (captured once at one token per
+  request, like upstream's steps-0 tier from 0.5.15) wherever the spec path graphs its draft
+  extend. More than --speculative-disable-kv-only-margin requests above the threshold it
+  writes only the draft layer's K and V.
 * Result: next_token_ids (bs,), speculative_num_draft_tokens=1 (the 0.5.12 consumer reads
   its stride from the result), accept_lens all 1, an EagleDraftInput with bonus_tokens,
   new_seq_lens and verify_done: exactly what the scheduler and FutureMap read.
-* Tensor parallelism: the decision depends only on the batch (size, grammar, logprob and
-  hidden-state flags), which every rank receives identically, so all ranks branch alike.
-  The hysteresis state is updated from the same inputs on every rank.
 * Batches with grammars, logprobs or hidden-state return stay on the speculative path (the
   stated rule), as do idle batches.
 """
 
 import logging
-import os
 import time
 
 import torch
 
-from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.distributed.parallel_state import graph_capture
+from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.speculative.draft_utils import DraftBackendFactory
 from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
     EAGLEDraftExtendCudaGraphRunner,
 )
 from sglang.srt.speculative.eagle_info import EagleDraftInput
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.utils.common import fast_topk
 
@@ -50,21 +47,15 @@ def draft_prefill_call(SELF, BATCH, HIDDEN, TOKENS, MM):
 
 
 class EAGLEWorkerV2:
-    def _spec_fallback_build_decode_graph(self, server_args):
-        """A second target attention backend plus a DECODE graph runner (1 token/request)."""
-        # On by default; SPECTOOL_FALLBACK_EARLY_PLAN=0 restores the spec path's order (the
-        # bench measures the difference with --variant A4L=A4:SPECTOOL_FALLBACK_EARLY_PLAN=0,
-        # docs/performance.md): see _spec_fallback_decode.
-        self._fallback_early_plan = os.environ.get("SPECTOOL_FALLBACK_EARLY_PLAN", "1") != "0"
-        # On by default; SPECTOOL_FALLBACK_CACHED_INPUTS=0 fills them every step (a same-run
-        # control): _spec_fallback_constant.
-        self._fallback_constants = (
-            {} if os.environ.get("SPECTOOL_FALLBACK_CACHED_INPUTS", "1") != "0" else None
-        )
+    def _spec_fallback_build(self, server_args):
+        """Start-up: the draft sync's settings, a second target attention backend, and the
+        CUDA graphs of the fallback step (a DECODE graph of the target at one token per
+        request, the draft's one-token extend, the KV-only sync)."""
+        state = self._spec_fallback
         mr = self._target_worker.model_runner
-        self._fallback_attn_backend = self._spec_fallback_plain_attn_backend(mr)
-        self._spec_fallback_init_draft_decode()
-        self._spec_fallback_init_draft_kv_only()
+        state.attn_backend = self._spec_fallback_plain_attn_backend(mr)
+        self._spec_fallback_init_draft_decode(server_args)
+        self._spec_fallback_init_draft_kv_only(server_args)
         if server_args.disable_cuda_graph:
             return
         tic = time.perf_counter()
@@ -77,10 +68,10 @@ class EAGLEWorkerV2:
             mr.spec_algorithm = SpeculativeAlgorithm.NONE
             if not self.speculative_algorithm.is_standalone():
                 mr.server_args.enable_return_hidden_states = True
-            self._fallback_graph_runner = self._spec_fallback_capture(
+            state.graph_runner = self._spec_fallback_capture(
                 "a decode CUDA graph",
                 "fallback steps will run eagerly",
-                lambda: CudaGraphRunner(mr, attn_backend=self._fallback_attn_backend),
+                lambda: CudaGraphRunner(mr, attn_backend=state.attn_backend),
             )
         finally:
             mr.spec_algorithm, mr.server_args.enable_return_hidden_states = saved
@@ -91,84 +82,46 @@ class EAGLEWorkerV2:
             time.perf_counter() - tic,
         )
 
-    def _spec_fallback_init_draft_decode(self):
-        """From SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS requests up (default 16; `off` never),
-        sync the draft KV with a DECODE forward on a plain draft attention backend instead
-        of the one-token DRAFT_EXTEND_V2. Profiled on the H200 (results/profile-0.5.12): with
-        triton attention the extend kernel spent 1.18 ms per step at 256 requests on
-        one-token queries (a tile of query rows per request, one of them used), most of the
-        fallback's extra GPU time; a decode kernel reads the same KV once. Measured
-        (results/bench-0.5.12-draft-decode): A4/A0 0.940 -> 0.958 at C=16, 0.926 -> 0.939 at
-        64, 0.900 -> 0.943 at 256, tokens exact (results/verify-0.5.12-draft-decode). The
-        decode forward is eager, so below 16 requests the extend's CUDA graph is kept."""
-        self._fallback_draft_decode_min_bs = None
-        self._fallback_draft_attn_backend = None
-        min_bs = self._spec_fallback_env_count(
-            "SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS", "16", "the draft KV sync stays a draft extend"
-        )
+    def _spec_fallback_init_draft_decode(self, server_args):
+        """From --speculative-disable-draft-decode-min-bs requests up ('off': never), the
+        draft KV sync is a DECODE forward on a plain draft attention backend instead of the
+        one-token DRAFT_EXTEND_V2: a decode kernel reads each request's KV once, where an
+        extend kernel works on tiles of query rows of which one-token queries use one. The
+        decode forward is eager, so at smaller batches the extend's CUDA graph is kept."""
+        min_bs = server_args.speculative_disable_draft_decode_min_bs
         if min_bs is None:
             return
-        self._fallback_draft_attn_backend = self._spec_fallback_plain_attn_backend(
+        state = self._spec_fallback
+        state.draft_attn_backend = self._spec_fallback_plain_attn_backend(
             self.draft_worker.draft_runner
         )
-        self._fallback_draft_decode_min_bs = min_bs
+        state.draft_decode_min_bs = min_bs
 
-    def _spec_fallback_init_draft_kv_only(self):
-        """While the batch is more than M requests above the threshold
-        (SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN, default 0; `off`: never), the draft KV sync
-        computes only what the draft's KV cache holds, the K and V of its one layer, not the
-        draft's output. Measured on the H200 (results/bench-0.5.12-kv-only, same run, T=0):
-        A4/A0 0.921 -> 0.977 at C=64, 0.957 -> 0.977 at C=256; golden tokens exact.
+    def _spec_fallback_init_draft_kv_only(self, server_args):
+        """While the batch is more than --speculative-disable-kv-only-margin requests above
+        the threshold ('off': never), the draft KV sync computes only what the draft's KV
+        cache holds, the K and V of its one layer, not the draft's output.
 
         The output (top-k and hidden state for the next draft) matters only if the next step
-        speculates, which it can only do from within M of the threshold, where the full
-        forward runs. If the batch falls further in one step, that speculative step drafts
-        from zeros: its drafts are rejected, the tokens stay the target's, and the spec
-        path's own draft extend reseeds the next draft. EAGLE-3 heads of one layer only.
-        The default was 8 until session 21 measured what the full sync inside it costs: an
-        eager draft forward, 5-7% of plain decoding (A2/A0 0.93-0.95 at T=32, C=40 and at
-        T=48, C=56), where margin 0 kept 0.993 (results/bench-0.5.12-s21-margin). At 0 the
-        full sync runs only inside the hysteresis band (the fallback on, the batch at most T),
+        speculates, which it can only do from within the margin of the threshold, where the
+        full forward runs. If the batch falls further in one step, that speculative step
+        drafts from zeros: its drafts are rejected, the tokens stay the target's, and the
+        spec path's own draft extend reseeds the next draft. At margin 0 the full sync runs
+        only inside the hysteresis band (the fallback on, the batch at most the threshold),
         so --speculative-disable-batch-size-hysteresis is what buys real drafts on the way
-        back under T."""
-        self._fallback_kv_only_above = None
-        # On by default since its non-blocking copy measured 1-2 points above the full draft
-        # prefill (results/bench-0.5.12-kv-prefill-fixed); SPECTOOL_FALLBACK_KV_ONLY_PREFILL=0
-        # turns it off: _spec_fallback_draft_prefill.
-        self._fallback_kv_only_prefill = (
-            os.environ.get("SPECTOOL_FALLBACK_KV_ONLY_PREFILL", "1") != "0"
-        )
-        margin = self._spec_fallback_env_count(
-            "SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN", "0", "the draft runs in full"
-        )
+        back under it. EAGLE-3 heads of one layer only."""
+        margin = server_args.speculative_disable_kv_only_margin
         if margin is None:
             return
         why = self._spec_fallback_kv_only_unsupported()
         if why:
-            # A warning only when asked for by name; the default just says it at info level.
-            asked = "SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN" in os.environ
-            (logger.warning if asked else logger.info)(
-                "spec-fallback: no KV-only draft sync (%s); the draft runs in full", why
-            )
+            logger.info("spec-fallback: no KV-only draft sync (%s); the draft runs in full", why)
             return
-        self._fallback_kv_only_above = self._fallback_threshold + margin
-
-    def _spec_fallback_env_count(self, name, default, otherwise):
-        """A recipe switch from the environment: a whole number, or None for `off` (or for
-        anything else, with a warning that says what happens instead)."""
-        raw = os.environ.get(name, default).strip().lower()
-        if raw == "off":
-            return None
-        try:
-            return int(raw)
-        except ValueError:
-            logger.warning(
-                "spec-fallback: %s=%r is neither a whole number nor 'off'; %s",
-                name,
-                raw,
-                otherwise,
-            )
-            return None
+        state = self._spec_fallback
+        state.kv_only_above = state.threshold + margin
+        state.kv_only_steps_per_replay = (
+            server_args.speculative_disable_kv_only_steps_per_replay
+        )
 
     def _spec_fallback_kv_only_unsupported(self):
         """Why the KV-only sync cannot run on this draft, or None: it needs an EAGLE-3 head of
@@ -212,31 +165,22 @@ class EAGLEWorkerV2:
                     dw, draft_extend_attn_backend=backend, speculative_num_steps=0
                 )
 
-        self._fallback_draft_extend_runner = self._spec_fallback_capture(
+        self._spec_fallback.draft_extend_runner = self._spec_fallback_capture(
             "a one-token draft-extend CUDA graph", "the draft KV sync will run eagerly", capture
         )
 
     def _spec_fallback_build_kv_only_graphs(self, server_args):
         """CUDA graphs of the KV-only draft sync, one per decode-graph batch size above the
         KV-only threshold, replayed on inputs copied into static buffers (padding rows write
-        to the KV pool's dummy slot 0, as padded decode-graph rows do). Eager, the sync is
-        29 small kernels per step: on the H200 about 0.1 ms of the fallback step's 0.27 ms
-        extra at C=64 (results/profile-0.5.12-kv-only). Under tensor parallelism the draft's
-        embedding all-reduces, so the capture runs inside SGLang's graph_capture(), as the
-        release's own graph runners do (its custom all-reduce registers the graphs' buffers
-        on every rank). At TP=2 on two H200s, eager, the fallback kept 0.92 of plain
-        decoding's throughput at C = 16 and 64, with the graphs 0.96-0.97
-        (results/bench-0.5.12-s12-tp2-graphs). SPECTOOL_FALLBACK_KV_ONLY_GRAPH=0 keeps the
-        sync eager (a same-run control)."""
-        self._fallback_kv_only_graphs = None
-        # How many KV-only steps share one replay (_spec_fallback_kv_only_stash): 4 by
-        # default; 1 gives each step its own replay.
-        self._fallback_kv_only_defer = max(1, self._spec_fallback_env_count(
-            "SPECTOOL_FALLBACK_KV_ONLY_DEFER", "4", "each step's K/V is written in its own replay"
-        ) or 1)
-        above = self._fallback_kv_only_above
-        runner = getattr(self, "_fallback_graph_runner", None)
-        if above is None or runner is None or os.environ.get("SPECTOOL_FALLBACK_KV_ONLY_GRAPH", "1") == "0":
+        to the KV pool's dummy slot 0, as padded decode-graph rows do): eager, the sync is a
+        few dozen small kernels per step. Under tensor parallelism the draft's embedding
+        all-reduces, so the capture runs inside SGLang's graph_capture(), as the release's
+        own graph runners do (its custom all-reduce registers the graphs' buffers on every
+        rank)."""
+        state = self._spec_fallback
+        above = state.kv_only_above
+        runner = state.graph_runner
+        if above is None or runner is None:
             return
         sizes = sorted(bs for bs in runner.capture_bs if bs > above)
         if not sizes:
@@ -271,7 +215,7 @@ class EAGLEWorkerV2:
             torch.cuda.synchronize()
             return self._spec_fallback_kv_only_queue(graphs, bufs, pd_decode)
 
-        self._fallback_kv_only_graphs = self._spec_fallback_capture(
+        state.kv_only_graphs = self._spec_fallback_capture(
             "the KV-only draft sync's CUDA graphs", "the KV-only sync will run eagerly", capture
         )
 
@@ -284,17 +228,13 @@ class EAGLEWorkerV2:
         # they exist. The spec path can only have them after verify; here every request gains
         # exactly one token, so they exist before the target runs: the event fires right away
         # and the scheduler prepares the next step while this one runs, as plain decoding's
-        # overlap does. SPECTOOL_FALLBACK_EARLY_PLAN=0 fires it after the target forward, as
-        # in the spec path (a diagnostic control).
+        # overlap does.
         new_seq_lens = batch.seq_lens + 1
         verify_done = torch.get_device_module(device).Event()
-        if self._fallback_early_plan:
-            verify_done.record()
+        verify_done.record()
         target_out = self._spec_fallback_target_decode(
             batch, batch.spec_info.bonus_tokens, new_seq_lens
         )
-        if not self._fallback_early_plan:
-            verify_done.record()
         logits_output = target_out.logits_output
         next_token_ids = target_out.next_token_ids.to(torch.int32)
         next_draft_input = EagleDraftInput(
@@ -314,15 +254,10 @@ class EAGLEWorkerV2:
 
     def _spec_fallback_constant(self, name, rows, tail, dtype, value):
         """A (rows, *tail) tensor of `value`: a view of a buffer filled once per engine (made
-        again, larger, when a larger batch comes) instead of a fill kernel every step. The
-        fallback step is a few dozen small kernels more than plain decoding, each a few
-        microseconds (docs/performance.md); these are four of them. Safe because nothing
-        writes into them: the scheduler copies the draft input into its FutureMap and
-        accept_lens to the host. SPECTOOL_FALLBACK_CACHED_INPUTS=0 fills a new tensor on
-        every call (a same-run control)."""
-        cache = getattr(self, "_fallback_constants", None)
-        if cache is None:
-            return torch.full((rows, *tail), value, dtype=dtype, device=self.device)
+        again, larger, when a larger batch comes) instead of a fill kernel every step. Safe
+        because nothing writes into them: the scheduler copies the draft input into its
+        FutureMap and accept_lens to the host."""
+        cache = self._spec_fallback.constants
         buf = cache.get(name)
         if buf is None or buf.shape[0] < rows:
             size = max(rows, 2 * (0 if buf is None else buf.shape[0]))
@@ -330,23 +265,22 @@ class EAGLEWorkerV2:
         return buf[:rows]
 
     def _spec_fallback_draft_extend(self, batch, tokens, hidden_states, next_draft_input):
-        """The draft forward of the KV sync: K/V only far above the threshold, a
-        plain draft decode from _fallback_draft_decode_min_bs requests up, else
-        DRAFT_EXTEND_V2 with one token per request (graph replay, or eager)."""
+        """The draft forward of the KV sync: K/V only far above the threshold, a plain draft
+        decode from draft_decode_min_bs requests up, else DRAFT_EXTEND_V2 with one token per
+        request (graph replay, or eager)."""
+        state = self._spec_fallback
         dw = self.draft_worker
         bs = len(batch.seq_lens)
-        kv_only_above = self._fallback_kv_only_above
-        if kv_only_above is not None and bs > kv_only_above:
+        if state.kv_only_above is not None and bs > state.kv_only_above:
             return self._spec_fallback_draft_kv_only(
                 batch, tokens, hidden_states, next_draft_input
             )
         self._spec_fallback_kv_only_flush("sync")  # the draft reads its KV below
-        min_bs = self._fallback_draft_decode_min_bs
-        if min_bs is not None and bs >= min_bs:
+        if state.draft_decode_min_bs is not None and bs >= state.draft_decode_min_bs:
             return self._spec_fallback_draft_decode(
                 batch, tokens, hidden_states, next_draft_input
             )
-        runner = self._fallback_draft_extend_runner
+        runner = state.draft_extend_runner
         draft_input = EagleDraftInput(
             hidden_states=hidden_states,
             num_tokens_per_req=1,
@@ -384,7 +318,7 @@ class EAGLEWorkerV2:
         dr = self.draft_worker.draft_runner
         pre_step = self._spec_fallback_as_decode(batch, tokens)
         saved = dr.attn_backend
-        dr.attn_backend = self._fallback_draft_attn_backend
+        dr.attn_backend = self._spec_fallback.draft_attn_backend
         try:
             forward_batch = ForwardBatch.init_new(batch, dr)
             dr.attn_backend.init_forward_metadata(forward_batch)
@@ -411,15 +345,15 @@ class EAGLEWorkerV2:
         graph replay where graphs were captured, else (after the stash is written) eager. The
         next draft input is zeros, right in shape for the scheduler's FutureMap (why: the
         docstring of _spec_fallback_init_draft_kv_only)."""
+        state = self._spec_fallback
         args = (tokens, hidden_states, batch.seq_lens, batch.out_cache_loc)
-        stats = self._fallback_stats
         if self._spec_fallback_kv_only_stash(*args):
-            stats["draft_kv_only_graph_steps"] = stats.get("draft_kv_only_graph_steps", 0) + 1
+            state.count("draft_kv_only_graph_steps")
         else:
             self._spec_fallback_kv_only_flush("eager")
             self._spec_fallback_kv_only_write(*args)
         self._spec_fallback_zero_draft_input(next_draft_input, len(batch.seq_lens))
-        stats["draft_kv_only_steps"] = stats.get("draft_kv_only_steps", 0) + 1
+        state.count("draft_kv_only_steps")
 
     def _spec_fallback_zero_draft_input(self, next_draft_input, bs):
         """The next draft's input after a KV-only sync: zeros of the shapes and dtypes the
@@ -449,18 +383,16 @@ class EAGLEWorkerV2:
         the replay); False if no captured graph can take them (no graphs, a batch larger
         than the largest, hidden states of another width).
 
-        Up to SPECTOOL_FALLBACK_KV_ONLY_DEFER steps (default 4; 1 writes every step in its
-        own replay) share one replay: the draft's fc and K/V GEMMs then read their weights
-        (133 MB, 8B shape) once for all of them, and the graph's dozen kernels launch once.
-        The queue holds the largest graph's rows (the engine's cuda_graph_max_bs), so with
-        256 four steps of 64 share a replay. On the H200 that cut the replays four-fold at
-        C=64, and throughput did not move beyond one run's resolution (docs/performance.md,
-        session 15): the GPU work it saves is not what limits a fallback step there. Nothing
-        reads the draft KV in between: every other draft forward (speculative step, full
-        sync, prefill) first writes the stash (_spec_fallback_kv_only_flush), and this far
-        above the threshold the next step cannot speculate. Rows are independent (token,
-        hidden states, position, slot), so steps of different batches share a replay."""
-        captured = getattr(self, "_fallback_kv_only_graphs", None)
+        Up to --speculative-disable-kv-only-steps-per-replay steps share one replay: the
+        draft's fc and K/V GEMMs then read their weights once for all of them, and the
+        graph's dozen kernels launch once. The queue holds the largest graph's rows (the
+        engine's cuda_graph_max_bs). Nothing reads the draft KV in between: every other
+        draft forward (speculative step, full sync, prefill) first writes the stash
+        (_spec_fallback_kv_only_flush), and this far above the threshold the next step cannot
+        speculate. Rows are independent (token, hidden states, position, slot), so steps of
+        different batches share a replay."""
+        state = self._spec_fallback
+        captured = state.kv_only_graphs
         bs = len(positions)
         if captured is None or hidden_states.shape[-1] != captured["bufs"]["hidden"].shape[-1]:
             return False
@@ -482,7 +414,7 @@ class EAGLEWorkerV2:
         pending["loc"].append(out_cache_loc)
         # Written now rather than at the next step when the next step of this size could
         # not join (same outcome, one step earlier).
-        if len(pending["loc"]) >= self._fallback_kv_only_defer:
+        if len(pending["loc"]) >= state.kv_only_steps_per_replay:
             self._spec_fallback_kv_only_flush("queued")
         elif end + bs > capacity:
             self._spec_fallback_kv_only_flush("full")
@@ -503,11 +435,10 @@ class EAGLEWorkerV2:
         after it was freed, and a request whose rows are queued frees its slots only by
         leaving the batch, which shrinks it (requests join only through a prefill, which
         writes the queue first; cached prefixes that the radix cache evicts hold no queued
-        rows, their requests having left before). On the H200 at C=64 the deduplication
-        was 51 of the 137 microseconds a replay of four steps took (a radix sort and eight
-        small kernels, results/profile-0.5.12-s16-lockstep/excerpts); in steady decoding
-        every queue has one size."""
-        captured = getattr(self, "_fallback_kv_only_graphs", None)
+        rows, their requests having left before). In steady decoding every queue has one
+        size, and the sort the deduplication takes is saved."""
+        state = self._spec_fallback
+        captured = state.kv_only_graphs
         sizes = [len(loc) for loc in captured["pending"]["loc"]] if captured else []
         if not sizes:
             return
@@ -523,17 +454,15 @@ class EAGLEWorkerV2:
                     out[start : start + len(part)].copy_(part)
                     start += len(part)
             parts.clear()
-        stats = self._fallback_stats
         if len(sizes) > 1 and (len(set(sizes)) > 1 or captured["dedup_always"]):
             self._spec_fallback_last_write_wins(bufs["loc"][:rows])
-            stats["draft_kv_only_dedups"] = stats.get("draft_kv_only_dedups", 0) + 1
+            state.count("draft_kv_only_dedups")
         if size > rows:
             bufs["tokens"][rows:size].zero_()
             bufs["positions"][rows:size].zero_()
             bufs["loc"][rows:size].zero_()
         captured["graphs"][size].replay()
-        causes = stats.setdefault("draft_kv_only_flush_causes", {})
-        causes[cause] = causes.get(cause, 0) + 1
+        state.count("draft_kv_only_flush_causes", cause)
 
     def _spec_fallback_last_write_wins(self, loc):
         """In place: where rows of several steps write one slot, only the latest keeps it;
@@ -553,10 +482,10 @@ class EAGLEWorkerV2:
         """Write the draft layer's K and V for the tokens the target produced, as its forward
         would (same slot, position = the pre-step length), and nothing else: the input
         layer's K/V depend only on the token's embedding and the target's hidden states (fc
-        and the two input norms), so the attention, MLP, head and top-k are skipped (about
-        67 M of the 8B-shaped head's 425 M parameters are read: fc and qkv_proj's K/V
-        rows, plus one embedding row per token). With an unquantized
-        qkv_proj only its K and V rows are multiplied (RoPE then rotates a scratch query)."""
+        and the two input norms), so the attention, MLP, head and top-k are skipped (of an
+        8B-shaped head's parameters only fc and qkv_proj's K/V rows are read, plus one
+        embedding row per token). With an unquantized qkv_proj only its K and V rows are
+        multiplied (RoPE then rotates a scratch query)."""
         model = self.draft_worker.draft_runner.model.model
         layer = model.layers[0]
         attn = layer.self_attn
@@ -610,11 +539,9 @@ class EAGLEWorkerV2:
         inputs the release builds: each request's ids shifted left by one and ended by the
         token the target produced, at the prompt's positions and slots. The next draft input
         is zeros, as after a KV-only decode sync. Otherwise the release's full draft extend.
-        Why: at C=128 the fallback's time to first token is 23 ms above plain decoding's,
-        most of its throughput gap (results/bench-0.5.12-kv-prefill-ab); this takes back 17
-        of 22 ms (results/bench-0.5.12-kv-prefill-fixed). `ends` goes to the GPU without
-        blocking: a blocking copy's stream sync held the overlap scheduler behind each
-        prefill (TTFT 421 against 245 ms at C=128 in its first H200 run)."""
+        This keeps the draft's full forward off the time to first token of prompts that
+        will not draft. `ends` goes to the GPU without blocking: a blocking copy's stream
+        sync would hold the overlap scheduler behind each prefill."""
         dw = self.draft_worker
         # Stashed KV-only rows land before any prefill writes the draft KV: a slot a
         # finished request freed may be one of this prefill's.
@@ -648,24 +575,24 @@ class EAGLEWorkerV2:
             forward_batch.out_cache_loc,
         )
         self._spec_fallback_zero_draft_input(next_draft_input, len(batch.seq_lens))
-        stats = self._fallback_stats
-        stats["draft_kv_only_prefills"] = stats.get("draft_kv_only_prefills", 0) + 1
+        self._spec_fallback.count("draft_kv_only_prefills")
         return next_draft_input
 
     def _spec_fallback_kv_only_prefill_applies(self, batch, mm_input_embeds):
-        """Whether a prefill takes the KV-only draft path: the KV-only sync is on and
-        SPECTOOL_FALLBACK_KV_ONLY_PREFILL is not 0 (on by default); the batch is a plain text
-        EXTEND that the stated rule lets fall back (_spec_fallback_eligible); and its
-        requests plus the running batch (while the fallback is on: the last decode step's
-        size) are more than the margin above T. Depends on the batch and on state every TP rank updates alike.
-        A guess too high (the running requests finished meanwhile) costs one speculative
-        step drafting from zeros, never a wrong token, as for the decode sync."""
-        above = self._fallback_kv_only_above
-        if above is None or not self._fallback_kv_only_prefill or mm_input_embeds is not None:
+        """Whether a prefill takes the KV-only draft path: the KV-only sync is on; the batch
+        is a plain text EXTEND that the stated rule lets fall back (_spec_fallback_eligible);
+        and its requests plus the running batch (while the fallback is on: the last decode
+        step's size) are more than the margin above the threshold. Depends on the batch and
+        on state every TP rank updates alike. A guess too high (the running requests finished
+        meanwhile) costs one speculative step drafting from zeros, never a wrong token, as
+        for the decode sync."""
+        state = self._spec_fallback
+        above = state.kv_only_above
+        if above is None or mm_input_embeds is not None:
             return False
         if any(getattr(batch, "multimodal_inputs", None) or ()):
             return False
         if batch.forward_mode != ForwardMode.EXTEND or not self._spec_fallback_eligible(batch):
             return False
-        running = self._fallback_stats["last_batch_size"] if self._fallback_active else 0
+        running = state.stats["last_batch_size"] if state.active else 0
         return len(batch.seq_lens) + running > above
