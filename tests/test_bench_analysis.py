@@ -20,6 +20,11 @@ PER_REQUEST = {"A0": lambda C: 100, "A1": lambda C: 150 if C <= 32 else 80,
 SPREAD = (1.0, 0.99, 1.01)
 
 
+# ServerArgs fields as the bench reads them from the SGLang under test (field -> type).
+SERVER_ARGS = {"speculative_disable_draft_decode_min_bs": "Optional[int]", "speculative_disable_kv_only_margin": "Optional[int]",
+               "speculative_disable_kv_only_steps_per_replay": "int", "attention_backend": "Optional[str]"}
+
+
 def cell(arm, C, tok_s, rep=0, **fields):
     return {"arm": arm, "C": C, "rep": rep, "acc_len": 3.0, "output_tok_s": tok_s, "tpot_ms": 5.0, "ttft_ms": 100.0,
             "stagger": False, **fields}
@@ -262,33 +267,40 @@ def test_arms_run_in_waves_that_fit_the_gpu():
     names = lambda waves: [[a.name for a in w] for w in waves]  # noqa: E731
     assert [a.name for a in select_arms(32, 256, None)] == ["A0", "A1", "A2", "A3", "A4"]
     assert names(plan_waves(select_arms(32, 256, None))) == [["A0", "A1", "A2", "A4"], ["A3"]]
-    late = ["A4L=A4:SPECTOOL_FALLBACK_EARLY_PLAN=0"]
-    both = select_arms(32, 256, ["A0", "A4"], late)
-    assert names(plan_waves(both)) == [["A0", "A4", "A4L"]]
-    assert names(plan_waves(both, 2)) == [["A0", "A4"], ["A4L"]]
+    late = ["A4M=A4:speculative_disable_kv_only_margin=8"]
+    both = select_arms(32, 256, ["A0", "A4"], late, server_args=SERVER_ARGS)
+    assert names(plan_waves(both)) == [["A0", "A4", "A4M"]]
+    assert names(plan_waves(both, 2)) == [["A0", "A4"], ["A4M"]]
     with pytest.raises(BadInputError, match="max-engines"):
         plan_waves(both, 0)
     with pytest.raises(BadInputError, match="unknown arm"):
         select_arms(32, 256, ["A9"])
 
 
-def test_variants_are_arms_with_their_own_engine_environment():
-    """A recipe switch is compared as a variant arm: the base arm's engine settings plus
-    environment, in the same rotation; bad specs are one-paragraph errors."""
+def test_variants_are_arms_with_their_own_server_args():
+    """A setting of the fallback is compared as a variant arm: the base arm's engine settings
+    plus ServerArgs fields of its own (values as on the command line), in the same rotation;
+    bad specs are one-paragraph errors."""
     from spectool.harness.bench.arms import engine_kwargs
     from spectool.harness.bench.sweep import select_arms
     from spectool.errors import BadInputError
 
-    arms = select_arms(32, 256, ["A0", "A4"], ["A4D=A4:SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS=32;X=1"])
+    arms = select_arms(32, 256, ["A0", "A4"], ["A4D=A4:speculative_disable_draft_decode_min_bs=32;"
+                                               "speculative_disable_kv_only_margin=off"], server_args=SERVER_ARGS)
     a4, a4d = arms[1], arms[2]
-    assert a4d.name == "A4D" and a4d.env == {"SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS": "32", "X": "1"} and a4.env == {}
+    assert a4d.name == "A4D" and a4d.base == "A4" and a4.extra == {}
+    assert a4d.extra == {"speculative_disable_draft_decode_min_bs": 32, "speculative_disable_kv_only_margin": None}
     models = {"target": "t", "draft": "d"}
     kw = dict(models=models, max_bs=256, max_total_tokens=1000, port=1)
-    assert engine_kwargs(a4d, **kw) == engine_kwargs(a4, **kw), "same engine settings as its base"
-    for bad, needle in (("A4D", "expected NAME=BASE"), ("A4D=A9:X=1", "base arm 'A9'"), ("A4D=A4:X", "not VAR=VALUE"),
-                        ("A4=A0:X=1", "already exists"), ("A 4=A4:X=1", "arm name")):
+    assert engine_kwargs(a4d, **kw) == {**engine_kwargs(a4, **kw), **a4d.extra}, "its base's settings, and its own"
+    for bad, needle in (("A4D", "expected NAME=BASE"), ("A4D=A9:X=1", "base arm 'A9'"), ("A4D=A4:X", "not FIELD=VALUE"),
+                        ("A4=A0:speculative_disable_kv_only_margin=1", "already exists"),
+                        ("A 4=A4:speculative_disable_kv_only_margin=1", "arm name"),
+                        ("A4D=A4:SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS=32", "is not a ServerArgs field"),
+                        ("A4D=A4:speculative_disable_kv_only_margn=8", "did you mean speculative_disable_kv_only_margin"),
+                        ("A4D=A4:speculative_disable_kv_only_margin=eight", "takes a whole number or off")):
         with pytest.raises(BadInputError, match=needle):
-            select_arms(32, 256, None, [bad])
+            select_arms(32, 256, None, [bad], server_args=SERVER_ARGS)
 
 
 def test_variant_columns_in_the_table():
@@ -356,11 +368,11 @@ def test_transition_runs_on_a2_and_its_variants_only():
     A2's wave, as a same-run control; `--reps 0` plans the transition alone."""
     from spectool.harness.bench.sweep import plan_steps, select_arms
 
-    arms = select_arms(32, 256, ["A0", "A2"], ["A2X=A2:SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN=off",
-                                               "A4L=A4:SPECTOOL_FALLBACK_EARLY_PLAN=0"])
+    arms = select_arms(32, 256, ["A0", "A2"], ["A2X=A2:speculative_disable_kv_only_margin=off",
+                                               "A4M=A4:speculative_disable_kv_only_margin=8"], server_args=SERVER_ARGS)
     assert [a.name for a in arms if a.runs_transition()] == ["A2", "A2X"]
     a2x = next(a for a in arms if a.name == "A2X")
-    assert a2x.base == "A2" and a2x.env == {"SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN": "off"}
+    assert a2x.base == "A2" and a2x.extra == {"speculative_disable_kv_only_margin": None}
     [(wave, steps)] = plan_steps([a for a in arms if a.name in ("A2", "A2X")], [4, 192], 0, 3.0, set(), True)
     assert [a.name for a in wave] == ["A2", "A2X"] and steps == [None]
 

@@ -59,3 +59,48 @@ def test_every_bench_arm_starts_on_both_releases(sglang_release):
             assert adapt(kw, fields)["sleep_on_idle"] is True, (version, arm.name)
             sharded = engine_kwargs(arm, {"target": "t", "draft": "d"}, max_bs=256, max_total_tokens=1000, port=1, tp=2)
             assert adapt(sharded, fields)["tp_size"] == 2, (version, arm.name)  # bench --tp 2
+
+
+def test_server_arg_types_are_read_from_the_tree(sglang_release):
+    """The bench checks its --variant fields against the tree under test, read without
+    importing it: plain fields and (0.5.17) annotated ones give their types; the recipe's
+    flags are there once it is applied."""
+    from spectool import api
+    from spectool.harness.engine_compat import server_arg_annotations
+
+    tree = sglang_release("0.5.12")
+    assert "speculative_disable_kv_only_margin" not in server_arg_annotations(str(tree))
+    api.apply(tree)
+    types = server_arg_annotations(str(tree))
+    assert types["speculative_disable_kv_only_margin"] == "Optional[int]"
+    assert types["speculative_disable_kv_only_steps_per_replay"] == "int" and types["disable_cuda_graph"] == "bool"
+    tree = sglang_release("0.5.17")
+    api.apply(tree)
+    types = server_arg_annotations(str(tree))
+    assert types["speculative_disable_batch_size_threshold"] == "Optional[int]"
+    assert types["cuda_graph_max_bs_decode"] in ("int", "Optional[int]")
+
+
+@pytest.mark.parametrize("text,annotation,value", [
+    ("8", "Optional[int]", 8), ("off", "Optional[int]", None), ("None", "Optional[int]", None),
+    ("0.5", "float", 0.5), ("true", "bool", True), ("0", "bool", False), ("fa3", "str", "fa3"),
+    ("off", "str", "off"),
+])
+def test_a_variant_value_is_read_as_its_fields_type(text, annotation, value):
+    from spectool.harness.engine_compat import server_arg_value
+
+    assert server_arg_value("f", text, annotation) == value
+
+
+@pytest.mark.parametrize("text,annotation,needle", [
+    ("eight", "Optional[int]", "f (Optional[int]) takes a whole number or off, not 'eight'"),
+    ("off", "int", "f (int) takes a whole number, not 'off'"),
+    ("yes", "bool", "f (bool) takes true or false, not 'yes'"),
+])
+def test_a_variant_value_its_field_cannot_take_is_refused(text, annotation, needle):
+    import re
+
+    from spectool.harness.engine_compat import server_arg_value
+
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        server_arg_value("f", text, annotation)

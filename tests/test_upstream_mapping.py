@@ -69,6 +69,16 @@ def test_unset_flag_changes_nothing_and_conflicts_are_refused(mapping):
         mapping(_args(speculative_disable_batch_size_threshold=-2))
 
 
+@pytest.mark.parametrize("hysteresis", [-1, 16, 17])
+def test_a_hysteresis_the_recipe_refuses_is_refused_here_too(mapping, hysteresis):
+    """Upstream's tiers have no hysteresis (it is ignored with a warning), but a value the
+    0.5.12 validation refuses is refused here too: a command line means the same on both."""
+    a = _args(speculative_disable_batch_size_hysteresis=hysteresis)
+    with pytest.raises(ValueError, match=rf"hysteresis must be 0 or below the threshold \(16\), got {hysteresis}"):
+        mapping(a)
+    assert a.speculative_adaptive is False
+
+
 @pytest.mark.parametrize("algo,topk", [("STANDALONE", 1), ("EAGLE3", 4)])
 def test_setups_upstream_cannot_switch_are_refused_loudly(mapping, algo, topk):
     """Upstream turns its tiers off for these (with a warning): the flag would do nothing."""

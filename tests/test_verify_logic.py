@@ -28,23 +28,46 @@ def test_scenario_plan_is_consistent():
     assert any(s.expect.min_acceptance and s.expect.min_acceptance >= 2 for s in scenarios.scenarios())
 
 
-def test_engine_switches_name_what_the_recipes_read():
-    """The golden engines force code paths through environment switches; a renamed switch in
-    the recipes would silently leave the path untested, so each must be read by a recipe
-    whose default differs from the forced value."""
-    sources = "".join(p.read_text() for p in (REPO / "recipes").rglob("*.py"))
+def test_engine_flags_name_what_the_recipe_adds():
+    """The golden engines force code paths through the fallback's server flags: each is a
+    field the spec-disable-threshold recipe adds, and the paths chosen by batch size are
+    forced away from their defaults (the draft decode sync at every size, one KV-only step
+    per replay, a margin of 8), or asked for by name where a scenario claims the default."""
+    import ast
+
+    src = (REPO / "recipes/spec-disable-threshold/classic/server_args_patch.py").read_text()
+    cls = next(n for n in ast.parse(src).body if isinstance(n, ast.ClassDef) and n.name == "ServerArgsFields")
+    defaults = {n.target.id: ast.literal_eval(n.value) for n in cls.body if isinstance(n, ast.AnnAssign)}
     forced = {}
     for c in scenarios.configs():
-        for k, v in c.env.items():
+        for k, v in c.fallback_args.items():
             forced.setdefault(k, set()).add(v)
-    assert forced.get("SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS") == {"1"}
+    assert forced.get("speculative_disable_draft_decode_min_bs") == {1}
     # 0 (the default) on the KV-only engine, 8 on the engines whose scenarios claim the full
-    # sync inside a margin: both asked for by name.
-    assert forced.get("SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN") == {"0", "8"}
-    for var in forced:
-        assert f'"{var}"' in sources, var  # read through os.environ or _spec_fallback_env_count
-    assert {c.name for c in scenarios.configs() if c.env} == {
+    # sync inside the margin: both asked for by name.
+    assert forced.get("speculative_disable_kv_only_margin") == {0, 8}
+    assert forced.get("speculative_disable_kv_only_steps_per_replay") == {1, 4}
+    assert set(forced) <= set(defaults)
+    assert {defaults[k] for k in forced} == {16, 0, 4}
+    assert {c.name for c in scenarios.configs() if c.fallback_args} == {
         "eagle3-t0", "eagle3-t4", "eagle3-t4-eager", "eagle3-t4-chunked", "eagle3-t4-kv-only"}
+    assert all(c.threshold is not None for c in scenarios.configs() if c.fallback_args), "flags act with a threshold"
+
+
+def test_engines_get_the_flags_only_where_the_fallback_is_the_recipes(tmp_path):
+    """The engines' kwargs carry their config's fallback flags; where the switch is upstream's
+    (0.5.15+), which has neither those paths nor those flags, none."""
+    from spectool.harness.verify import runner
+    from spectool.harness.verify.engine_worker import engine_kwargs
+
+    models = {"target": "t", "eagle3_draft": "d"}
+    for version, upstream in (("0.5.12", False), ("0.5.17", True)):
+        jobs, _, _ = runner.plan_jobs(scenarios.configs(), scenarios.workloads(), models, tmp_path, version, upstream)
+        for job in jobs:
+            kw = engine_kwargs(job)
+            flags = {k: v for k, v in kw.items() if k.startswith("speculative_disable_") and "batch_size" not in k}
+            want = {} if upstream else next(c.fallback_args for c in scenarios.configs() if c.name == job["config"]["name"])
+            assert flags == want, (version, job["config"]["name"])
 
 
 def test_prompts_are_copy_tasks():
@@ -212,7 +235,7 @@ def test_every_engine_has_its_own_fixed_rendezvous_port(tmp_path):
             kw = engine_kwargs(j)
             taken.add(kw["port"])
             rendezvous.append(kw["nccl_port"])
-    arms = select_arms(32, 256, None, ("A4L=A4:X=1", "A4C=A4:X=1", "A2P=A2:X=1"))  # 8 engines
+    arms = select_arms(32, 256, None, ("A4L=A4:X=1", "A4C=A4:X=1", "A2P=A2:X=1"), server_args={"X": "int"})  # 8 engines
     for base in (PORT_BASE, 22000):  # the default and the second bench's (tools/device/README.md)
         for i, arm in enumerate(arms):
             kw = bench_kwargs(arm, {"target": "t", "draft": "d"}, max_bs=256, max_total_tokens=1000,

@@ -79,9 +79,10 @@ def verify(sglang_dir, select, recipes_dir, out_dir, golden_dir, record, paralle
                    "control that never switches, so what a phase loses to the engine's own state shows there too.")
 @click.option("--arms", "arm_names", default="A0,A1,A2,A3,A4",
               help="Comma-separated arms (A0 no spec, A1 EAGLE-3, A2 threshold T, A3 threshold above any batch, A4 T=0).")
-@click.option("--variant", "variants", multiple=True, metavar="NAME=BASE:VAR=VALUE[;VAR=VALUE]",
-              help="An extra arm: BASE with environment for its engine, e.g. A4L=A4:SPECTOOL_FALLBACK_EARLY_PLAN=0 "
-                   "(a variant of A2 also runs the transition workload, as a same-run control). Repeatable.")
+@click.option("--variant", "variants", multiple=True, metavar="NAME=BASE:FIELD=VALUE[;FIELD=VALUE]",
+              help="An extra arm: BASE with server args of its own (ServerArgs field names, values as on the command "
+                   "line), e.g. A4M=A4:speculative_disable_kv_only_margin=8 (a variant of A2 also runs the transition "
+                   "workload, as a same-run control). Repeatable.")
 @click.option("--max-engines", type=click.IntRange(min=1), default=MAX_ENGINES, show_default=True,
               help="Engines on the GPU at once; more arms run in waves (an 8B-shaped engine takes ~28 GiB).")
 @click.option("--suggest-threshold", "suggest", is_flag=True,

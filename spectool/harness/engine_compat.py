@@ -8,6 +8,9 @@ at its fields rather than at version numbers.
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 RENAMES = {"cuda_graph_max_bs": "cuda_graph_max_bs_decode"}
 REPLACEMENTS = {"disable_piecewise_cuda_graph": ("cuda_graph_backend_prefill", lambda v: "disabled" if v else None)}
 
@@ -34,6 +37,63 @@ def server_arg_fields() -> set[str]:
     from sglang.srt.server_args import ServerArgs
 
     return {f.name for f in dataclasses.fields(ServerArgs)}
+
+
+def server_arg_annotations(sglang_dir: str | None = None) -> dict[str, str]:
+    """ServerArgs field name -> its type as written (``Optional[int]``), read from the
+    server_args.py of the tree under --sglang-dir (else of the installed SGLang) without
+    importing it. Annotated fields (0.5.17+: ``A[int, "help", ...]``) give their type."""
+    import importlib.util
+
+    from ..errors import BadInputError
+
+    if sglang_dir:
+        from ..source import locate
+
+        path = locate(sglang_dir).root / "sglang" / "srt" / "server_args.py"
+    else:
+        spec = importlib.util.find_spec("sglang")
+        if spec is None or not spec.submodule_search_locations:
+            raise BadInputError("no SGLang is installed to read ServerArgs from; pass --sglang-dir.")
+        path = Path(next(iter(spec.submodule_search_locations))) / "srt" / "server_args.py"
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError) as exc:
+        raise BadInputError(f"cannot read SGLang's ServerArgs from {path}: {exc}.") from None
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs"), None)
+    if cls is None:
+        raise BadInputError(f"{path} defines no class ServerArgs.")
+    out = {}
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            ann = node.annotation
+            if isinstance(ann, ast.Subscript) and ast.unparse(ann.value) in ("A", "Annotated"):
+                ann = ann.slice.elts[0] if isinstance(ann.slice, ast.Tuple) else ann.slice
+            out[node.target.id] = ast.unparse(ann)
+    return out
+
+
+def server_arg_value(name: str, text: str, annotation: str):
+    """`text` (as on a command line) as a value of the ServerArgs field `name` of type
+    `annotation`: whole numbers, decimals and true/false for int, float and bool fields,
+    'off' or 'None' for None where the field is Optional, the text itself otherwise. A
+    ValueError says what the field takes."""
+    optional = annotation.startswith("Optional[") and annotation.endswith("]")
+    kind = annotation[len("Optional["):-1] if optional else annotation
+    if optional and text in ("off", "None"):
+        return None
+    none = " or off" if optional else ""
+    if kind == "bool":
+        if text.lower() in ("true", "1", "false", "0"):
+            return text.lower() in ("true", "1")
+        raise ValueError(f"{name} ({annotation}) takes true or false{none}, not {text!r}")
+    for typ, what in ((int, "a whole number"), (float, "a number")):
+        if kind == typ.__name__:
+            try:
+                return typ(text)
+            except ValueError:
+                raise ValueError(f"{name} ({annotation}) takes {what}{none}, not {text!r}") from None
+    return text
 
 
 def rendezvous_port(port: int) -> int:

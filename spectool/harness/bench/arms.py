@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
+from typing import Callable
 
-from ..engine_compat import rendezvous_port
+from ..engine_compat import rendezvous_port, server_arg_value
 
 
 @dataclass(frozen=True)
@@ -13,8 +15,7 @@ class Arm:
     label: str
     spec: bool
     threshold: int | None = None
-    extra: dict = field(default_factory=dict)
-    env: dict = field(default_factory=dict)  # for the engine process (recipe switches)
+    extra: dict = field(default_factory=dict)  # server args of its own (a variant's)
     base: str | None = None  # a variant's base arm (a variant of A2 also runs the transition)
 
     def runs_transition(self, arms=("A2",)) -> bool:
@@ -25,8 +26,8 @@ class Arm:
 
 def arms(threshold: int, max_bs: int = 256) -> list[Arm]:
     """A3's threshold is the largest batch the sweep can form, so it never falls back: it
-    measures what the patch costs while speculating (against A1). Recipe switches are
-    compared through variants (`variant`)."""
+    measures what the patch costs while speculating (against A1). Other settings of the
+    fallback are compared through variants (`variant`)."""
     return [
         Arm("A0", "no speculation", False),
         Arm("A1", "EAGLE-3 (chain, topk 1)", True),
@@ -43,29 +44,40 @@ DEFAULT_ARMS = ("A0", "A1", "A2", "A3", "A4")
 MAX_ENGINES = 4
 
 
-def variant(spec: str, base_arms: list[Arm]) -> Arm:
-    """`NAME=BASE:VAR=VALUE[;VAR=VALUE...]`: arm BASE with extra environment for its engine,
-    e.g. `A4L=A4:SPECTOOL_FALLBACK_EARLY_PLAN=0` (the fallback with the spec path's late
-    planning) or `A4D=A4:SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS=32`. A ValueError says what is
-    wrong with the spec."""
+def variant(spec: str, base_arms: list[Arm], server_args: dict[str, str] | Callable[[], dict[str, str]]) -> Arm:
+    """`NAME=BASE:FIELD=VALUE[;FIELD=VALUE...]`: arm BASE with ServerArgs fields of its own,
+    written as on the command line, e.g. `A4M=A4:speculative_disable_kv_only_margin=8` or
+    `A4D=A4:speculative_disable_draft_decode_min_bs=off`. `server_args` maps the fields of the
+    SGLang under test to their types (engine_compat.server_arg_annotations), or reads them
+    when the spec is otherwise well-formed; a ValueError says what is wrong with the spec."""
     name, sep, rest = spec.partition("=")
     base_name, sep2, assigns = rest.partition(":")
     name, base_name = name.strip(), base_name.strip()
     if not (sep and sep2 and name and assigns.strip()):
-        raise ValueError("expected NAME=BASE:VAR=VALUE[;VAR=VALUE]")
+        raise ValueError("expected NAME=BASE:FIELD=VALUE[;FIELD=VALUE]")
     if not name.replace("-", "").replace("_", "").isalnum():
         raise ValueError(f"arm name {name!r}: use letters, digits, - and _")
     base = {a.name: a for a in base_arms}.get(base_name)
     if base is None:
         raise ValueError(f"base arm {base_name!r} is not one of {', '.join(a.name for a in base_arms)}")
-    env = {}
+    assignments = []
     for item in assigns.split(";"):
-        var, eq, value = item.partition("=")
-        if not eq or not var.strip():
-            raise ValueError(f"{item!r} is not VAR=VALUE")
-        env[var.strip()] = value.strip()
-    label = f"{base.label}, " + ", ".join(f"{k}={v}" for k, v in env.items())
-    return Arm(name, label, base.spec, base.threshold, dict(base.extra), {**base.env, **env}, base.name)
+        key, eq, text = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"{item!r} is not FIELD=VALUE")
+        assignments.append((key.strip(), text.strip()))
+    if callable(server_args):
+        server_args = server_args()
+    values = {}
+    for key, text in assignments:
+        if key not in server_args:
+            close = difflib.get_close_matches(key, list(server_args), n=3, cutoff=0.6)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ValueError(f"{key!r} is not a ServerArgs field of this SGLang{hint}; give the field's name, "
+                             "as in speculative_disable_kv_only_margin=8")
+        values[key] = server_arg_value(key, text, server_args[key])
+    label = f"{base.label}, " + ", ".join(f"{k}={text}" for k, text in assignments)
+    return Arm(name, label, base.spec, base.threshold, {**base.extra, **values}, base.name)
 
 
 def engine_kwargs(arm: Arm, models: dict, *, max_bs: int, max_total_tokens: int, port: int,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ...errors import BadInputError
 from . import analyze
+from ..engine_compat import server_arg_annotations
 from .arms import DEFAULT_ARMS, MAX_ENGINES, arms as make_arms, engine_kwargs, variant as make_variant
 from .models import write_models
 
@@ -94,7 +95,7 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
     from ..verify.runner import gpu_info
 
     max_bs = engine_batch(concurrencies, max_batch)
-    arm_list = select_arms(threshold, max_bs, arm_names, variants)
+    arm_list = select_arms(threshold, max_bs, arm_names, variants, sglang_dir)
     # Named arms must be measured; the default (A2) just finds no engine in a run without it.
     unknown = sorted(set(transition_arms or ()) - {a.name for a in arm_list})
     transition_arms = transition_arms or ("A2",)
@@ -272,14 +273,24 @@ def _reference(res: dict, C: int) -> tuple[float | None, list | None, list]:
     return (sum(runs) / len(runs) if runs else res.get("reference", {}).get(str(C))), runs, records
 
 
-def select_arms(threshold: int, max_bs: int, arm_names, variants=()) -> list:
+def select_arms(threshold: int, max_bs: int, arm_names, variants=(), sglang_dir: str | None = None,
+                server_args: dict[str, str] | None = None) -> list:
     """The arms named (the default five when none are) plus every variant (see
-    arms.variant), or a one-paragraph error naming what is wrong."""
+    arms.variant), or a one-paragraph error naming what is wrong. A variant's fields are
+    checked against `server_args` (field -> type), by default those of the SGLang under
+    --sglang-dir (else the installed one)."""
     every = make_arms(threshold, max_bs)
     extra = []
+    fields = {}
+
+    def server_fields():  # read once, for the first variant that is well-formed
+        if not fields:
+            fields.update(server_args if server_args is not None else server_arg_annotations(sglang_dir))
+        return fields
+
     for spec in variants or ():
         try:
-            arm = make_variant(spec, every)
+            arm = make_variant(spec, every, server_fields)
         except ValueError as exc:
             raise BadInputError(f"--variant {spec!r}: {exc}.") from None
         if arm.name in {a.name for a in every + extra}:
@@ -330,7 +341,7 @@ def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int,
         Path(job["ready_path"]).unlink(missing_ok=True)
         log = open(out / f"{arm.name}.log", "w")
         procs[arm.name] = subprocess.Popen([sys.executable, "-m", "spectool.harness.bench.worker", json.dumps(job)], stdin=subprocess.PIPE,
-                                           stdout=log, stderr=subprocess.STDOUT, env={**env, **arm.env}, text=True,
+                                           stdout=log, stderr=subprocess.STDOUT, env=env, text=True,
                                            start_new_session=True)
     try:
         _wait_ready(procs, out, timeout=420)
@@ -374,7 +385,7 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
     from . import profile as prof
 
     max_bs = engine_batch(concurrencies, max_batch)
-    arm_list = select_arms(threshold, max_bs, arm_names, variants)
+    arm_list = select_arms(threshold, max_bs, arm_names, variants, sglang_dir)
     if len(arm_list) > max_engines:
         raise BadInputError(f"--profile runs its arms side by side: {len(arm_list)} arms are more than --max-engines "
                             f"{max_engines}; profile fewer at a time.")

@@ -16,7 +16,7 @@ import time
 from . import hostload
 from .analyze import quantile  # the spreads' convention, shared with the intervals
 from ..verify.compare import stats_window  # the fallback's counters, read and differenced as verify does
-from ..verify.engine_worker import read_stats
+from ..verify.engine_worker import settled_stats
 
 
 async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, seed: int, vocab: int,
@@ -157,26 +157,17 @@ async def profiled(engine, C: int, n: int, prompt_len: int, out_len: int, seed: 
 # 0.64-0.92 of its reps 1-2 at every C up to 64, with TTFTs up to 1.8x
 # (results/bench-0.5.12-session4-89a1cd9/cells.jsonl); a short unmeasured wave absorbs it.
 WARMUP_OUT_LEN = 16
-# The fallback rewrites its stats file at most every 0.5 s (SPECTOOL_FALLBACK_STATS_INTERVAL's
-# default): wait a little longer before reading it.
-STATS_SETTLE_S = 0.6
 
 
 def handle(engine, cmd: dict, job: dict, loop, vocab: int, warmed: set) -> dict:
     """One load command: an unmeasured short wave at a concurrency this engine has not served
-    yet, the fallback counters flushed, the measurement, the counters' difference."""
+    yet, the measurement, and the fallback counters' difference over it (each read once the
+    engine's steps before it are all in the stats file)."""
     if cmd["kind"] == "point" and cmd["C"] not in warmed:
         loop.run_until_complete(closed_loop(engine, cmd["C"], cmd["C"], cmd["prompt_len"], WARMUP_OUT_LEN,
                                             cmd["seed"] + 7919, vocab))
         warmed.add(cmd["C"])
-    if job.get("stats_path"):
-        # The fallback publishes its counters at most every 0.5 s, during decode steps, so
-        # the previous command's last steps reach the file only with the next step: one
-        # short request first, so they are not counted in this command.
-        engine.generate(input_ids=[11, 12, 13], sampling_params={"temperature": 0.0, "max_new_tokens": 3,
-                                                                 "ignore_eos": True})
-        time.sleep(STATS_SETTLE_S)
-    before = read_stats(job.get("stats_path"))
+    before = settled_stats(job.get("stats_path"), time.time())
     if cmd["kind"] == "profile":
         res = loop.run_until_complete(profiled(engine, cmd["C"], cmd["n"], cmd["prompt_len"], cmd["out_len"], cmd["seed"],
                                                vocab, cmd["steps"], cmd["dir"], stagger=cmd.get("stagger", False)))
@@ -185,9 +176,7 @@ def handle(engine, cmd: dict, job: dict, loop, vocab: int, warmed: set) -> dict:
                                                   stagger=cmd.get("stagger", False)))
     else:
         res = {"phases": loop.run_until_complete(phases(engine, cmd["schedule"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab))}
-    if job.get("stats_path"):
-        time.sleep(STATS_SETTLE_S)
-    after = read_stats(job.get("stats_path"))
+    after = settled_stats(job.get("stats_path"), time.time())
     if before or after:
         window = stats_window(before, after)
         fb, sp = window["fallback_steps"], window["spec_steps"]
@@ -199,6 +188,9 @@ def handle(engine, cmd: dict, job: dict, loop, vocab: int, warmed: set) -> dict:
 def main() -> int:
     job = json.loads(sys.argv[1])
     if job.get("stats_path"):
+        # A file left by an earlier run must not be read as this engine's counters.
+        if os.path.exists(job["stats_path"]):
+            os.remove(job["stats_path"])
         os.environ["SPECTOOL_FALLBACK_STATS"] = job["stats_path"]
     import sglang
 

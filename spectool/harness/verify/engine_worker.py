@@ -15,6 +15,32 @@ import time
 from ..engine_compat import rendezvous_port
 
 
+def settled_stats(path: str | None, since: float, job: dict | None = None, timeout: float = 60.0) -> dict:
+    """The fallback counters once every step before `since` (a time.time()) is in them. The
+    recipe writes its stats file at start-up and then every half second, with the time of
+    the write (`written_at`): two writes after `since` with the same counters mean the engine
+    has finished the steps of the requests that returned before it (overlap scheduling
+    counts a step's acceptance just after its tokens), so the counters are exact for a
+    workload. No file: the engine keeps no counters (no flag, or a release whose switch is
+    upstream's). Counters rebuilt from the log are read after a short wait for the log."""
+    if job and job.get("observe") == "log":
+        time.sleep(0.2)
+        return read_stats(path, job)
+    if not path or not os.path.exists(path):
+        return {}
+    deadline, seen = time.time() + timeout, None
+    while time.time() < deadline:
+        stats = read_stats(path)
+        written = stats.pop("written_at", 0)
+        if written >= since:
+            if seen is not None and seen[0] != written and seen[1] == stats:
+                return stats
+            if seen is None or seen[0] != written:
+                seen = (written, stats)
+        time.sleep(0.05)
+    raise TimeoutError(f"the fallback's stats file {path} was not rewritten for {timeout:.0f} s (is the engine alive?)")
+
+
 def read_stats(path: str | None, job: dict | None = None) -> dict:
     """The fallback counters now: the recipe's stats file, or (where the switch is upstream's)
     the same counters rebuilt from this engine's log."""
@@ -73,6 +99,7 @@ def engine_kwargs(job: dict) -> dict:
         if cfg["threshold"] is not None:
             kw["speculative_disable_batch_size_threshold"] = cfg["threshold"]
             kw["speculative_disable_batch_size_hysteresis"] = cfg["hysteresis"]
+            kw.update(cfg["fallback_args"])
     if job.get("observe") == "log" and algo:
         kw["decode_log_interval"] = 1  # one log line per decode step: the counters' source
     kw.update(job.get("engine_overrides", {}))
@@ -114,9 +141,7 @@ def main(job_path: str, out_path: str) -> int:
     job = json.loads(open(job_path).read())
     stats_path = job.get("stats_path")
     if stats_path and job.get("observe") != "log":
-        os.environ["SPECTOOL_FALLBACK_STATS"] = stats_path
-        os.environ["SPECTOOL_FALLBACK_STATS_INTERVAL"] = "0"  # exact counters per workload
-    os.environ.update(job["config"].get("env") or {})  # before the engine spawns its processes
+        os.environ["SPECTOOL_FALLBACK_STATS"] = stats_path  # before the engine spawns its processes
     result = {"config": job["config"]["name"], "workloads": {}, "ok": False}
     t_start = time.perf_counter()
     import sglang
@@ -128,12 +153,12 @@ def main(job_path: str, out_path: str) -> int:
     try:
         want_lp = job["config"]["algorithm"] is None
         loop = asyncio.get_event_loop()
+        after = None
         for wl in job["workloads"]:
-            before = read_stats(stats_path, job)
+            before = after if after is not None else settled_stats(stats_path, time.time(), job)
             t0 = time.perf_counter()
             outs = loop.run_until_complete(_run_workload(engine, wl, want_lp))
-            time.sleep(0.2)  # the last step's counters are written after the result returns
-            after = read_stats(stats_path, job)
+            after = settled_stats(stats_path, time.time(), job)
             result["workloads"][wl["name"]] = {
                 "requests": outs, "seconds": round(time.perf_counter() - t0, 3),
                 "stats_before": before, "stats_after": after,

@@ -187,8 +187,11 @@ def plan_jobs(cfgs, wls, models, out_dir: Path, sg_version: str, upstream_switch
         cfgs = [c for c in cfgs if c.name not in skipped]
     jobs = []
     for i, c in enumerate(cfgs):
+        config = asdict(c)
+        if upstream_switch:  # upstream's switch has none of the recipe's draft-sync paths or flags
+            config["fallback_args"] = {}
         jobs.append({
-            "config": asdict(c), "target": models["target"], "eagle3_draft": models["eagle3_draft"],
+            "config": config, "target": models["target"], "eagle3_draft": models["eagle3_draft"],
             "workloads": [{"name": w, "requests": [asdict(r) for r in wls[w].requests]} for w in c.workloads],
             "stats_path": str(out_dir / f"{c.name}.stats.json") if c.algorithm else None,
             "port": port_base + 50 * i,

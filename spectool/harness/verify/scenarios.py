@@ -38,9 +38,10 @@ class EngineConfig:
     cuda_graph: bool = True
     chunked_prefill: int | None = None
     workloads: list[str] = field(default_factory=list)
-    # Environment of the engine process: recipe switches that pick a code path (the golden
-    # scenarios' batches are small, so paths chosen by batch size are forced here).
-    env: dict[str, str] = field(default_factory=dict)
+    # Server args of the fallback recipe that pick a code path (the golden scenarios' batches
+    # are small, so paths chosen by batch size are forced here). Not passed where the switch is
+    # upstream's, which has neither these paths nor their flags.
+    fallback_args: dict[str, int | None] = field(default_factory=dict)
 
     @property
     def settings_key(self) -> tuple:
@@ -131,26 +132,18 @@ def workloads(spec: ModelSpec = ModelSpec(), seed: int = 1234) -> dict[str, Work
 # The fallback syncs the draft KV with a plain draft decode from 16 requests up and with a
 # one-token draft extend below; the golden batches stay under 16, so two engines force the
 # decode sync: the always-fallback engine (CUDA graphs) and the eager one (with a transition).
-DRAFT_DECODE = {"SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS": "1"}
-# The KV-only draft sync on every fallback step (margin 0, the default since session 22),
-# asked for by name, through a switch in both directions: the first speculative step after
-# it drafts from zeros, and tokens stay exact. At T=0 a margin of 8 is pinned (MARGIN_8):
-# 8 requests take the full sync, 9-12 the KV-only one.
-DRAFT_KV_ONLY = {"SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN": "0"}
-# The default margin is 0 since session 22 (it was 8): the engines whose scenarios claim the
-# full draft sync inside a margin of 8 (T+1 at T=4; 8 requests at T=0) ask for 8 by name, so
-# each claim keeps the meaning it had in the recorded runs; eagle3-t4-kv-only asks for 0.
-MARGIN_8 = {"SPECTOOL_FALLBACK_DRAFT_KV_ONLY_MARGIN": "8"}
-# The KV-only draft prefill (on by default since session 8), asked for by name on the engines
-# that claim it, so the claim does not hang on the default: 12 requests at T=0 (a margin of
-# 8) and at T=4 with margin 0, then speculation resumes over the draft KV it wrote
-# (T=4). Exact on the H200 on d7cba07 and f79ebae.
-KV_ONLY_PREFILL = {"SPECTOOL_FALLBACK_KV_ONLY_PREFILL": "1"}
-# The KV-only engine at T=4 writes four steps' K/V per graph replay (the default since
-# session 15, asked for by name): tokens stay exact through its switches, where the queue is
-# written before the speculative step's draft. The T=0 engine pins one step per replay.
-KV_ONLY_DEFER = {"SPECTOOL_FALLBACK_KV_ONLY_DEFER": "4"}
-KV_ONLY_EACH_STEP = {"SPECTOOL_FALLBACK_KV_ONLY_DEFER": "1"}
+DRAFT_DECODE = {"speculative_disable_draft_decode_min_bs": 1}
+# The KV-only draft sync on every fallback step (margin 0, the default), asked for by name,
+# through a switch in both directions: the first speculative step after it drafts from zeros,
+# and tokens stay exact. Its prefills write only the draft's K/V, and four steps share one
+# graph replay (the default, asked for by name): tokens stay exact through its switches, where
+# the queue is written before the speculative step's draft.
+DRAFT_KV_ONLY = {"speculative_disable_kv_only_margin": 0, "speculative_disable_kv_only_steps_per_replay": 4}
+# The engines whose scenarios claim the full draft sync inside a margin of 8 (T+1 at T=4; 8
+# requests at T=0, where 9-12 requests take the KV-only one) ask for that margin by name.
+MARGIN_8 = {"speculative_disable_kv_only_margin": 8}
+# The T=0 engine writes each KV-only step in its own graph replay.
+KV_ONLY_EACH_STEP = {"speculative_disable_kv_only_steps_per_replay": 1}
 
 
 def configs() -> list[EngineConfig]:
@@ -160,14 +153,14 @@ def configs() -> list[EngineConfig]:
         EngineConfig("base-eager", None, cuda_graph=False, workloads=[f"bs{T+1}", "stagger"]),
         EngineConfig("base-chunked", None, chunked_prefill=64, workloads=["long"]),
         EngineConfig("eagle3-t4", "EAGLE3", T, workloads=["bs1", f"bs{T-1}", f"bs{T}", f"bs{T+1}", "stagger", "arrive"],
-                     env=MARGIN_8),
+                     fallback_args=MARGIN_8),
         EngineConfig("eagle3-t0", "EAGLE3", 0, workloads=["bs8", "stagger"],
-                     env={**DRAFT_DECODE, **KV_ONLY_PREFILL, **KV_ONLY_EACH_STEP, **MARGIN_8}),
+                     fallback_args={**DRAFT_DECODE, **KV_ONLY_EACH_STEP, **MARGIN_8}),
         EngineConfig("eagle3-t4-eager", "EAGLE3", T, cuda_graph=False, workloads=[f"bs{T+1}", "stagger"],
-                     env={**DRAFT_DECODE, **MARGIN_8}),
-        EngineConfig("eagle3-t4-chunked", "EAGLE3", T, chunked_prefill=64, workloads=["long"], env=MARGIN_8),
+                     fallback_args={**DRAFT_DECODE, **MARGIN_8}),
+        EngineConfig("eagle3-t4-chunked", "EAGLE3", T, chunked_prefill=64, workloads=["long"], fallback_args=MARGIN_8),
         EngineConfig("eagle3-t4-kv-only", "EAGLE3", T, workloads=[f"bs{T+1}", "stagger", "arrive"],
-                     env={**DRAFT_KV_ONLY, **KV_ONLY_PREFILL, **KV_ONLY_DEFER}),
+                     fallback_args=DRAFT_KV_ONLY),
         EngineConfig("standalone-t4", "STANDALONE", T, workloads=["bs1", "stagger", "arrive"]),
         # The patch without the flag: what every user who has not opted in runs.
         EngineConfig("eagle3-unset", "EAGLE3", None, workloads=["bs8", "stagger"]),
@@ -210,7 +203,7 @@ def scenarios() -> list[Scenario]:
                  Expect("positive", fallback_after_spec=True, spec_after_fallback=True, resume_acceptance_not_lower=True),
                  "draft KV kept in sync: acceptance after resume >= before"),
         Scenario("eagle3 patched, flag unset", "eagle3-unset", "bs8", Expect(counted=False),
-                 "the release's own path on every step, prefill included (it crashed there until session 9)"),
+                 "the release's own path on every step, prefill included"),
         Scenario("eagle3 patched, flag unset stagger", "eagle3-unset", "stagger", Expect(counted=False),
                  "requests finishing one by one, no flag"),
     ]
