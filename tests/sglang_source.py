@@ -4,8 +4,8 @@ spec-disable-threshold recipe adds to add_cli_args in a real argparse parser, an
 fallback's SpecFallbackState."""
 
 from __future__ import annotations
-
 import __future__
+
 import argparse
 import ast
 import collections

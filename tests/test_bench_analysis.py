@@ -21,7 +21,8 @@ SPREAD = (1.0, 0.99, 1.01)
 
 
 # ServerArgs fields as the bench reads them from the SGLang under test (field -> type).
-SERVER_ARGS = {"speculative_disable_draft_decode_min_bs": "Optional[int]", "speculative_disable_kv_only_margin": "Optional[int]",
+SERVER_ARGS = {"speculative_disable_draft_decode_min_bs": "Optional[int]",
+               "speculative_disable_kv_only_margin": "Optional[int]",
                "speculative_disable_kv_only_steps_per_replay": "int", "attention_backend": "Optional[str]"}
 
 
@@ -297,7 +298,8 @@ def test_variants_are_arms_with_their_own_server_args():
                         ("A4=A0:speculative_disable_kv_only_margin=1", "already exists"),
                         ("A 4=A4:speculative_disable_kv_only_margin=1", "arm name"),
                         ("A4D=A4:SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS=32", "is not a ServerArgs field"),
-                        ("A4D=A4:speculative_disable_kv_only_margn=8", "did you mean speculative_disable_kv_only_margin"),
+                        ("A4D=A4:speculative_disable_kv_only_margn=8",
+                         "did you mean speculative_disable_kv_only_margin"),
                         ("A4D=A4:speculative_disable_kv_only_margin=eight", "takes a whole number or off")):
         with pytest.raises(BadInputError, match=needle):
             select_arms(32, 256, None, [bad], server_args=SERVER_ARGS)

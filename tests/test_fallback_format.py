@@ -78,7 +78,8 @@ def test_fallback_result_format(version, patched_release, monkeypatch):
         device="cpu", speculative_num_draft_tokens=ndt, req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
         speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
         _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
-        _spec_fallback=fallback_state_class(tree)(threshold=0, attn_backend="decode-backend", graph_runner="decode-graph"),
+        _spec_fallback=fallback_state_class(tree)(threshold=0, attn_backend="decode-backend",
+                                                  graph_runner="decode-graph"),
         draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
         _spec_fallback_draft_extend=lambda *a: seen.setdefault("draft_extend", a),
     )
@@ -151,7 +152,8 @@ def test_draft_kv_sync_replays_its_one_token_graph(graph_fits, patched_release):
           "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
     extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
     runner = Runner()
-    worker = SimpleNamespace(device="cpu", topk=1, _spec_fallback=fallback_state_class(tree)(draft_extend_runner=runner),
+    worker = SimpleNamespace(device="cpu", topk=1,
+                             _spec_fallback=fallback_state_class(tree)(draft_extend_runner=runner),
                              draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=eager_forward)))
     bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_next_draft_input", "_spec_fallback_kv_only_flush")
     nxt = SimpleNamespace()
@@ -259,7 +261,8 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, patched_rel
 
     mr = SimpleNamespace(attn_backend="a", graph_runner="g")
     worker = SimpleNamespace(
-        device="cpu", speculative_num_draft_tokens=4, req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(40).reshape(2, 20)),
+        device="cpu", speculative_num_draft_tokens=4,
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(40).reshape(2, 20)),
         speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
         _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
         _spec_fallback=fallback_state_class(tree)(threshold=0, attn_backend="d", graph_runner="dg"),
@@ -301,12 +304,14 @@ def test_start_up_takes_the_draft_sync_from_server_args(flags, min_bs, above, st
     mr = SimpleNamespace(init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "decode-backend")
     draft_runner = SimpleNamespace(init_new_workspace=False,
                                    _get_attention_backend=lambda init_new_workspace: backends.append(1) or "plain")
-    worker = SimpleNamespace(_target_worker=SimpleNamespace(model_runner=mr), _spec_fallback=fallback_state_class(tree)(threshold=32),
+    worker = SimpleNamespace(_target_worker=SimpleNamespace(model_runner=mr),
+                             _spec_fallback=fallback_state_class(tree)(threshold=32),
                              draft_worker=SimpleNamespace(draft_runner=draft_runner),
                              _spec_fallback_kv_only_unsupported=lambda: None)
     bind(path, ns, worker, "_spec_fallback_build", "_spec_fallback_plain_attn_backend",
          "_spec_fallback_init_draft_decode", "_spec_fallback_init_draft_kv_only")
-    worker._spec_fallback_build(server_args(cls, speculative_disable_batch_size_threshold=32, disable_cuda_graph=True, **flags))
+    worker._spec_fallback_build(
+        server_args(cls, speculative_disable_batch_size_threshold=32, disable_cuda_graph=True, **flags))
     state = worker._spec_fallback
     assert state.attn_backend == "decode-backend" and state.graph_runner is None
     assert state.draft_decode_min_bs == min_bs and state.draft_attn_backend == ("plain" if min_bs else None)
@@ -385,7 +390,8 @@ def test_draft_kv_sync_as_a_plain_decode_step(patched_release):
     for flags, expect in (({}, 16), ({"speculative_disable_draft_decode_min_bs": None}, None),
                           ({"speculative_disable_draft_decode_min_bs": 64}, 64),
                           ({"speculative_disable_draft_decode_min_bs": 1}, 1)):
-        w = SimpleNamespace(draft_worker=SimpleNamespace(draft_runner=runner), _spec_fallback=fallback_state_class(tree)())
+        w = SimpleNamespace(draft_worker=SimpleNamespace(draft_runner=runner),
+                            _spec_fallback=fallback_state_class(tree)())
         bind(path, {}, w, "_spec_fallback_plain_attn_backend")
         init(w, server_args(cls, **flags))
         assert w._spec_fallback.draft_decode_min_bs == expect

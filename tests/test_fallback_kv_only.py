@@ -394,7 +394,8 @@ def test_kv_only_switch_and_dispatch(patched_release):
 
     for flags, expect in (({}, 32), ({"speculative_disable_kv_only_margin": None}, None),
                           ({"speculative_disable_kv_only_margin": 3}, 35),
-                          ({"speculative_disable_kv_only_margin": 8, "speculative_disable_kv_only_steps_per_replay": 2}, 40)):
+                          ({"speculative_disable_kv_only_margin": 8,
+                            "speculative_disable_kv_only_steps_per_replay": 2}, 40)):
         w = worker()
         init(w, server_args(cls, **flags))
         assert w._spec_fallback.kv_only_above == expect, flags
@@ -408,7 +409,8 @@ def test_kv_only_switch_and_dispatch(patched_release):
 
     extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
     taken = []
-    w = SimpleNamespace(draft_worker=None, _spec_fallback=fallback_state_class(tree)(kv_only_above=40, draft_decode_min_bs=16),
+    w = SimpleNamespace(draft_worker=None,
+                        _spec_fallback=fallback_state_class(tree)(kv_only_above=40, draft_decode_min_bs=16),
                         _spec_fallback_draft_kv_only=lambda *a: taken.append("kv_only"),
                         _spec_fallback_kv_only_flush=lambda cause: taken.append(f"flush:{cause}"),
                         _spec_fallback_draft_decode=lambda *a: taken.append("decode"))
@@ -520,7 +522,8 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_
     pool = SimpleNamespace(set_kv_buffer=lambda *a: writes.append(a))
     dw = SimpleNamespace(draft_runner=SimpleNamespace(model=SimpleNamespace(model=model), token_to_kv_pool=pool),
                          _draft_extend_for_prefill=lambda *a: pytest.fail("the full draft prefill ran"))
-    worker = SimpleNamespace(device="cpu", topk=1, draft_worker=dw, _spec_fallback=fallback_state_class(tree)(kv_only_above=2))
+    worker = SimpleNamespace(device="cpu", topk=1, draft_worker=dw,
+                             _spec_fallback=fallback_state_class(tree)(kv_only_above=2))
     bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_kv_only_prefill_applies", "_spec_fallback_kv_only_write",
                  "_spec_fallback_kv_only_flush",
                  "_spec_fallback_zero_draft_input", "_spec_fallback_constant", "_spec_fallback_eligible")

@@ -141,8 +141,8 @@ def test_bulk_add_reports_the_method_that_drifted(tmp_path):
     """One method of the block present with other code: drift that names that method (its
     recipe, operation and file), and nothing is written."""
     d = FIXTURES / "add_methods"
-    src = (d / "before.py").read_text().replace("    def step(self, batch):",
-                                                "    def _count_total(self):\n        return 0\n\n    def step(self, batch):")
+    other = "    def _count_total(self):\n        return 0\n\n    def step(self, batch):"
+    src = (d / "before.py").read_text().replace("    def step(self, batch):", other)
     tree = make_tree(tmp_path / "tree", "0.5.12", {TARGET: src.encode()})
     out = api.apply(tree, recipes_dir=d)
     res = out.plan.results[0]
@@ -164,8 +164,8 @@ def test_add_definition_needs_its_anchor_and_its_name_free(tmp_path):
         res = api.apply(tree, recipes_dir=d).plan.results[0]
         assert res.status == "drift" and needle in res.error.message, res.error.message
         assert (tree / TARGET).read_text() == changed
-    assert any("Worker2" in c for c in api.apply(make_tree(tmp_path / "c", "0.5.12", {
-        TARGET: src.replace("class Worker:", "class Worker2:").encode()}), recipes_dir=d).plan.results[0].error.candidates)
+    renamed = make_tree(tmp_path / "c", "0.5.12", {TARGET: src.replace("class Worker:", "class Worker2:").encode()})
+    assert any("Worker2" in c for c in api.apply(renamed, recipes_dir=d).plan.results[0].error.candidates)
 
 
 @pytest.mark.parametrize("code,op,needle", [

@@ -117,9 +117,9 @@ def test_seed_worker_says_the_draft_sync_flags_have_no_effect(trees, caplog):
     build = load_function(tree / worker, "EAGLEWorkerV2._spec_fallback_build",
                           {"ServerArgs": cls, "logger": logging.getLogger("t")})
     stop = RuntimeError("stop after the flags")  # the graph capture that follows needs a GPU
+    both = ["--speculative-disable-draft-decode-min-bs", "--speculative-disable-kv-only-margin"]
     for values, named in (({}, []), ({"speculative_disable_kv_only_margin": None,
-                                      "speculative_disable_draft_decode_min_bs": 1},
-                                     ["--speculative-disable-draft-decode-min-bs", "--speculative-disable-kv-only-margin"])):
+                                      "speculative_disable_draft_decode_min_bs": 1}, both)):
         caplog.clear()
         w = SimpleNamespace(_spec_fallback=None, _target_worker=SimpleNamespace(model_runner=None),
                             _spec_fallback_plain_attn_backend=lambda runner: (_ for _ in ()).throw(stop))

@@ -66,7 +66,8 @@ def test_engines_get_the_flags_only_where_the_fallback_is_the_recipes(tmp_path):
         for job in jobs:
             kw = engine_kwargs(job)
             flags = {k: v for k, v in kw.items() if k.startswith("speculative_disable_") and "batch_size" not in k}
-            want = {} if upstream else next(c.fallback_args for c in scenarios.configs() if c.name == job["config"]["name"])
+            config = next(c for c in scenarios.configs() if c.name == job["config"]["name"])
+            want = {} if upstream else config.fallback_args
             assert flags == want, (version, job["config"]["name"])
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ..engine_compat import rendezvous_port, server_arg_value
 

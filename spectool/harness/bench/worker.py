@@ -167,7 +167,7 @@ def handle(engine, cmd: dict, job: dict, loop, vocab: int, warmed: set) -> dict:
         loop.run_until_complete(closed_loop(engine, cmd["C"], cmd["C"], cmd["prompt_len"], WARMUP_OUT_LEN,
                                             cmd["seed"] + 7919, vocab))
         warmed.add(cmd["C"])
-    before = settled_stats(job.get("stats_path"), time.time())
+    before = settled_stats(job.get("stats_path"))
     if cmd["kind"] == "profile":
         res = loop.run_until_complete(profiled(engine, cmd["C"], cmd["n"], cmd["prompt_len"], cmd["out_len"], cmd["seed"],
                                                vocab, cmd["steps"], cmd["dir"], stagger=cmd.get("stagger", False)))
@@ -176,7 +176,7 @@ def handle(engine, cmd: dict, job: dict, loop, vocab: int, warmed: set) -> dict:
                                                   stagger=cmd.get("stagger", False)))
     else:
         res = {"phases": loop.run_until_complete(phases(engine, cmd["schedule"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab))}
-    after = settled_stats(job.get("stats_path"), time.time())
+    after = settled_stats(job.get("stats_path"))
     if before or after:
         window = stats_window(before, after)
         fb, sp = window["fallback_steps"], window["spec_steps"]

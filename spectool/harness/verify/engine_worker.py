@@ -15,19 +15,21 @@ import time
 from ..engine_compat import rendezvous_port
 
 
-def settled_stats(path: str | None, since: float, job: dict | None = None, timeout: float = 60.0) -> dict:
-    """The fallback counters once every step before `since` (a time.time()) is in them. The
-    recipe writes its stats file at start-up and then every half second, with the time of
-    the write (`written_at`): two writes after `since` with the same counters mean the engine
-    has finished the steps of the requests that returned before it (overlap scheduling
-    counts a step's acceptance just after its tokens), so the counters are exact for a
-    workload. No file: the engine keeps no counters (no flag, or a release whose switch is
-    upstream's). Counters rebuilt from the log are read after a short wait for the log."""
+def settled_stats(path: str | None, since: float | None = None, job: dict | None = None, timeout: float = 60.0) -> dict:
+    """The fallback counters once every step before `since` (a time.time(), by default now)
+    is in them. The recipe writes its stats file at start-up and then every half second,
+    with the time of the write (`written_at`): two writes after `since` with the same
+    counters mean the engine has finished the steps of the requests that returned before it
+    (overlap scheduling counts a step's acceptance just after its tokens), so the counters
+    are exact for a workload. No file: the engine keeps no counters (no flag, or a release
+    whose switch is upstream's). Counters rebuilt from the log are read after a short wait
+    for the log."""
     if job and job.get("observe") == "log":
         time.sleep(0.2)
         return read_stats(path, job)
     if not path or not os.path.exists(path):
         return {}
+    since = time.time() if since is None else since
     deadline, seen = time.time() + timeout, None
     while time.time() < deadline:
         stats = read_stats(path)
@@ -155,10 +157,10 @@ def main(job_path: str, out_path: str) -> int:
         loop = asyncio.get_event_loop()
         after = None
         for wl in job["workloads"]:
-            before = after if after is not None else settled_stats(stats_path, time.time(), job)
+            before = after if after is not None else settled_stats(stats_path, job=job)
             t0 = time.perf_counter()
             outs = loop.run_until_complete(_run_workload(engine, wl, want_lp))
-            after = settled_stats(stats_path, time.time(), job)
+            after = settled_stats(stats_path, job=job)
             result["workloads"][wl["name"]] = {
                 "requests": outs, "seconds": round(time.perf_counter() - t0, 3),
                 "stats_before": before, "stats_after": after,
