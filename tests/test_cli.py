@@ -255,3 +255,17 @@ def test_gate_json_reports_each_pinned_release(tmp_path):
     [up] = d["upgrades"]
     assert up["command"] == "upgrade" and up["to"] == "0.5.12" and up["needs_work"] == []
     assert [x["id"] for x in up["recipes"]] == ["sm120"] and up["recipes"][0]["status"] == "would-apply"
+
+
+def test_suggest_threshold_refuses_a_folder_without_cells_at_that_acceptance(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from spectool.cli import main
+
+    cell = {"arm": "A0", "C": 1, "acc_len": 2.0, "output_tok_s": 100.0}
+    (tmp_path / "cells.jsonl").write_text(json.dumps(cell) + "\n")
+    res = CliRunner().invoke(main, ["bench", "--suggest-threshold", "--out", str(tmp_path)])
+    assert res.exit_code == 2, res.output
+    assert "no cells at acceptance 3" in res.output and "holds 2 (pass --acc-len)" in res.output

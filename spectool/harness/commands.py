@@ -136,6 +136,10 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
                 raise BadInputError(f"--suggest-threshold: {folder} has no cells.jsonl; measure there first "
                                     "(spectool bench --out with the same folder).")
             m = analyze.load_medians(folder, a)
+            if not m:
+                present = sorted({c.get("acc_len") for c in analyze.read_cells(folder / "cells.jsonl")} - {None})
+                raise BadInputError(f"--suggest-threshold: {folder} has no cells at acceptance {a:g}; it holds "
+                                    f"{', '.join(f'{x:g}' for x in present) or 'none'} (pass --acc-len).")
             # Every C the folder measured (a merge with finer points included), unless named.
             named = click.get_current_context().get_parameter_source("concurrency") != click.core.ParameterSource.DEFAULT
             res = analyze.suggest_threshold(m, cs if named else [C for _, C in m])
