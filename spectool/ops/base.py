@@ -40,6 +40,8 @@ class FileState:
     parsed: cst.Module | None = None
     _keep: list = field(default_factory=list)  # keeps owned nodes alive so ids stay unique
     _code_cache: dict[int, str] = field(default_factory=dict)
+    # (id of an anchor statement, "before"/"after") -> [(recipe id, statements inserted there)]
+    inserted_at: dict[tuple[int, str], list[tuple[str, list]]] = field(default_factory=dict)
     _positions: Any = None
 
     def __post_init__(self):
@@ -95,9 +97,11 @@ class OpContext:
     tree: "SglangTree"
     files: Any  # plan.FileSet
     options: dict
+    ordered_after: frozenset = frozenset()  # recipes this one requires (directly or not)
 
 
-_QUAL_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$|^[A-Za-z_][\w.]*$")
+_NAME = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+_QUAL_RE = re.compile(rf"^{_NAME}(?::{_NAME})?$")
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ class Target:
         if not isinstance(text, str) or not _QUAL_RE.match(text):
             raise RecipeError(f"{where}: 'target' must look like 'sglang.srt.module:Class.method', got {text!r}.")
         module, _, qual = text.partition(":")
-        if not module.startswith("sglang"):
+        if module != "sglang" and not module.startswith("sglang."):
             raise RecipeError(f"{where}: target module {module!r} must be inside the sglang package.")
         return cls(module, qual)
 
@@ -147,8 +151,11 @@ class Operation:
 
     **Idempotence.** run on its own output must return ``ALREADY`` and change nothing: compare
     what is there with what would be inserted independently of formatting (``same_code``,
-    patterns). apply re-plans every file after writing and refuses a recipe that would change
-    it again; each kind has a before/after fixture under tests/fixtures/ that checks it.
+    patterns). apply re-plans the planned bytes in memory before writing and refuses a recipe
+    that would change them again; each kind has a before/after fixture under tests/fixtures/
+    that checks it. An operation that inserts next to an anchor statement goes beyond what
+    earlier operations inserted there (``queued_at``, ``mark_inserted``): two recipes sharing
+    an anchor conflict unless one requires the other.
 
     **Errors.** A source that does not match the recipe (definition or anchor missing, matched
     the wrong number of times, different code already there) raises ``self.drift(ctx, st, what,
@@ -175,7 +182,7 @@ class Operation:
         self.code: dict[str, CodeRef] = {}
         for key in self.code_keys:
             if key in spec:
-                self.code[key] = CodeRef.parse(spec[key], base, recipe_file)
+                self.code[key] = CodeRef.parse(spec[key], base, recipe_file, f"{where}.{key}")
         self.count = int(spec.get("count", 1))
         self.imports: list[str] = list(spec.get("imports", []))
         self.validate()
@@ -214,11 +221,33 @@ class Operation:
             recipe=ctx.recipe_id, other=other, file=st.relpath, target=str(self.target),
         )
 
+    def queued_at(self, ctx: OpContext, st: FileState, anchor: cst.CSTNode, side: str) -> int:
+        """How many statements earlier operations inserted at this anchor on this side: this
+        one goes beyond them, so a second plan finds every block where the first put it.
+        A recipe may share an anchor only with recipes it requires (that states the order)."""
+        n = 0
+        for owner, nodes in st.inserted_at.get((id(anchor), side), []):
+            if owner != ctx.recipe_id and owner not in ctx.ordered_after:
+                raise ConflictError(
+                    f"recipe '{ctx.recipe_id}' (variant {ctx.variant}), operation #{ctx.index + 1} "
+                    f"{self.kind} on {self.target} in {st.relpath}: inserts {side} the same statement "
+                    f"({st.code(anchor).strip().splitlines()[0][:80]!r}) as recipe '{owner}'. Two recipes may "
+                    f"insert at one anchor only when one requires the other (it then goes after it): add "
+                    f"'requires: [{owner}]' to one of them, or anchor elsewhere.",
+                    recipe=ctx.recipe_id, other=owner, file=st.relpath, target=str(self.target),
+                )
+            n += len(nodes)
+        return n
+
+    def mark_inserted(self, ctx: OpContext, st: FileState, anchor: cst.CSTNode, side: str, nodes) -> None:
+        st.inserted_at.setdefault((id(anchor), side), []).append((ctx.recipe_id, list(nodes)))
+        st._keep.append(anchor)
+
     def anchor_text(self) -> str:
         return self.target.qualname
 
     def nearest_definitions(self, ctx: OpContext, st: FileState) -> list[str]:
-        names = cstutil.all_definitions(st.module)
+        names = cstutil.all_definitions(st.parsed)  # what is on disk, not what the plan added
         close = difflib.get_close_matches(self.target.qualname, names, n=4, cutoff=0.5)
         out = [f"{st.relpath}: {n}" for n in close]
         last = self.target.qualname.split(".")[-1]
@@ -229,6 +258,8 @@ class Operation:
     def nearest_statements(self, st: FileState, scope_node, text: str) -> list[str]:
         scored = []
         for stmt, _ in cstutil.iter_statements(scope_node, [scope_node]):
+            if id(stmt) in st.owners:  # inserted by the plan: not in the file
+                continue
             code = st.code(stmt).strip()
             head = code.splitlines()[0] if code else ""
             ratio = difflib.SequenceMatcher(None, text.strip(), head).ratio()
