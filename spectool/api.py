@@ -274,7 +274,7 @@ def status(sglang_dir, *, version=None) -> Outcome:
         unfinished = transaction.pending(tree.dir, _beside(tree, rec))
         if unfinished:
             out.ok = False
-            out.notes.append(unfinished)
+            out.notes.append(f"{unfinished}.")
             return out
         if rec.problem is not None:
             out.ok = False
