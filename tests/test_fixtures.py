@@ -324,3 +324,47 @@ class Worker:
     res = {r.id: r for r in api.check(tree, recipes_dir=rdir).plan.results}
     assert res["fx-b"].status == "drift" and "helper_v3" in res["fx-b"].error.message
     assert not any("helper_v2" in c for c in res["fx-b"].error.candidates), res["fx-b"].error.candidates
+
+
+def _member_recipes(root, requires: bool):
+    """Two recipes adding a field, a method and a top-level function at the same anchors of
+    the add_field fixture's ServerArgs."""
+    import yaml
+
+    rdir = root / "recipes"
+    for rid, n in (("fx-a", 1), ("fx-b", 2)):
+        d = rdir / rid
+        d.mkdir(parents=True)
+        (d / "code.py").write_text(f"class F:\n    extra{n}: int = {n}\n\n\nclass M:\n    def m{n}(self):\n"
+                                   f"        return {n}\n\n\ndef helper{n}():\n    return {n}\n")
+        cls = "sglang.srt.target:ServerArgs"
+        ops = [{"op": "add_field", "target": cls, "after": "speculative_adaptive", "code": "code.py:F"},
+               {"op": "add_method", "target": cls, "after": "other", "code": f"code.py:M.m{n}"},
+               {"op": "add_definition", "target": "sglang.srt.target", "before": "ServerArgs",
+                "code": f"code.py:helper{n}"}]
+        data = {"id": rid, "summary": "s", "variants": [{"name": "all", "versions": ">=0.1", "operations": ops}]}
+        if requires and rid == "fx-b":
+            data["requires"] = ["fx-a"]
+        (d / "recipe.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return rdir
+
+
+def test_members_at_one_anchor_need_an_order(tmp_path):
+    """add_field, add_method and add_definition at an anchor another recipe uses: a conflict
+    without `requires`; with it, the second goes after the first and reads back as applied."""
+    before = (FIXTURES / "add_field" / "before.py").read_bytes()
+    tree = make_tree(tmp_path / "tree", "0.5.12", {TARGET: before})
+    out = api.apply(tree, recipes_dir=_member_recipes(tmp_path / "u", requires=False))
+    res = {r.id: r for r in out.plan.results}
+    assert res["fx-b"].status == "conflict" and "requires: [fx-a]" in res["fx-b"].error.message
+    assert (tree / TARGET).read_bytes() == before
+    rdir = _member_recipes(tmp_path / "o", requires=True)
+    assert api.apply(tree, recipes_dir=rdir).ok
+    text = (tree / TARGET).read_text()
+    assert text.index("extra1") < text.index("extra2") < text.index("speculative_adaptive_config")
+    assert text.index("def m1") < text.index("def m2")
+    assert text.index("def helper2") < text.index("def helper1") < text.index("class ServerArgs")
+    again = api.apply(tree, recipes_dir=rdir)
+    assert not again.wrote and {r.status for r in again.plan.results} == {"already-applied"}
+    api.revert(tree)
+    assert (tree / TARGET).read_bytes() == before

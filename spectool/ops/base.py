@@ -40,7 +40,7 @@ class FileState:
     parsed: cst.Module | None = None
     _keep: list = field(default_factory=list)  # keeps owned nodes alive so ids stay unique
     _code_cache: dict[int, str] = field(default_factory=dict)
-    # (id of an anchor statement, "before"/"after") -> [(recipe id, statements inserted there)]
+    # (anchor: id of a statement or a name tuple, "before"/"after") -> [(recipe id, nodes inserted there)]
     inserted_at: dict[tuple[int, str], list[tuple[str, list]]] = field(default_factory=dict)
     _positions: Any = None
 
@@ -122,6 +122,10 @@ class Target:
 
     def __str__(self) -> str:
         return f"{self.module}:{self.qualname}" if self.qualname else self.module
+
+
+def _anchor_key(anchor) -> object:
+    return id(anchor) if isinstance(anchor, cst.CSTNode) else anchor
 
 
 class Operation:
@@ -221,27 +225,30 @@ class Operation:
             recipe=ctx.recipe_id, other=other, file=st.relpath, target=str(self.target),
         )
 
-    def queued_at(self, ctx: OpContext, st: FileState, anchor: cst.CSTNode, side: str) -> int:
+    def queued_at(self, ctx: OpContext, st: FileState, anchor, side: str) -> int:
         """How many statements earlier operations inserted at this anchor on this side: this
         one goes beyond them, so a second plan finds every block where the first put it.
-        A recipe may share an anchor only with recipes it requires (that states the order)."""
+        A recipe may share an anchor only with recipes it requires (that states the order).
+        `anchor` is the anchor statement, or for a named definition that other edits rebuild
+        (a class, a member) a tuple naming it."""
         n = 0
-        for owner, nodes in st.inserted_at.get((id(anchor), side), []):
+        for owner, nodes in st.inserted_at.get((_anchor_key(anchor), side), []):
             if owner != ctx.recipe_id and owner not in ctx.ordered_after:
+                label = st.code(anchor).strip().splitlines()[0][:80] if isinstance(anchor, cst.CSTNode) else anchor[-1]
                 raise ConflictError(
                     f"recipe '{ctx.recipe_id}' (variant {ctx.variant}), operation #{ctx.index + 1} "
-                    f"{self.kind} on {self.target} in {st.relpath}: inserts {side} the same statement "
-                    f"({st.code(anchor).strip().splitlines()[0][:80]!r}) as recipe '{owner}'. Two recipes may "
-                    f"insert at one anchor only when one requires the other (it then goes after it): add "
-                    f"'requires: [{owner}]' to one of them, or anchor elsewhere.",
+                    f"{self.kind} on {self.target} in {st.relpath}: inserts {side} {label!r}, as recipe "
+                    f"'{owner}' does. Two recipes may insert at one anchor only when one requires the other "
+                    f"(it then goes after it): add 'requires: [{owner}]' to one of them, or anchor elsewhere.",
                     recipe=ctx.recipe_id, other=owner, file=st.relpath, target=str(self.target),
                 )
             n += len(nodes)
         return n
 
-    def mark_inserted(self, ctx: OpContext, st: FileState, anchor: cst.CSTNode, side: str, nodes) -> None:
-        st.inserted_at.setdefault((id(anchor), side), []).append((ctx.recipe_id, list(nodes)))
-        st._keep.append(anchor)
+    def mark_inserted(self, ctx: OpContext, st: FileState, anchor, side: str, nodes) -> None:
+        st.inserted_at.setdefault((_anchor_key(anchor), side), []).append((ctx.recipe_id, list(nodes)))
+        if isinstance(anchor, cst.CSTNode):
+            st._keep.append(anchor)  # its id stays unique while the plan runs
 
     def anchor_text(self) -> str:
         return self.target.qualname
