@@ -63,10 +63,16 @@ def guarded(fn):
         except SpectoolError as exc:
             _fail(exc, as_json)
         except KeyboardInterrupt:
-            click.echo("spectool: interrupted", err=True)
+            where = kwargs.get("sglang_dir") or "DIR"
+            click.echo("spectool: interrupted. Writes are all or nothing: one under way when the signal came was "
+                       f"finished first. 'spectool status --sglang-dir {where}' shows the tree's state (and names "
+                       "'spectool recover' if a killed run left anything unfinished).", err=True)
             sys.exit(EXIT_FAILED)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
+        except OSError as exc:  # the environment, not spectool: a permission, a full disk, a vanished file
+            _fail(BadInputError(f"cannot access {exc.filename or 'a file'}: {exc.strerror or exc}. Nothing was "
+                                "written unless a note above says so."), as_json)
         except Exception as exc:  # a bug in spectool: say so, keep the details short
             tb = traceback.extract_tb(exc.__traceback__)[-1]
             msg = (f"internal error {type(exc).__name__}: {exc} (at {Path(tb.filename).name}:{tb.lineno}). "
@@ -174,15 +180,15 @@ class LazyGroup(click.Group):
                                "--help says which)"))
 @click.version_option(__version__, prog_name="spectool")
 def main():
-    """Declarative, verified patches for SGLang: apply, check, status, revert, upgrade, gate,
-    fetch, verify, bench. Every command takes --json: one report on stdout (schema_version 1)."""
+    """Declarative, verified patches for SGLang: apply, check, status, revert, recover, upgrade,
+    gate, fetch, verify, bench. Every command takes --json: one report on stdout (schema_version 1)."""
 
 
 @main.command(epilog=exit_codes(
     "applied, or every recipe already in place (--dry-run: nothing would change)",
     "a recipe drifted, conflicts, is unsupported or blocked, or would leave invalid code: nothing "
     "was written (--dry-run: something would change)",
-    "also: a patched file changed since the apply, without --force"))
+    "also: a patched file changed since the apply, without --force; a damaged lockfile"))
 @_dir_opt(required=False)
 @_recipe_opts
 @click.option("--dry-run", is_flag=True, help="Print the unified diff, change nothing (exit 1 if anything would change).")
@@ -207,7 +213,8 @@ def apply(sglang_dir, select, recipes_dir, version, dry_run, force, as_json):
 @main.command(epilog=exit_codes(
     "every recipe would apply or is applied, and every patched file is intact",
     "a recipe would not apply (drift, conflict, unsupported, blocked, invalid), a patched file "
-    "changed since the apply, or spectool.lock is for another SGLang release"))
+    "changed since the apply, or spectool.lock is for another SGLang release",
+    "also: a tree an interrupted run left unfinished (the message names recover), a damaged lockfile"))
 @_dir_opt()
 @_recipe_opts
 @click.option("--against", default=None, help="Fetch this SGLang release and check the recipes against it instead.")
@@ -228,24 +235,28 @@ def check(sglang_dir, select, recipes_dir, version, against, as_json):
 
 @main.command(epilog=exit_codes(
     "every patched file is intact, or nothing is applied",
-    "a patched file changed or is missing, or the tree is another SGLang release than the lock's"))
+    "a patched file changed or is missing, the tree is another SGLang release than the lock's, an "
+    "interrupted run left the tree unfinished (the note names recover), or the lockfile is damaged"))
 @_dir_opt()
 @_version_opt
 @_json_opt
 @guarded
 def status(sglang_dir, version, as_json):
-    """What is applied (from spectool.lock), with hash checks of every patched file."""
+    """What is applied (from spectool.lock), with hash checks of every patched file and of the
+    saved originals; never ok on a tree an interrupted run left unfinished."""
     from . import api
 
     _emit(api.status(sglang_dir, version=version), as_json)
 
 
 @main.command(epilog=exit_codes(
-    "restored, or nothing to revert", "interrupted (Ctrl-C); the journal finishes the revert on the next run",
-    "also: a patched file changed since the apply, without --force, or a saved original is damaged"))
+    "restored, or nothing to revert", "interrupted (Ctrl-C; a write under way is finished first)",
+    "also: a patched file changed since the apply, without --force, a saved original is damaged, or the "
+    "lockfile and its copy are both unusable, without --force"))
 @_dir_opt()
 @_version_opt
-@click.option("--force", is_flag=True, help="Revert even files changed since the apply.")
+@click.option("--force", is_flag=True, help="Revert even files changed since the apply; with no trustworthy "
+              "lockfile (nor its copy in .spectool), restore the saved originals alone.")
 @_json_opt
 @guarded
 def revert(sglang_dir, version, force, as_json):
@@ -254,6 +265,21 @@ def revert(sglang_dir, version, force, as_json):
 
     out = api.revert(sglang_dir, version=version, force=force)
     _emit(out, as_json)
+
+
+@main.command(epilog=exit_codes(
+    "nothing was unfinished, or the interrupted apply or revert was finished or rolled back",
+    "the lockfile is still damaged (the note names the revert that repairs it)"))
+@_dir_opt()
+@_version_opt
+@_json_opt
+@guarded
+def recover(sglang_dir, version, as_json):
+    """Finish or roll back what a killed apply or revert left (its journal, temp files).
+    apply and revert do this first on their own; status and check name this command."""
+    from . import api
+
+    _emit(api.recover(sglang_dir, version=version), as_json)
 
 
 def _upgrade(to, recipes_dir, select, as_json, from_version=None) -> tuple[int, dict | None]:

@@ -10,6 +10,7 @@ documents the snippet and is never inserted.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -20,16 +21,36 @@ from .cstutil import find_definition
 from .errors import RecipeError
 
 
+MAX_BYTES = 1 << 20
+_QUALNAME_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
 @lru_cache(maxsize=256)
 def _parse_file(path: Path, mtime_ns: int) -> cst.Module:
     try:
-        return cst.parse_module(path.read_bytes())
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise RecipeError(f"recipe code file {path} cannot be read: {exc.strerror}.", file=str(path)) from None
+    if len(data) > MAX_BYTES:
+        raise RecipeError(f"recipe code file {path} is larger than {MAX_BYTES // 1024} KiB.", file=str(path))
+    try:
+        return cst.parse_module(data)
     except cst.ParserSyntaxError as exc:
         raise RecipeError(
             f"recipe code file {path} has a syntax error at line {exc.raw_line}, column "
             f"{exc.raw_column}: {exc.message}. Fix the file; nothing was changed.",
             file=str(path),
         ) from None
+    except (UnicodeDecodeError, LookupError) as exc:
+        raise RecipeError(
+            f"recipe code file {path} cannot be decoded ({exc}); save it as UTF-8 or give it a correct "
+            "coding declaration. Nothing was changed.",
+            file=str(path),
+        ) from None
+    except Exception as exc:  # libcst's native parser on input it cannot handle at all
+        raise RecipeError(f"recipe code file {path} cannot be parsed ({type(exc).__name__}: {str(exc)[:200]}). "
+                          "Nothing was changed.", file=str(path)) from None
 
 
 def _strip_docstring(stmts):
@@ -53,16 +74,23 @@ class CodeRef:
     qualname: str
 
     @classmethod
-    def parse(cls, text: str, base: Path, recipe_file: Path) -> "CodeRef":
-        if not isinstance(text, str) or ":" not in text:
+    def parse(cls, text: str, base: Path, recipe_file: Path, where: str | None = None) -> CodeRef:
+        """`text` is FILE.py:QUALNAME; FILE is relative to `base` (the recipe's folder) and
+        must stay inside it, symlinks resolved."""
+        where = where or str(recipe_file)
+        file, _, qual = text.partition(":") if isinstance(text, str) else ("", "", "")
+        if not file.endswith(".py") or not _QUALNAME_RE.match(qual):
             raise RecipeError(
-                f"{recipe_file}: code reference {text!r} must be 'FILE.py:QUALNAME' "
-                "(a function or class in a .py file beside the recipe)."
+                f"{where}: code reference {text!r} must be 'FILE.py:QUALNAME' "
+                "(a function or class in a .py file in the recipe's folder, e.g. 'code.py:Worker.twice')."
             )
-        file, qual = text.split(":", 1)
+        folder = base.resolve()
         path = (base / file).resolve()
+        if folder not in path.parents:
+            raise RecipeError(f"{where}: code file {file!r} (from {text!r}) is outside the recipe's folder {base}; "
+                              "a recipe may only use code files inside its own folder.")
         if not path.is_file():
-            raise RecipeError(f"{recipe_file}: code file {file} (from {text!r}) does not exist in {base}.")
+            raise RecipeError(f"{where}: code file {file} (from {text!r}) does not exist in {base}.")
         return cls(recipe_file, path, qual)
 
     def module(self) -> cst.Module:

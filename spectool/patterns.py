@@ -44,6 +44,15 @@ class Pattern:
 
     @classmethod
     def parse(cls, text: str, *, expression: bool | None = None) -> "Pattern":
+        """SyntaxError for anything that is not one statement or expression (null bytes and
+        nesting too deep for the parser included)."""
+        try:
+            return cls._parse(text, expression)
+        except (ValueError, RecursionError, MemoryError) as exc:
+            raise SyntaxError(f"cannot be parsed ({type(exc).__name__}: {str(exc)[:100]})") from None
+
+    @classmethod
+    def _parse(cls, text: str, expression: bool | None) -> Pattern:
         src = _prepare(_dedent(text))
         wild = _WILD_RE.findall(text)
         if expression is not False:

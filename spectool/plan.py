@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import re
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -51,12 +52,13 @@ class FileSet:
         return self.states[rel]
 
     def snapshot(self) -> dict:
-        return {rel: (st.module, dict(st.owners)) for rel, st in self.states.items()}
+        return {rel: (st.module, dict(st.owners), {k: list(v) for k, v in st.inserted_at.items()})
+                for rel, st in self.states.items()}
 
     def restore(self, snap: dict) -> None:
         for rel, st in list(self.states.items()):
             if rel in snap:
-                st.module, st.owners = snap[rel][0], snap[rel][1]
+                st.module, st.owners, st.inserted_at = snap[rel]
             else:
                 del self.states[rel]
                 self.by_module = {m: r for m, r in self.by_module.items() if r != rel}
@@ -145,11 +147,33 @@ def _options_for(recipe: Recipe, options: dict) -> dict:
     return merged
 
 
+def _ordered_before(recipes: list[Recipe]) -> dict[str, frozenset[str]]:
+    """Per recipe, every recipe it requires, directly or not: the recipes it states an order
+    with (they may insert at the same anchor; it goes after them)."""
+    direct = {r.id: set(r.requires) for r in recipes}
+    out: dict[str, frozenset[str]] = {}
+
+    def visit(rid: str) -> frozenset[str]:
+        if rid not in out:
+            out[rid] = frozenset()  # a cycle is refused by load_recipes; never loop here
+            acc = set()
+            for req in direct.get(rid, ()):
+                acc |= {req} | visit(req)
+            out[rid] = frozenset(acc)
+        return out[rid]
+
+    for r in recipes:
+        visit(r.id)
+    return out
+
+
 def build_plan(tree: SglangTree, recipes: list[Recipe], options: dict | None = None,
-               overrides: dict[str, bytes] | None = None) -> Plan:
-    """Run every recipe against the tree in memory and return what would change."""
+               overrides: dict[str, bytes] | None = None, validate: bool = True) -> Plan:
+    """Run every recipe against the tree in memory and return what would change.
+    `validate=False` skips compiling and pyflakes (for a read-back of an already validated plan)."""
     options = options or {}
     files = FileSet(tree, overrides)
+    ordered = _ordered_before(recipes)
     results: list[RecipeResult] = []
     by_id: dict[str, RecipeResult] = {}
     for recipe in recipes:
@@ -180,7 +204,7 @@ def build_plan(tree: SglangTree, recipes: list[Recipe], options: dict | None = N
                 if op.when and not opts.get(op.when):
                     res.ops.append({"op": op.kind, "target": str(op.target), "status": OpStatus.SKIPPED})
                     continue
-                ctx = OpContext(recipe.id, variant.name, i, tree, files, opts)
+                ctx = OpContext(recipe.id, variant.name, i, tree, files, opts, ordered[recipe.id])
                 status = op.run(ctx)
                 st = files.get(op.target.module)
                 for imp in op.imports:
@@ -207,15 +231,37 @@ def build_plan(tree: SglangTree, recipes: list[Recipe], options: dict | None = N
     for rel, st in sorted(files.states.items()):
         # An unedited module is still the parse of its bytes, which libcst renders back byte
         # for byte: skip the render.
-        after = st.original if st.module is st.parsed else st.module.bytes
+        after = st.original if st.module is st.parsed else _render(st, [r.id for r in results if rel in r.files])
         # Planned from overrides (saved originals): what changes is relative to the disk.
         on_disk = (tree.root / rel).read_bytes() if rel in files.overrides else st.original
         if after != on_disk:
             changes.append(FileChange(rel, on_disk, after, st.original))
     plan = Plan(tree, recipes, results, changes, options,
                 inputs={rel: sha256(st.original) for rel, st in sorted(files.states.items())})
-    _validate(plan)
+    if validate:
+        _validate(plan)
     return plan
+
+
+_LONE_LF = re.compile(rb"(?<!\r)\n")
+
+
+def _render(st: FileState, recipe_ids: list[str]) -> bytes:
+    """The file's new bytes in its own encoding and line endings: inserted code is read
+    from LF files, so in a file that uses CRLF throughout, its line breaks (docstrings and
+    other multi-line strings included) become CRLF too."""
+    try:
+        data = st.module.bytes
+    except UnicodeEncodeError as exc:
+        raise RecipeError(
+            f"recipe(s) {', '.join(recipe_ids) or '?'} insert {exc.object[exc.start:exc.end]!r} into {st.relpath}, "
+            f"which is encoded as {st.module.encoding} (its coding declaration) and cannot hold it. Use only "
+            "characters that encoding has (or escapes in strings) in the recipe's code.",
+            file=st.relpath,
+        ) from None
+    if data != st.original and b"\r\n" in st.original and not _LONE_LF.search(st.original):
+        data = _LONE_LF.sub(b"\r\n", data)
+    return data
 
 
 def _check_upstreamed(tree, files, recipe, variant) -> tuple[Status, str]:

@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from . import __version__
+from .lockfile import is_package_file
 from .statuses import Status
 
 READBACK = ".spectool/readback.json"
@@ -74,10 +75,16 @@ def recall(tree, recipes, options):
             data.get("key") != json.loads(json.dumps(_key(tree, recipes, options))):
         return None
     inputs = data.get("inputs") or {}
+    # A damaged or foreign record is only a missed shortcut: plan instead.
+    if not isinstance(inputs, dict) or not all(is_package_file(rel) for rel in inputs):
+        return None
     if any(_sha256(tree.root / rel) != digest for rel, digest in inputs.items()):
         return None
-    results = [RecipeResult(r["id"], Status(r["status"]), r["variant"], r["message"], None, r["operations"], r["files"])
-               for r in data["results"]]
+    try:
+        results = [RecipeResult(r["id"], Status(r["status"]), r["variant"], r["message"], None, r["operations"],
+                                r["files"]) for r in data["results"]]
+    except (KeyError, TypeError, ValueError):
+        return None
     if [r.id for r in results] != [r.id for r in recipes]:
         return None
     return Plan(tree, recipes, results, [], options or {}, inputs=dict(inputs))

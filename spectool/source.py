@@ -1,7 +1,9 @@
 """Find the ``sglang`` package in a directory and read its version.
 
 DIR may be a git checkout of SGLang (``DIR/python/sglang``), a folder holding the package
-(site-packages, an unpacked wheel or sdist: ``DIR/sglang``), or the package itself.
+(site-packages, an unpacked wheel or sdist: ``DIR/sglang``), or the package itself. Every
+spelling of one tree resolves to one canonical directory (the checkout, or the folder that
+holds the package): its lockfile, saved originals and lock live there, whichever was typed.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class MissingModule(SourceError):
 
 @dataclass
 class SglangTree:
-    dir: Path  # what the user named; lockfile and backups live here
+    dir: Path  # the canonical tree directory: lockfile, saved originals and lock live here
     root: Path  # the folder that holds the `sglang` package
     version: Version
     kind: str  # checkout | package
@@ -108,6 +110,14 @@ def _read_version(pkg: Path) -> str | None:
     return None
 
 
+def _canonical(root: Path) -> tuple[Path, str]:
+    """The tree directory for the folder that holds the package: the checkout's top when
+    that folder is a checkout's ``python/``, else the folder itself."""
+    if root.name == "python":
+        return root.parent, "checkout"
+    return root, "package"
+
+
 def locate(directory: str | Path, version: str | None = None) -> SglangTree:
     """The SGLang tree in directory, with its version (``version`` overrides detection)."""
     d = Path(directory)
@@ -123,6 +133,8 @@ def locate(directory: str | Path, version: str | None = None) -> SglangTree:
             f"{d} does not hold SGLang: expected python/sglang/ (a git checkout), sglang/ (a "
             "site-packages or unpacked wheel) or the sglang package itself, each with srt/."
         )
+    tree_dir, kind = (d, "checkout") if kind == "checkout" else _canonical(root)
+    _refuse_misplaced_state(tree_dir, root)
     text = version or _read_version(pkg)
     if text is None:
         raise SourceError(
@@ -133,4 +145,19 @@ def locate(directory: str | Path, version: str | None = None) -> SglangTree:
         v = Version(text)
     except InvalidVersion:
         raise SourceError(f"SGLang version {text!r} read from {pkg} is not a PEP 440 version.") from None
-    return SglangTree(d, root, v, kind)
+    return SglangTree(tree_dir, root, v, kind)
+
+
+def _refuse_misplaced_state(tree_dir: Path, root: Path) -> None:
+    """spectool state beside another spelling of the tree (inside the package, or in a
+    checkout's python/) would split the tree's record in two: refuse, say how to join it."""
+    for other in (root / "sglang", root):
+        if other == tree_dir:
+            continue
+        found = [n for n in ("spectool.lock", ".spectool") if os.path.lexists(other / n)]
+        if found:
+            raise SourceError(
+                f"found spectool state ({', '.join(found)}) in {other}, but this tree's state lives in {tree_dir}. "
+                f"Move {' and '.join(str(other / n) for n in found)} into {tree_dir} (paths inside are relative "
+                "to the package, so they stay valid), then run the command again."
+            )

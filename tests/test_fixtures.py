@@ -189,3 +189,182 @@ def test_bulk_and_definition_ops_refuse_bad_code_at_load(tmp_path, code, op, nee
                                       f"        code: code.py:{name}\n")
     with pytest.raises(RecipeError, match=needle):
         load_recipe(rdir / "recipe.yaml")
+
+
+def _insert_recipes(root, specs):
+    """Recipes inserting at anchors of the insert_statements fixture: specs is a list of
+    (id, [(op, anchor, statement)], requires)."""
+    import yaml
+
+    rdir = root / "recipes"
+    for rid, ops, requires in specs:
+        d = rdir / rid
+        d.mkdir(parents=True)
+        code, operations = [], []
+        for i, (op, anchor, stmt) in enumerate(ops):
+            code.append(f"def snippet{i}(self, batch, verify_input):\n    {stmt}\n")
+            target = "sglang.srt.target:forward"
+            operations.append({"op": op, "target": target, "anchor": anchor, "code": f"code.py:snippet{i}"})
+        (d / "code.py").write_text("\n\n".join(code))
+        data = {"id": rid, "summary": "s", "variants": [{"name": "all", "versions": ">=0.1", "operations": operations}]}
+        if requires:
+            data["requires"] = requires
+        (d / "recipe.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return rdir
+
+
+DRAFT = "$V = self.draft_worker.draft(...)"
+VERIFY = "out = self.verify(batch)"
+
+
+@pytest.mark.parametrize("op,anchor", [("insert_after", DRAFT), ("insert_before", VERIFY)])
+def test_same_anchor_is_a_conflict_without_an_order(tmp_path, op, anchor):
+    """Two recipes inserting at one anchor: a conflict at plan time, nothing written."""
+    rdir = _insert_recipes(tmp_path, [("fx-a", [(op, anchor, "self.a = 1")], None),
+                                      ("fx-b", [(op, anchor, "self.b = 2")], None)])
+    before = (FIXTURES / "insert_statements" / "before.py").read_bytes()
+    tree = make_tree(tmp_path / "tree", "0.5.12", {TARGET: before})
+    out = api.apply(tree, recipes_dir=rdir)
+    statuses = {r.id: r.status for r in out.plan.results}
+    assert statuses == {"fx-a": "would-apply", "fx-b": "conflict"}, statuses
+    msg = out.plan.results[1].error.message
+    assert "fx-a" in msg and "requires: [fx-a]" in msg
+    assert (tree / TARGET).read_bytes() == before and not (tree / ".spectool").exists()
+
+
+@pytest.mark.parametrize("op,anchor", [("insert_after", DRAFT), ("insert_before", VERIFY)])
+def test_same_anchor_with_a_stated_order(tmp_path, op, anchor):
+    """When one recipe requires the other, it goes after it at the shared anchor, and the
+    result reads back as applied: a second apply changes nothing, revert is byte-exact."""
+    rdir = _insert_recipes(tmp_path, [("fx-a", [(op, anchor, "self.a = 1"), (op, anchor, "self.a2 = 1")], None),
+                                      ("fx-b", [(op, anchor, "self.b = 2")], ["fx-a"])])
+    before = (FIXTURES / "insert_statements" / "before.py").read_bytes()
+    tree = make_tree(tmp_path / "tree", "0.5.12", {TARGET: before})
+    out = api.apply(tree, recipes_dir=rdir)
+    assert out.ok and out.wrote, [r.to_json() for r in out.plan.results]
+    text = (tree / TARGET).read_text()
+    order = [text.index(s) for s in ("self.a = 1", "self.a2 = 1", "self.b = 2")]
+    assert order == sorted(order) if op == "insert_after" else order == sorted(order, reverse=True)
+    again = api.apply(tree, recipes_dir=rdir)
+    assert not again.wrote and {r.status for r in again.plan.results} == {"already-applied"}
+    assert api.status(tree).ok and api.check(tree, recipes_dir=rdir).ok
+    api.revert(tree)
+    assert (tree / TARGET).read_bytes() == before
+
+
+def test_not_idempotent_is_refused_before_writing(tmp_path):
+    """Code that matches its own anchor would be inserted again by every apply: the
+    in-memory read-back refuses it and the tree stays untouched."""
+    from spectool.errors import ValidationError
+
+    again = "again = self.draft_worker.draft(batch)"
+    rdir = _insert_recipes(tmp_path, [("fx-loop", [("insert_after", DRAFT, again)], None)])
+    before = (FIXTURES / "insert_statements" / "before.py").read_bytes()
+    tree = make_tree(tmp_path / "tree", "0.5.12", {TARGET: before})
+    with pytest.raises(ValidationError, match="Nothing was written"):
+        api.apply(tree, recipes_dir=rdir)
+    assert (tree / TARGET).read_bytes() == before and not (tree / ".spectool").exists()
+
+
+def test_crlf_file_gets_crlf_docstrings(tmp_path):
+    """A method with a multi-line docstring inserted into a CRLF file: no lone LF."""
+    import shutil
+
+    rdir = tmp_path / "r" / "x"
+    shutil.copytree(FIXTURES / "crlf" / "recipe", rdir)
+    code = 'class Worker:\n    def extra(self):\n        """Two\n\n        lines."""\n        return 42\n'
+    (rdir / "code.py").write_text(code)
+    before = (FIXTURES / "crlf" / "before.py").read_bytes()
+    tree = make_tree(tmp_path / "tree", "0.5.12", {TARGET: before})
+    assert api.apply(tree, recipes_dir=rdir.parent).ok
+    after = (tree / TARGET).read_bytes()
+    assert b'"""Two\r\n\r\n        lines."""' in after and b"\n" not in after.replace(b"\r\n", b"")
+    assert not api.apply(tree, recipes_dir=rdir.parent).wrote
+    api.revert(tree)
+    assert (tree / TARGET).read_bytes() == before
+
+
+def test_drift_candidates_come_from_the_file_on_disk(tmp_path):
+    """Candidates name lines of the target's own class, and never a definition that only an
+    earlier recipe of the same plan added."""
+    src = b"""class First:
+    def run(self):
+        x = self.compute()
+        return x
+
+
+class Worker:
+    def run(self):
+        x = self.compute()
+        return x
+"""
+    import yaml
+
+    def recipe(rid, code, operations):
+        (rdir / rid).mkdir(parents=True)
+        (rdir / rid / "code.py").write_text(code)
+        variant = {"name": "all", "versions": ">=0.1", "operations": operations}
+        (rdir / rid / "recipe.yaml").write_text(yaml.safe_dump({"id": rid, "summary": "s", "variants": [variant]}))
+
+    rdir = tmp_path / "recipes"
+    worker = "sglang.srt.target:Worker"
+    recipe("fx-a", "class Worker:\n    def helper_v2(self):\n        return 1\n",
+           [{"op": "add_method", "target": worker, "code": "code.py:Worker.helper_v2"}])
+    recipe("fx-b", "def log(self):\n    print(1)\n", [
+        {"op": "insert_after", "target": f"{worker}.run", "anchor": "x = self.compute(1)", "code": "code.py:log"},
+        {"op": "insert_after", "target": f"{worker}.helper_v3", "anchor": "x = 1", "code": "code.py:log"},
+    ])
+    tree = make_tree(tmp_path / "tree", "0.5.12", {TARGET: src})
+    res = {r.id: r for r in api.check(tree, recipes_dir=rdir).plan.results}
+    candidates = res["fx-b"].error.candidates
+    assert res["fx-b"].status == "drift"
+    assert any(c.startswith(f"{TARGET}:9: x = self.compute()") for c in candidates), candidates
+    text = (rdir / "fx-b" / "recipe.yaml").read_text()
+    (rdir / "fx-b" / "recipe.yaml").write_text(text.replace("x = self.compute(1)", "x = self.compute()"))
+    res = {r.id: r for r in api.check(tree, recipes_dir=rdir).plan.results}
+    assert res["fx-b"].status == "drift" and "helper_v3" in res["fx-b"].error.message
+    assert not any("helper_v2" in c for c in res["fx-b"].error.candidates), res["fx-b"].error.candidates
+
+
+def _member_recipes(root, requires: bool):
+    """Two recipes adding a field, a method and a top-level function at the same anchors of
+    the add_field fixture's ServerArgs."""
+    import yaml
+
+    rdir = root / "recipes"
+    for rid, n in (("fx-a", 1), ("fx-b", 2)):
+        d = rdir / rid
+        d.mkdir(parents=True)
+        (d / "code.py").write_text(f"class F:\n    extra{n}: int = {n}\n\n\nclass M:\n    def m{n}(self):\n"
+                                   f"        return {n}\n\n\ndef helper{n}():\n    return {n}\n")
+        cls = "sglang.srt.target:ServerArgs"
+        ops = [{"op": "add_field", "target": cls, "after": "speculative_adaptive", "code": "code.py:F"},
+               {"op": "add_method", "target": cls, "after": "other", "code": f"code.py:M.m{n}"},
+               {"op": "add_definition", "target": "sglang.srt.target", "before": "ServerArgs",
+                "code": f"code.py:helper{n}"}]
+        data = {"id": rid, "summary": "s", "variants": [{"name": "all", "versions": ">=0.1", "operations": ops}]}
+        if requires and rid == "fx-b":
+            data["requires"] = ["fx-a"]
+        (d / "recipe.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return rdir
+
+
+def test_members_at_one_anchor_need_an_order(tmp_path):
+    """add_field, add_method and add_definition at an anchor another recipe uses: a conflict
+    without `requires`; with it, the second goes after the first and reads back as applied."""
+    before = (FIXTURES / "add_field" / "before.py").read_bytes()
+    tree = make_tree(tmp_path / "tree", "0.5.12", {TARGET: before})
+    out = api.apply(tree, recipes_dir=_member_recipes(tmp_path / "u", requires=False))
+    res = {r.id: r for r in out.plan.results}
+    assert res["fx-b"].status == "conflict" and "requires: [fx-a]" in res["fx-b"].error.message
+    assert (tree / TARGET).read_bytes() == before
+    rdir = _member_recipes(tmp_path / "o", requires=True)
+    assert api.apply(tree, recipes_dir=rdir).ok
+    text = (tree / TARGET).read_text()
+    assert text.index("extra1") < text.index("extra2") < text.index("speculative_adaptive_config")
+    assert text.index("def m1") < text.index("def m2")
+    assert text.index("def helper2") < text.index("def helper1") < text.index("class ServerArgs")
+    again = api.apply(tree, recipes_dir=rdir)
+    assert not again.wrote and {r.status for r in again.plan.results} == {"already-applied"}
+    api.revert(tree)
+    assert (tree / TARGET).read_bytes() == before

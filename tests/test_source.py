@@ -36,3 +36,35 @@ def test_version_override_and_unknown(tmp_path):
     (tmp_path / "sglang" / "version.py").write_text("")
     with pytest.raises(SourceError, match="cannot tell the SGLang version"):
         locate(tmp_path)
+
+
+def test_every_spelling_is_one_tree(tmp_path):
+    """DIR, DIR/sglang (a site-packages) and DIR, DIR/python, DIR/python/sglang (a checkout)
+    resolve to one tree directory: one lockfile, one lock, one state."""
+    src = (FIXTURES / "add_method" / "before.py").read_bytes()
+    site = make_tree(tmp_path / "site", "0.5.12", {"sglang/srt/target.py": src})
+    assert {locate(p).dir for p in (site, site / "sglang")} == {site.resolve()}
+    out = api.apply(site / "sglang", recipes_dir=FIXTURES / "add_method")
+    assert out.ok and (site / "spectool.lock").exists() and not (site / "sglang" / "spectool.lock").exists()
+    st = api.status(site)
+    assert st.ok and st.files[0]["state"] == "intact"
+    api.revert(site)
+    assert (site / "sglang/srt/target.py").read_bytes() == src
+
+    repo = tmp_path / "repo"
+    make_tree(repo / "python", "0.5.12", {"sglang/srt/target.py": src})
+    (repo / "python" / "pyproject.toml").write_text('[project]\nname = "sglang"\nversion = "0.5.12"\n')
+    spellings = (repo, repo / "python", repo / "python" / "sglang")
+    assert {(locate(p).dir, locate(p).kind) for p in spellings} == {(repo.resolve(), "checkout")}
+    assert api.apply(repo / "python", recipes_dir=FIXTURES / "add_method").ok
+    assert (repo / "spectool.lock").exists() and not (repo / "python" / "spectool.lock").exists()
+    assert all(api.status(p).ok for p in spellings)
+
+
+def test_state_under_another_spelling_is_refused(tmp_path):
+    """A lockfile inside the package (written when it was named directly) would split the
+    tree's record in two: refused, with how to join it."""
+    make_tree(tmp_path, "0.5.12", {})
+    (tmp_path / "sglang" / "spectool.lock").write_text("{}")
+    with pytest.raises(SourceError, match=r"found spectool state \(spectool.lock\) in .*sglang.*Move"):
+        api.status(tmp_path)

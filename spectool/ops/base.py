@@ -40,6 +40,8 @@ class FileState:
     parsed: cst.Module | None = None
     _keep: list = field(default_factory=list)  # keeps owned nodes alive so ids stay unique
     _code_cache: dict[int, str] = field(default_factory=dict)
+    # (anchor: id of a statement or a name tuple, "before"/"after") -> [(recipe id, nodes inserted there)]
+    inserted_at: dict[tuple[int, str], list[tuple[str, list]]] = field(default_factory=dict)
     _positions: Any = None
 
     def __post_init__(self):
@@ -95,9 +97,11 @@ class OpContext:
     tree: "SglangTree"
     files: Any  # plan.FileSet
     options: dict
+    ordered_after: frozenset = frozenset()  # recipes this one requires (directly or not)
 
 
-_QUAL_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$|^[A-Za-z_][\w.]*$")
+_NAME = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+_QUAL_RE = re.compile(rf"^{_NAME}(?::{_NAME})?$")
 
 
 @dataclass(frozen=True)
@@ -112,12 +116,16 @@ class Target:
         if not isinstance(text, str) or not _QUAL_RE.match(text):
             raise RecipeError(f"{where}: 'target' must look like 'sglang.srt.module:Class.method', got {text!r}.")
         module, _, qual = text.partition(":")
-        if not module.startswith("sglang"):
+        if module != "sglang" and not module.startswith("sglang."):
             raise RecipeError(f"{where}: target module {module!r} must be inside the sglang package.")
         return cls(module, qual)
 
     def __str__(self) -> str:
         return f"{self.module}:{self.qualname}" if self.qualname else self.module
+
+
+def _anchor_key(anchor) -> object:
+    return id(anchor) if isinstance(anchor, cst.CSTNode) else anchor
 
 
 class Operation:
@@ -147,8 +155,11 @@ class Operation:
 
     **Idempotence.** run on its own output must return ``ALREADY`` and change nothing: compare
     what is there with what would be inserted independently of formatting (``same_code``,
-    patterns). apply re-plans every file after writing and refuses a recipe that would change
-    it again; each kind has a before/after fixture under tests/fixtures/ that checks it.
+    patterns). apply re-plans the planned bytes in memory before writing and refuses a recipe
+    that would change them again; each kind has a before/after fixture under tests/fixtures/
+    that checks it. An operation that inserts next to an anchor statement goes beyond what
+    earlier operations inserted there (``queued_at``, ``mark_inserted``): two recipes sharing
+    an anchor conflict unless one requires the other.
 
     **Errors.** A source that does not match the recipe (definition or anchor missing, matched
     the wrong number of times, different code already there) raises ``self.drift(ctx, st, what,
@@ -175,7 +186,7 @@ class Operation:
         self.code: dict[str, CodeRef] = {}
         for key in self.code_keys:
             if key in spec:
-                self.code[key] = CodeRef.parse(spec[key], base, recipe_file)
+                self.code[key] = CodeRef.parse(spec[key], base, recipe_file, f"{where}.{key}")
         self.count = int(spec.get("count", 1))
         self.imports: list[str] = list(spec.get("imports", []))
         self.validate()
@@ -214,11 +225,36 @@ class Operation:
             recipe=ctx.recipe_id, other=other, file=st.relpath, target=str(self.target),
         )
 
+    def queued_at(self, ctx: OpContext, st: FileState, anchor, side: str) -> int:
+        """How many statements earlier operations inserted at this anchor on this side: this
+        one goes beyond them, so a second plan finds every block where the first put it.
+        A recipe may share an anchor only with recipes it requires (that states the order).
+        `anchor` is the anchor statement, or for a named definition that other edits rebuild
+        (a class, a member) a tuple naming it."""
+        n = 0
+        for owner, nodes in st.inserted_at.get((_anchor_key(anchor), side), []):
+            if owner != ctx.recipe_id and owner not in ctx.ordered_after:
+                label = st.code(anchor).strip().splitlines()[0][:80] if isinstance(anchor, cst.CSTNode) else anchor[-1]
+                raise ConflictError(
+                    f"recipe '{ctx.recipe_id}' (variant {ctx.variant}), operation #{ctx.index + 1} "
+                    f"{self.kind} on {self.target} in {st.relpath}: inserts {side} {label!r}, as recipe "
+                    f"'{owner}' does. Two recipes may insert at one anchor only when one requires the other "
+                    f"(it then goes after it): add 'requires: [{owner}]' to one of them, or anchor elsewhere.",
+                    recipe=ctx.recipe_id, other=owner, file=st.relpath, target=str(self.target),
+                )
+            n += len(nodes)
+        return n
+
+    def mark_inserted(self, ctx: OpContext, st: FileState, anchor, side: str, nodes) -> None:
+        st.inserted_at.setdefault((_anchor_key(anchor), side), []).append((ctx.recipe_id, list(nodes)))
+        if isinstance(anchor, cst.CSTNode):
+            st._keep.append(anchor)  # its id stays unique while the plan runs
+
     def anchor_text(self) -> str:
         return self.target.qualname
 
     def nearest_definitions(self, ctx: OpContext, st: FileState) -> list[str]:
-        names = cstutil.all_definitions(st.module)
+        names = cstutil.all_definitions(st.parsed)  # what is on disk, not what the plan added
         close = difflib.get_close_matches(self.target.qualname, names, n=4, cutoff=0.5)
         out = [f"{st.relpath}: {n}" for n in close]
         last = self.target.qualname.split(".")[-1]
@@ -229,6 +265,8 @@ class Operation:
     def nearest_statements(self, st: FileState, scope_node, text: str) -> list[str]:
         scored = []
         for stmt, _ in cstutil.iter_statements(scope_node, [scope_node]):
+            if id(stmt) in st.owners:  # inserted by the plan: not in the file
+                continue
             code = st.code(stmt).strip()
             head = code.splitlines()[0] if code else ""
             ratio = difflib.SequenceMatcher(None, text.strip(), head).ratio()

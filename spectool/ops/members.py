@@ -117,12 +117,18 @@ class AddMethod(_ClassOp):
         name = new_def.name.value
         body = _class_body(cls_node)
         existing = [i for i, s in enumerate(body) if _def_name(s) == name]
+        anchors = [s for s in body if after and (_def_name(s) == after or _field_name(s) == after)]
+        key = ("member", self.target.qualname, after)  # the class is rebuilt by every edit: name it
         if existing:
             old = body[existing[0]]
             other = st.owner_in(old, ctx.recipe_id)
             if other:
                 raise self.conflict(ctx, st, other, f"method {name!r} was added or changed")
             if self.same_code(st, [old], [new_def], ref.module()):
+                if anchors and not self.replace:  # in place: it holds its spot at the anchor
+                    self.queued_at(ctx, st, key, "after")
+                    self.mark_inserted(ctx, st, key, "after", [old])
+                st.own(ctx.recipe_id, [old])
                 return ALREADY
             if not self.replace:
                 raise self.drift(ctx, st, f"class already has a different method {name!r} "
@@ -142,9 +148,11 @@ class AddMethod(_ClassOp):
                     moved = [f"{hit} (moved?)" for hit in ctx.tree.find_definition_elsewhere(after, st.relpath)]
                     raise self.drift(ctx, st, f"no member {after!r} to place the method after",
                                      moved + [f"{st.relpath}: {self.target.qualname}.{n}" for n in close])
-                pos = idx[0] + 1
+                pos = idx[0] + 1 + self.queued_at(ctx, st, key, "after")
             new_def = _with_blank_lines(new_def, 1)
             body.insert(pos, new_def)
+            if after:
+                self.mark_inserted(ctx, st, key, "after", [new_def])
         st.own(ctx.recipe_id, [new_def])
         new_cls = cls_node.with_changes(body=cls_node.body.with_changes(body=tuple(body)))
         st.module = cstutil.rebuild(path, new_cls)
@@ -188,6 +196,12 @@ class AddField(_ClassOp):
             if len(done) == len(names) and self.same_code(
                 st, [present[n] for n in names], new_fields, ref.module()
             ):
+                found = [present[n] for n in names]
+                if self.spec["after"] in present:  # in place: they hold their spot at the anchor
+                    key = ("member", self.target.qualname, self.spec["after"])
+                    self.queued_at(ctx, st, key, "after")
+                    self.mark_inserted(ctx, st, key, "after", found)
+                st.own(ctx.recipe_id, found)
                 return ALREADY
             raise self.drift(ctx, st, f"class already has field(s) {', '.join(done)} with other code "
                              "(upstream added them? then mark the variant 'upstreamed')")
@@ -196,13 +210,17 @@ class AddField(_ClassOp):
         if not idx:
             close = difflib.get_close_matches(after, list(present), n=5, cutoff=0.5)
             raise self.drift(ctx, st, f"no field {after!r} to add after",
-                             [f"{st.relpath}:{st.line_of(st.code(present[c])) or '?'}: {self.target.qualname}.{c}" for c in close])
+                             [f"{st.relpath}:{st.line_of(present[c]) or '?'}: {self.target.qualname}.{c}"
+                              for c in close])
         anchor = body[idx[0]]
         other = st.owner_in(anchor, ctx.recipe_id)
         if other:
             raise self.conflict(ctx, st, other, f"field {after!r} was added")
-        body[idx[0] + 1: idx[0] + 1] = new_fields
+        key = ("member", self.target.qualname, after)  # the class is rebuilt by every edit: name it
+        at = idx[0] + 1 + self.queued_at(ctx, st, key, "after")
+        body[at:at] = new_fields
         st.own(ctx.recipe_id, new_fields)
+        self.mark_inserted(ctx, st, key, "after", new_fields)
         new_cls = cls_node.with_changes(body=cls_node.body.with_changes(body=tuple(body)))
         st.module = cstutil.rebuild(path, new_cls)
         return APPLIED
@@ -248,6 +266,11 @@ class AddDefinition(Operation):
             if other:
                 raise self.conflict(ctx, st, other, f"definition {name!r} was added")
             if self.same_code(st, existing[:1], [new], ref.module()):
+                side = "before" if "before" in self.spec else "after"
+                if any(_def_name(s) == self.spec[side] for s in body):  # in place: it holds its spot
+                    self.queued_at(ctx, st, ("definition", self.spec[side]), side)
+                    self.mark_inserted(ctx, st, ("definition", self.spec[side]), side, existing[:1])
+                st.own(ctx.recipe_id, existing[:1])
                 return ALREADY
             raise self.drift(ctx, st, f"module already has a different definition {name!r} "
                              "(did upstream add it? then mark the variant 'upstreamed')")
@@ -261,7 +284,10 @@ class AddDefinition(Operation):
             raise self.drift(ctx, st, f"no top-level definition {anchor!r} to place {name!r} "
                              f"{'before' if before else 'after'}", moved + [f"{st.relpath}: {n}" for n in close])
         new = _with_blank_lines(new, 2)
-        body.insert(idx[0] if before else idx[0] + 1, new)
+        side, key = ("before" if before else "after"), ("definition", anchor)  # rebuilt by edits: named
+        queued = self.queued_at(ctx, st, key, side)
+        body.insert(idx[0] - queued if before else idx[0] + 1 + queued, new)
         st.own(ctx.recipe_id, [new])
+        self.mark_inserted(ctx, st, key, side, [new])
         st.module = st.module.with_changes(body=tuple(body))
         return APPLIED

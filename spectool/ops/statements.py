@@ -76,6 +76,7 @@ class InsertStatements(Operation):
         ref = self.code["code"]
         new = ref.body_statements()
         applied = False
+        side = "before" if self.before else "after"
         # Insert from the last hit to the first, re-locating after each edit (paths go stale).
         for k in range(len(hits) - 1, -1, -1):
             spath = cstutil.find_definition(st.module, self.target.qualname)
@@ -84,18 +85,22 @@ class InsertStatements(Operation):
             other = st.owner_in(stmt, ctx.recipe_id)
             if other:
                 raise self.conflict(ctx, st, other, f"anchor {self.anchor_text()!r} matches code")
+            queued = self.queued_at(ctx, st, stmt, side)
             body = list(cstutil.body_of(block))
             i = next(j for j, s in enumerate(body) if s is stmt)
-            lo, hi = (i - len(new), i) if self.before else (i + 1, i + 1 + len(new))
+            at = i - queued if self.before else i + 1 + queued
+            lo, hi = (at - len(new), at) if self.before else (at, at + len(new))
             if lo >= 0 and hi <= len(body) and self.same_code(st, body[lo:hi], new, ref.module()):
                 for node in body[lo:hi]:
                     other = st.owner_in(node, ctx.recipe_id)
                     if other:
                         raise self.conflict(ctx, st, other, "the same statements were inserted")
+                st.own(ctx.recipe_id, body[lo:hi])
+                self.mark_inserted(ctx, st, stmt, side, body[lo:hi])
                 continue
-            at = i if self.before else i + 1
             body[at:at] = new
             st.own(ctx.recipe_id, new)
+            self.mark_inserted(ctx, st, stmt, side, new)
             st.module = cstutil.rebuild(spath + hit[1:-1], _with_body(block, body))
             applied = True
         return APPLIED if applied else ALREADY
@@ -142,13 +147,17 @@ class AddArgument(InsertStatements):
         ref = self.code["code"]
         new = ref.body_statements()
         present = [f for f in self.flags if f in by_flag]
+        after = self.spec["after_flag"]
         if present:
             olds = [by_flag[f][-1] for f in self.flags if f in by_flag]
             if len(present) == len(self.flags) and self.same_code(st, olds, new, ref.module()):
+                if after in by_flag:
+                    self.queued_at(ctx, st, by_flag[after][-1], "after")
+                    self.mark_inserted(ctx, st, by_flag[after][-1], "after", olds)
+                st.own(ctx.recipe_id, olds)
                 return ALREADY
             raise self.drift(ctx, st, f"flag(s) {', '.join(present)} already defined with other code "
                              "(upstream added them? then mark the variant 'upstreamed')")
-        after = self.spec["after_flag"]
         if after not in by_flag:
             import difflib
 
@@ -158,9 +167,10 @@ class AddArgument(InsertStatements):
         hit = by_flag[after]
         stmt, block = hit[-1], hit[-2]
         body = list(cstutil.body_of(block))
-        i = next(k for k, s in enumerate(body) if s is stmt)
-        body[i + 1: i + 1] = new
+        at = next(k for k, s in enumerate(body) if s is stmt) + 1 + self.queued_at(ctx, st, stmt, "after")
+        body[at:at] = new
         st.own(ctx.recipe_id, new)
+        self.mark_inserted(ctx, st, stmt, "after", new)
         st.module = cstutil.rebuild(spath + hit[1:-1], _with_body(block, body))
         return APPLIED
 
