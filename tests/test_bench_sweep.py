@@ -167,7 +167,7 @@ def test_a_profile_reduces_each_trace_and_keeps_an_excerpt(tmp_path, stub_engine
 
 def test_an_engine_that_dies_mid_profile_is_named_with_its_error_and_the_traces_before_are_kept(
         tmp_path, stub_engines, monkeypatch):
-    """Session 17's profile on the H200 ran a third arm's engine out of GPU memory at its last
+    """A profile on the H200 once ran a third arm's engine out of GPU memory at its last
     C (three engines with KV pools for 256 requests of 1152 tokens on one GPU), after seven
     minutes: it said only "bench engine exited with -9 during profile", and profile.md was
     never written. Now the error names the arm, the C, the log's error and what to change,

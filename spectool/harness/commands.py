@@ -93,7 +93,7 @@ def verify(sglang_dir, select, recipes_dir, out_dir, golden_dir, record, paralle
                    "and report ms/step against GPU-busy ms/step (profile.md).")
 @click.option("--load", type=click.Choice(LOADS), default="lockstep", show_default=True,
               help="lockstep: C clients start together (waves of C); staggered: an unmeasured ramp spreads their "
-                   "starts over one request lifetime (docs/performance.md says why lockstep is the default).")
+                   "starts over one request lifetime (docs/bench.md says why lockstep is the default).")
 @click.option("--profile-load", type=click.Choice(PROFILE_LOADS), default="wave", show_default=True,
               help="wave: decode steps of one wave of 1024-token requests; lockstep: the sweep's own waves at "
                    "--out-len, prefills and wave ends included (profile enough steps for whole waves, e.g. 260 at "

@@ -100,6 +100,5 @@ def rendezvous_port(port: int) -> int:
     """The torch.distributed rendezvous port (SGLang's nccl_port) of the engine at `port`, for
     both harnesses: a fixed one inside the engine's own block of ports. Left unset, SGLang
     picks a free port and binds it later; with ten TP=2 engines starting at once on the H200
-    another process took it in between (EADDRINUSE on 33225,
-    results/verify-0.5.12-tp2/session10-fdfb10d/)."""
+    another process took it in between (EADDRINUSE)."""
     return port + 29

@@ -139,7 +139,7 @@ def rank_sum_p(xs, ys) -> float:
     """Two-sided exact Mann-Whitney p: the chance, if both samples came from one distribution,
     of a rank sum at least as far from its expectation as the one observed (every split of
     the pooled values enumerated; ties count half). Why: per-run ratios of two engines (ours
-    against upstream's, sessions apart) cannot be paired, a handful of runs is not normal,
+    against upstream's, on different engines) cannot be paired, a handful of runs is not normal,
     and a one-run sweep's 3-point gap must not read as a difference when the runs overlap.
     Exact up to a few thousand splits, the normal approximation beyond."""
     xs, ys = list(xs), list(ys)
@@ -180,8 +180,7 @@ def within_runs(compute, cells: list[dict], concurrencies: list[int], acc_len: f
     with each ratio taken over the runs that measured every arm it needs, pooled. Why: a
     merge of runs that measured different arms (an A1/A3 run beside an A0/A1/A2 run) would
     otherwise divide one run's A2 by another run's A1, and the same engine's throughput moves
-    by several percent from run to run (session 19: A2/E at C=4 read 0.975 that way, 1.026
-    within the one run that measured A2). `compute` runs once per C and set of runs, not per
+    by several percent from run to run. `compute` runs once per C and set of runs, not per
     ratio (a bootstrap is thousands of draws)."""
     runs = _each_run(cells, concurrencies, acc_len)
     if len(runs) < 2:
@@ -213,8 +212,8 @@ def merged_intervals(cells: list[dict], concurrencies: list[int], acc_len: float
 def per_run_ratios(cells: list[dict], concurrencies: list[int], acc_len: float | None = None) -> dict:
     """C -> {ratio: {"runs": {source: value}, "median": value}}, for cells pooled from several
     runs (`source`, as --merge keeps it): each run's ratio of its own medians, and the median
-    run. Why: one engine per arm per run, and the same code's A2/A0 at C=64 moved from 0.971
-    to 1.023 between runs (sessions 9-11), more than a reps-only interval sees; the runs,
+    run. Why: one engine per arm per run, and the same code's A2/A0 moves by several percent
+    between runs, more than a reps-only interval sees; the runs,
     each with its own engines, are the units that vary. A run with --fresh-engines counts
     each repetition (its own engines, `engines` in its cells) as a run. Empty for cells of
     one run on one set of engines."""
@@ -259,11 +258,10 @@ def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:
     speculation never wins.
 
     The crossover lies somewhere between T and that first loss, and the rule places T at its
-    low end: on the H200 the sweep's grid gave T=32 while EAGLE-3 still won by 3-12% at C =
-    40 and 48 (results/bench-0.5.12-s21-band-*). `refine` lists request counts between the
+    low end: on the H200 the sweep's grid gave T=32 while EAGLE-3 still won at C = 40 and 48. `refine` lists request counts between the
     two to measure (A0 and A1 only) and merge, so the rule can place T on a finer grid; none
-    once the two are within 25% of each other, where run-to-run noise (A1/A0 at C=48 read
-    0.998-1.038 in four runs) is as large as the step."""
+    once the two are within 25% of each other, where run-to-run noise is as large as the
+    step."""
     measured = sorted(C for C in set(concurrencies) if ("A0", C) in m and ("A1", C) in m)
     T = 0
     for C in measured:
@@ -330,9 +328,8 @@ def latency_markdown(m: dict, concurrencies: list[int], arms: list[str]) -> str:
 def transition_markdown(summary: dict) -> str:
     """The transition workload per arm: each phase's throughput against its steady state (the
     mean of the standalone runs before and after the schedule, both listed), its TTFT and
-    TPOT against theirs (from session 8's runs on), and the host's busy CPUs during it against
-    theirs (from session 13's on; a C=4 phase is host-bound). '-' where a run did not keep
-    them."""
+    TPOT against theirs, and the host's busy CPUs during it against theirs (a C=4 phase is
+    host-bound). '-' where a run did not record them."""
     host = any(r.get("host_busy_cpus") is not None for rows in summary.values() for r in rows)
     lines = ["| arm | phase | C | tok/s | steady tok/s (runs) | phase/steady | TTFT ms phase / steady "
              "| TPOT ms phase / steady |" + (" host CPUs busy phase / steady |" if host else ""),

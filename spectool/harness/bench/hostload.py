@@ -2,9 +2,8 @@
 
 A speculative step at low C and every transition phase at C=4 wait on Python (2.4-2.9 ms per
 token with the GPU idle between kernels), so their throughput follows how busy the host is.
-On the H200 pair the transition's C=4 phases read 0.90-0.92 of steady state twice while the
-other GPU's engines started or were profiled, and 0.956-1.008 alone on the machine
-(docs/performance.md, session 13). Each cell and phase therefore records the host's busy
+On a two-GPU host, C=4 phases run beside the other GPU's engine start-ups read several
+percent below those run alone. Each cell and phase therefore records the host's busy
 CPUs over its run, so a slow reading taken beside other work can be told from one taken on a
 quiet host. Linux only (/proc/stat); elsewhere nothing is recorded.
 """

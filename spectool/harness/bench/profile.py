@@ -1,5 +1,5 @@
 """Where a decode step's time goes: a torch-profiler trace of N steady-state steps, reduced to
-what decides the fallback's remaining cost (docs/performance.md): per step, the wall time of
+what decides the fallback's remaining cost (docs/bench.md): per step, the wall time of
 the profiled window, how much of it the GPU was busy, and the kernels and host work behind it.
 
 If a fallback step (A4) is longer than a plain one (A0) while its GPU-busy time is about the
@@ -200,7 +200,7 @@ def idle_gaps(events: list[dict], gpu: list[dict], steps: int, min_gap_us: float
     before, it waited on another stream, an event or a graph's launch ("queued"), and goes
     to where it was launched. Extra time that the GPU spends idle shows up here; extra GPU
     work, such as small kernels between two forwards, in step_anatomy (on the H200 the
-    fallback's extra time at C=64 was the latter: docs/performance.md, session 16)."""
+    fallback's extra time at C=64 is the latter)."""
     launches = {e["args"]["correlation"]: e for e in events
                 if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})}
     if not launches:

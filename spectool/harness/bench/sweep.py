@@ -25,11 +25,9 @@ DEFAULT_C = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 # Alternating low and high load (closed loop): switches must cost nothing visible. Each phase
 # is compared with the same (C, n) run on its own, once right before the schedule and once
 # right after (the reference is their mean, so an engine that drifts shows as a spread, not
-# as a slow phase), so ramp and drain count alike on both sides. Low phases are 32 waves: at
-# 8 (32 requests, about 2 s) the references of identical engines differed by 17% on the H200
-# (results/bench-0.5.12-transition), at 16 one engine's two references still differed by 7%
-# while other engines on the same GPU ran their C=192 phases
-# (results/bench-0.5.12-transition-bracketed): a clean run has the GPU to itself.
+# as a slow phase), so ramp and drain count alike on both sides. Low phases are 32 waves: shorter
+# phases (8 or 16 waves) let identical engines' references differ by 7-17% on the H200, and
+# other engines on the same GPU disturb them: a clean run has the GPU to itself.
 LOW, HIGH = {"C": 4, "n": 128}, {"C": 192, "n": 384}
 TRANSITION = [LOW, HIGH, LOW, HIGH, LOW]
 
@@ -165,7 +163,7 @@ def engine_batch(concurrencies, max_batch: int | None = None) -> int:
     largest C, or `max_batch` when given. Why: the fallback's KV-only queue holds the largest
     graph's rows, so a run of C=64 alone on engines sized for 64 defers fewer writes than the
     same cell in a sweep up to 256; --max-batch 256 measures it on the sweep's engines, so its
-    runs pool with the sweep's (session 20)."""
+    runs pool with the sweep's."""
     largest = max(concurrencies)
     if max_batch is None:
         return largest
@@ -266,8 +264,8 @@ def _transition(proc, arm: str, out: Path, prompt_len: int, out_len: int) -> dic
 
 def _reference(res: dict, C: int) -> tuple[float | None, list | None, list]:
     """(steady tok/s, its runs, their records) of a transition phase load: the mean of the
-    standalone runs before and after the schedule. Results written before the records were
-    kept (sessions 5-7) carry the mean and the runs themselves."""
+    standalone runs before and after the schedule. Results without the records carry the mean and
+    the runs themselves."""
     records = res.get("reference_records", {}).get(str(C)) or []
     runs = [r["output_tok_s"] for r in records] or res.get("reference_runs", {}).get(str(C))
     return (sum(runs) / len(runs) if runs else res.get("reference", {}).get(str(C))), runs, records
@@ -443,7 +441,7 @@ def degraded_engine(arm: str, log: str) -> str | None:
     too little GPU memory, quietly: the fallback serves eagerly when its CUDA graphs cannot
     be captured, and SGLang shrinks a KV pool that does not fit (on the H200, a third engine
     with a pool for 256 requests of 1152 tokens got 34 038 tokens and ran its waves at 30
-    requests, retracting: results/profile-0.5.12-s17/A4G.log)."""
+    requests, retracting)."""
     for line in log.splitlines():
         if "spec-fallback: could not capture" in line:
             return (f"bench arm {arm} started without its fallback CUDA graphs, so its timings would not be "

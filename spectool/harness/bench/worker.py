@@ -26,11 +26,11 @@ async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, see
     Lockstep (the default): with equal output lengths, C clients started together move in
     waves: a prefill of C prompts at once, then pure decode; completions and submissions
     coincide, so there is no steady window and the whole run is measured (on the H200 every
-    cell from C=8 up: results/bench-0.5.12-session4-89a1cd9/cells.jsonl). `stagger` breaks
+    cell from C=8 up). `stagger` breaks
     the lockstep: client k first serves an unmeasured ramp request cut to
     out_len * (k + 1) / C tokens, so the clients' full-length requests start spread over one
     request lifetime, as in serving with continuous arrivals (on SGLang 0.5.12 that puts a
-    small eager prefill between nearly every two decode steps: docs/performance.md). The
+    small eager prefill between nearly every two decode steps: docs/bench.md). The
     window then runs from the last ramp completion to the last submission (drain excluded);
     without `stagger`, from the first completion. Too short a window (under `min_window_s`)
     falls back to the whole run. `on_steady` (a coroutine function) is started when the last
@@ -154,8 +154,7 @@ async def profiled(engine, C: int, n: int, prompt_len: int, out_len: int, seed: 
 
 
 # An engine's first load at a concurrency often runs slower: on the H200, A1's rep 0 was
-# 0.64-0.92 of its reps 1-2 at every C up to 64, with TTFTs up to 1.8x
-# (results/bench-0.5.12-session4-89a1cd9/cells.jsonl); a short unmeasured wave absorbs it.
+# 0.64-0.92 of its reps 1-2 at every C up to 64, with TTFTs up to 1.8x; a short unmeasured wave absorbs it.
 WARMUP_OUT_LEN = 16
 
 
