@@ -181,7 +181,7 @@ class LazyGroup(click.Group):
 @click.version_option(__version__, prog_name="spectool")
 def main():
     """Declarative, verified patches for SGLang: apply, check, status, revert, recover, upgrade,
-    gate, fetch, verify, bench. Every command takes --json: one report on stdout (schema_version 1)."""
+    gate, port, fetch, verify, bench. Every command takes --json: one report on stdout (schema_version 1)."""
 
 
 @main.command(epilog=exit_codes(
@@ -368,6 +368,81 @@ def gate(files, select, recipes_dir, as_json):
         click.echo(to_json({"ok": rc == EXIT_OK, "command": "gate", "notes": [],
                             "upgrades": [payload for _, payload in results]}))
     sys.exit(rc)
+
+
+@main.command(epilog=exit_codes(
+    "every operation carried over or re-anchored, and check passes on release TO",
+    "an operation needs a human (nothing written), or check fails on release TO with the new variant",
+    "also: an unknown recipe, a release that is not on the index, variant ranges that are not '>=A,<B'"))
+@click.argument("recipe")
+@click.option("--to", "to", required=True, help="The SGLang release to port the recipe to (fetched).")
+@click.option("--sglang-dir", type=click.Path(), default=None,
+              help="Use this tree of release TO instead of fetching it (its version must be TO).")
+@click.option("--recipes-dir", type=click.Path(file_okay=False), default=None,
+              help="Where recipes live (default: the shipped ones); the recipe's recipe.yaml there is rewritten.")
+@click.option("--dry-run", is_flag=True, help="Report what would be ported and the ranges; write nothing.")
+@_json_opt
+@guarded
+def port(recipe, to, sglang_dir, recipes_dir, dry_run, as_json):
+    """Port RECIPE to SGLang release TO: start from the nearest variant, re-anchor what drifted
+    where one candidate fits (renamed or moved definitions, moved anchors), write the new
+    variant into recipe.yaml for review, then check it."""
+    from .port import port as do_port
+
+    if sglang_dir is None:
+        from .fetch import fetch as do_fetch
+
+        sglang_dir = do_fetch(to, progress=not as_json)
+    else:
+        from .source import locate
+
+        found = locate(sglang_dir).version
+        if str(found) != to:
+            raise BadInputError(f"--sglang-dir {sglang_dir} holds SGLang {found}, not {to}.")
+    res = do_port(recipe, sglang_dir, recipes_dir=recipes_dir, dry_run=dry_run)
+    if as_json:
+        click.echo(to_json(res.to_json()))
+    else:
+        _print_port(res)
+    sys.exit(EXIT_OK if res.ok else EXIT_FAILED)
+
+
+def _print_port(res) -> None:
+    console = _console()
+    say = functools.partial(console.print, markup=False, highlight=False)
+    start = f"from variant {res.source}" if res.source else f"variant {res.covered_by}"
+    say(f"spectool port {res.recipe} --to {res.version}: {start}")
+    for o in res.ops:
+        head = f"  #{o.index} {o.kind} {o.target}"
+        if o.outcome == "carried":
+            say(f"{head}: carried over unchanged")
+        elif o.outcome == "re-anchored":
+            say(f"{head}: re-anchored")
+            for c in o.changes:
+                say(f"      {c}")
+        else:
+            say(f"{head}: NEEDS A HUMAN: {o.reason}")
+            for c in o.changes:
+                say(f"      re-anchored first: {c}")
+            for c in o.candidates:
+                say(f"      candidate: {c}")
+    for r in res.ranges:
+        say(f"range: {r}")
+    if res.variant and res.wrote:
+        say(f"variant {res.variant} ({res.versions}) written for review:")
+    for w in res.wrote:
+        say(f"  wrote {w}")
+    for n in res.notes:
+        say(f"note: {n}")
+    if res.check is not None:
+        console.print(f"\ncheck against SGLang {res.version}:")
+        print_outcome(res.check, console)
+    carried = sum(o.outcome == "carried" for o in res.ops)
+    moved = sum(o.outcome == "re-anchored" for o in res.ops)
+    human = len(res.needs_human)
+    verdict = "ported" if res.ok else "needs a human" if human else "check failed"
+    say(f"port {res.recipe} to SGLang {res.version}: {verdict} ({carried} carried over, {moved} re-anchored, "
+        f"{human} need a human)")
 
 
 @main.command(epilog=exit_codes("fetched; the path is printed", "interrupted (Ctrl-C)",
