@@ -6,7 +6,7 @@ They are imported on first use, so ``spectool --help``, ``status`` and ``fetch``
 libcst.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _API = {
     "apply": "api", "check": "api", "status": "api", "revert": "api",

@@ -314,8 +314,8 @@ def _upgrade(to, recipes_dir, select, as_json, from_version=None) -> tuple[int, 
     console = _console()
     print_outcome(out, console)
     if current is not None:
-        console.print(f"\nThe variants you run today (SGLang {from_version}) against SGLang {to}:")
-        print_outcome(current, console)
+        console.print(f"\nThe variants you run today (SGLang {from_version}) planned on SGLang {to}:")
+        print_outcome(current, console, heading=f"SGLang {to} at {tree_dir}, planned with the variants for {from_version}")
     for rid in retire:
         console.print(f"retire: {rid} is upstream in SGLang {to}; drop it from your pin's recipe set when you upgrade.")
     console.print(f"upgrade to SGLang {to}: " + ("[green]ready[/]" if not needs_work else
@@ -341,31 +341,58 @@ def upgrade(to, from_version, select, recipes_dir, as_json):
     sys.exit(rc)
 
 
-@main.command(epilog=exit_codes("no SGLang pin in the changed files, or every recipe is ready for each pinned release",
-                                _UPGRADE_FAILED, "also: a changed file that is not valid TOML, a release that is "
-                                "not on the index"))
+@main.command(epilog=exit_codes("no SGLang requirement in the changed files, or every recipe is ready for "
+                                "each release they pin", _UPGRADE_FAILED,
+                                "also: a requirement that names no release (sglang, sglang<X), a changed file that "
+                                "is not valid TOML, a release that is not on the index"))
 @click.argument("files", nargs=-1, type=click.Path())
+@click.option("--from", "from_version", default=None,
+              help="The release you run today (default: the file's pin in git HEAD, else a spectool.lock here or "
+                   "in ./build, else spectool.toml).")
 @recipes_opts(default="every recipe in --recipes-dir or the shipped ones")
 @_json_opt
 @guarded
-def gate(files, select, recipes_dir, as_json):
-    """pre-commit entry: read the SGLang pin from the changed files (spectool.toml or a
-    requirements file with sglang==X) and run the upgrade gate against it. --json prints one
-    report, its 'upgrades' holding the upgrade report of each pinned release."""
-    from .pin import pinned_version_in
+def gate(files, from_version, select, recipes_dir, as_json):
+    """pre-commit entry: read the SGLang requirement of the changed files (spectool.toml, or a
+    requirements file: sglang==X, any spelling PEP 503 folds to sglang, extras, markers) and
+    run the upgrade gate against it, with the drift of the variants you run today. A range
+    (sglang>=X,<Y) is checked at its lowest allowed release. --json prints one report, its
+    'upgrades' holding the upgrade report of each pinned release."""
+    from .pin import applied_version, load_pin, lowest_allowed, previous_pin, requirement_in
 
-    versions = sorted({v for f in files for v in [pinned_version_in(Path(f))] if v})
-    if not versions:
-        note = "no SGLang pin in the changed files; nothing to check."
+    checks, notes = [], []
+    for f in files:
+        req = requirement_in(Path(f))
+        if req is None:
+            continue
+        version = req.exact or lowest_allowed(req)
+        if not req.exact:
+            notes.append(f"{f}: {req.text!r} is a range: checked at its lowest allowed release, {version}")
+        old = from_version or previous_pin(Path(f)) or applied_version()
+        if old is None:
+            pin = load_pin(required=False)
+            old = pin.version if pin else None
+        if (version, old) not in [(c["version"], c["from"]) for c in checks]:
+            checks.append({"file": f, "requirement": req.text, "version": version, "from": old})
+    if not checks:
+        note = "no SGLang requirement in the changed files; nothing to check."
         if as_json:
             click.echo(to_json({"ok": True, "command": "gate", "notes": [note], "upgrades": []}))
         else:
             click.echo(f"spectool gate: {note}")
         sys.exit(EXIT_OK)
-    results = [_upgrade(v, recipes_dir, _ids(select), as_json) for v in versions]
+    for note in notes:
+        if not as_json:
+            click.echo(f"spectool gate: {note}")
+    results = []
+    for c in checks:
+        if not as_json:
+            came = f" (from {c['from']})" if c["from"] and c["from"] != c["version"] else ""
+            click.echo(f"spectool gate: {c['file']} pins SGLang {c['version']}{came}")
+        results.append(_upgrade(c["version"], recipes_dir, _ids(select), as_json, c["from"]))
     rc = max(code for code, _ in results)
     if as_json:
-        click.echo(to_json({"ok": rc == EXIT_OK, "command": "gate", "notes": [],
+        click.echo(to_json({"ok": rc == EXIT_OK, "command": "gate", "notes": notes, "checked": checks,
                             "upgrades": [payload for _, payload in results]}))
     sys.exit(rc)
 

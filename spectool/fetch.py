@@ -80,7 +80,7 @@ def _choose(files: list[dict], version: str, pinned_file: str | None) -> dict:
 
 def fetch(version: str | None = None, *, dest=None, progress: bool = True) -> Path:
     """Path of the unpacked release (a folder holding the sglang package)."""
-    pin = load_pin(required=version is None)
+    pin = load_pin(required=version is None, hint="; name the release (spectool fetch VERSION)")
     if version is None:
         version = pin.version
     pinned_file, pinned_sha = pin.known(version) if pin else (None, None)
@@ -121,11 +121,27 @@ def fetch(version: str | None = None, *, dest=None, progress: bool = True) -> Pa
 
 def prepare_pinned_tree(progress: bool = True) -> Path:
     """The pinned release copied to ./build/sglang-VERSION (the README's one-command run)."""
-    pin = load_pin()
+    pin = load_pin(hint=": pass --sglang-dir DIR, an SGLang tree (a checkout, a site-packages or the package; its "
+                   "version is read from the tree), or pin a release to fetch in spectool.toml ([sglang] version)"
+                   + _installed_hint())
     build = pin.path.parent / "build" / f"sglang-{pin.version}"
     if not build.exists():
         fetch(pin.version, dest=build, progress=progress)
     return build
+
+
+def _installed_hint() -> str:
+    """'. SGLang is installed here: --sglang-dir X' when this Python environment has one
+    (found without importing it)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    return f". SGLang is installed in this environment: --sglang-dir {Path(list(spec.submodule_search_locations)[0]).parent}"
 
 
 def _sha(path: Path) -> str:

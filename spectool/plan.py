@@ -240,7 +240,22 @@ def build_plan(tree: SglangTree, recipes: list[Recipe], options: dict | None = N
                 inputs={rel: sha256(st.original) for rel, st in sorted(files.states.items())})
     if validate:
         _validate(plan)
+    _name_required_statuses(recipes, by_id)
     return plan
+
+
+def _name_required_statuses(recipes: list[Recipe], by_id: dict[str, RecipeResult]) -> None:
+    """An upstreamed recipe's detail ends with the actual status of each recipe it requires
+    (such as the one that keeps its flag), so no row says what another row contradicts."""
+    for recipe in recipes:
+        res = by_id.get(recipe.id)
+        if res is None or res.status != Status.UPSTREAMED:
+            continue
+        for req in recipe.requires:
+            other = by_id.get(req)
+            if other is not None:
+                where = f" ({other.variant})" if other.variant and other.status.ok else ""
+                res.message = f"{res.message.rstrip('.')}. {req}: {other.status}{where} here."
 
 
 _LONE_LF = re.compile(rb"(?<!\r)\n")

@@ -32,11 +32,14 @@ def to_json(payload: dict) -> str:
     return json.dumps({"schema_version": JSON_SCHEMA_VERSION, **payload}, indent=2, sort_keys=True, default=str)
 
 
-def print_outcome(outcome, console: "Console", *, show_diff: bool = False) -> None:
+def print_outcome(outcome, console: "Console", *, show_diff: bool = False, heading: str | None = None) -> None:
+    """The outcome as tables; `heading` replaces the first line ('SGLang V at DIR')."""
     from rich.table import Table
 
     tree = outcome.tree
-    if tree is not None:
+    if heading is not None:
+        console.print(heading, markup=False, highlight=False)
+    elif tree is not None:
         console.print(f"SGLang {tree.version} at {tree.dir} ({tree.kind})")
     plan = outcome.plan
     if plan is not None and plan.results:

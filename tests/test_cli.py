@@ -242,7 +242,7 @@ def test_gate_json_without_a_pin(tmp_path):
     r = run("gate", req, "--json")
     d = _json(r)
     assert r.exit_code == 0 and d["command"] == "gate" and d["ok"] and d["upgrades"] == []
-    assert "no SGLang pin" in d["notes"][0]
+    assert "no SGLang requirement in the changed files" in d["notes"][0]
 
 
 @pytest.mark.network

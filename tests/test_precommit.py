@@ -1,9 +1,12 @@
-"""The upgrade gate through pre-commit itself (`pre-commit try-repo`) on a scratch repository:
-a pin bump that passes (0.5.12 -> 0.5.17: threshold applies, the rest is upstream) and one
-that drifts (0.5.12 -> 0.5.13: the flag's anchors moved)."""
+"""The upgrade gate through pre-commit itself (`pre-commit try-repo`) on a scratch repository,
+as a user runs it: a bump that passes (with the advice to retire what is upstream), one that
+drifts (the drift report with the nearest candidates, the old pin read from git), the PEP 503
+spellings of the pin, a range checked at its lowest release, and a requirement that names no
+release refused."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -40,28 +43,75 @@ def hook_repo(tmp_path_factory):
     return dst
 
 
-def _run_gate(tmp_path, hook_repo, pre_commit, version):
+def _run_gate(tmp_path, hook_repo, requirement, *, env=None, before="sglang==0.5.12"):
+    """A user repository whose requirements.txt pinned `before` in HEAD and now says
+    `requirement`; the hook run through `pre-commit try-repo` as a user would (no --verbose)."""
     work = tmp_path / "user"
     work.mkdir()
     _git(work, "init", "-q")
-    (work / "requirements.txt").write_text("sglang==0.5.12\n")
+    (work / "requirements.txt").write_text(f"torch==2.11.0\n{before}\n")
     _git(work, "add", "-A")
-    _git(work, "commit", "-qm", "pin 0.5.12")
-    (work / "requirements.txt").write_text(f"sglang=={version}\n")
+    _git(work, "commit", "-qm", "pin")
+    (work / "requirements.txt").write_text(f"torch==2.11.0\n{requirement}\n")
     _git(work, "add", "-A")
-    env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path.parent / "pre-commit-home")}
-    return subprocess.run([pre_commit, "try-repo", str(hook_repo), "spectool-upgrade-gate", "--verbose", "--files", "requirements.txt"],
-                          cwd=work, capture_output=True, text=True, env=env, timeout=1800)
+    env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path.parent / "pre-commit-home"), **(env or {})}
+    r = subprocess.run([_pre_commit(), "try-repo", str(hook_repo), "spectool-upgrade-gate", "--files", "requirements.txt"],
+                       cwd=work, capture_output=True, text=True, env=env, timeout=1800)
+    r.output = r.stdout + r.stderr
+    return r
 
 
-def test_gate_passes_on_a_good_bump(tmp_path, hook_repo):
-    r = _run_gate(tmp_path, hook_repo, _pre_commit(), "0.5.17")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "upgrade to SGLang 0.5.17: ready" in r.stdout
+def _fake_release(sglang_release, cache: Path, version: str) -> None:
+    """A cached release `version` (as `spectool fetch` leaves one): SGLang 0.5.12's sources with
+    EAGLEWorkerV2.clear_cache_pool renamed, the anchor the fallback's methods follow."""
+    tree = sglang_release("0.5.12")
+    dest = cache / f"sglang-{version}"
+    shutil.copytree(tree, dest)
+    for meta in dest.glob("sglang-*.dist-info/METADATA"):
+        meta.write_text(meta.read_text().replace("Version: 0.5.12\n", f"Version: {version}\n", 1))
+    worker = dest / "sglang/srt/speculative/eagle_worker_v2.py"
+    worker.write_text(worker.read_text().replace("def clear_cache_pool(", "def clear_cache_pools("))
+    (dest / ".spectool-fetched").write_text(json.dumps({"file": "test", "sha256": "-"}))
 
 
-def test_gate_fails_on_a_drifting_bump(tmp_path, hook_repo):
-    r = _run_gate(tmp_path, hook_repo, _pre_commit(), "0.5.13")
-    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "need work" in r.stdout and "spec-disable-threshold" in r.stdout
-    assert "handle_speculative_decoding" in r.stdout  # where the anchor went
+def test_a_good_bump_passes_and_shows_what_to_retire(tmp_path, hook_repo):
+    r = _run_gate(tmp_path, hook_repo, "sglang==0.5.17")
+    assert r.returncode == 0, r.output[-3000:]
+    assert "requirements.txt pins SGLang 0.5.17 (from 0.5.12)" in r.output
+    assert "upgrade to SGLang 0.5.17: ready" in r.output
+    assert "retire: sm120 is upstream in SGLang 0.5.17" in r.output  # shown without -v: the hook is verbose
+
+
+def test_a_drifting_bump_fails_with_the_drift_report(tmp_path, hook_repo, sglang_release):
+    cache = tmp_path / "cache"
+    _fake_release(sglang_release, cache, "0.5.12.post99")
+    r = _run_gate(tmp_path, hook_repo, "sglang==0.5.12.post99", env={"SPECTOOL_CACHE": str(cache)})
+    assert r.returncode == 1, r.output[-3000:]
+    assert "need work" in r.output and "spec-fallback (drift)" in r.output
+    assert "no member 'clear_cache_pool' to place the method after" in " ".join(r.output.split())
+    assert "spec-fallback: nearest candidates in the new source:" in r.output
+    assert "EAGLEWorkerV2.clear_cache_pools" in r.output
+
+
+@pytest.mark.parametrize("requirement", ["SGLang==0.5.12.post1",
+                                         "sglang[all] == 0.5.12.post1 ; python_version >= '3.8'",
+                                         "Sglang==0.5.12.post1 --hash=sha256:" + "0" * 64])
+def test_every_spelling_of_the_pin_is_checked(tmp_path, hook_repo, requirement):
+    r = _run_gate(tmp_path, hook_repo, requirement)
+    assert r.returncode == 0, r.output[-3000:]
+    assert "requirements.txt pins SGLang 0.5.12.post1 (from 0.5.12)" in r.output
+    assert "upgrade to SGLang 0.5.12.post1: ready" in r.output
+
+
+def test_a_range_is_checked_at_its_lowest_allowed_release(tmp_path, hook_repo):
+    r = _run_gate(tmp_path, hook_repo, "sglang>=0.5.12.post1,<0.5.13")
+    assert r.returncode == 0, r.output[-3000:]
+    assert "'sglang>=0.5.12.post1,<0.5.13' is a range: checked at its lowest allowed release, 0.5.12.post1" in r.output
+    assert "upgrade to SGLang 0.5.12.post1: ready" in r.output
+
+
+def test_a_requirement_without_a_release_is_refused(tmp_path, hook_repo):
+    r = _run_gate(tmp_path, hook_repo, "sglang<0.6")
+    assert r.returncode == 1 and "- exit code: 2" in r.output, r.output[-3000:]  # pre-commit exits 1 on any failure
+    assert "'sglang<0.6' does not pin SGLang to a release" in " ".join(r.output.split())
+    assert "nothing to check" not in r.output
