@@ -37,6 +37,8 @@ import os
 import re
 import shutil
 import tempfile
+import textwrap
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +52,7 @@ from .errors import BadInputError, DriftError, RecipeError
 from .ops import OPERATIONS, OpContext, add_import
 from .ops.members import AddDefinition, AddField, AddMethod, ReplaceMethod, _def_name, _field_name
 from .ops.statements import AddArgument, InsertStatements, _flag_of
+from .patterns import WILD
 
 NAME_CUTOFF = 0.75  # difflib ratio a renamed name must reach to count as a candidate
 MAX_SHOWN = 6  # candidates listed per operation (the best first)
@@ -73,7 +76,8 @@ class Change:
                 "location": self.location, "why": self.why}
 
     def __str__(self) -> str:
-        return f"{self.key}: {self.old} -> {self.new} ({self.why}; similarity {self.score:.2f}, {self.location})"
+        old, new = (x.strip().splitlines()[0] if x.strip() else x for x in (self.old, self.new))
+        return f"{self.key}: {old} -> {new} ({self.why}; similarity {self.score:.2f}, {self.location})"
 
 
 @dataclass
@@ -307,9 +311,12 @@ class _Porter:
             out.reason = depends
             return
         alts = self.alternatives(op, index)
-        passing = [a for a in alts if self.run(self.make(a.spec, index), index, keep=False) is None]
+        passing = [a for a in alts if self.trial(a, index)]
+        self.scratch.settle()
         if len(passing) == 1:
             alt = passing[0]
+            if alt.copy:
+                self.scratch.choose(*alt.copy)
             self.run(self.make(alt.spec, index), index, keep=True)
             out.outcome, out.spec = REANCHORED, alt.spec
             out.changes.append(Change(alt.key, alt.old, alt.new, alt.score, alt.location, alt.why))
@@ -325,6 +332,12 @@ class _Porter:
         shown = sorted(passing or alts, key=lambda a: -a.score)[:MAX_SHOWN]
         out.candidates = [f"{a.key}: {a.new} (similarity {a.score:.2f}, {a.location})" for a in shown]
         out.candidates += [c for c in err.candidates if all(c not in s for s in out.candidates)]
+
+    def trial(self, alt: _Alt, index: int) -> bool:
+        """Does the operation apply with this candidate? (Nothing of it is kept.)"""
+        if alt.copy:
+            self.scratch.write(*alt.copy)
+        return self.run(self.make(alt.spec, index), index, keep=False) is None
 
     # what an operation adds ------------------------------------------------------------------
     @staticmethod
@@ -383,7 +396,7 @@ class _Porter:
                              {**spec, "after_flag": f}) for f, r in _close(op.spec["after_flag"], flags)]
             return []
         if isinstance(op, InsertStatements) or op.kind in ("replace_expr", "wrap_expr"):
-            return self._moved_statement(op, spec, st, scope)
+            return self._moved_statement(op, spec, st, scope) or self._renamed_parameter(op, spec, st, scope)
         return []
 
     def _where(self, st, node) -> str:
@@ -448,56 +461,114 @@ class _Porter:
         if old in methods:
             return []
         out = []
-        folder = "v" + re.sub(r"\W", "_", str(self.version))
-        rel_old = ref.file.relative_to(self.recipe.path.parent.resolve()).as_posix()
-        rel_new = f"{folder}/{Path(rel_old).name}"
         for n, r in _close(old, methods):
-            text = _renamed_code(ref, n)
-            self.scratch.write(rel_new, text)  # a code reference must name an existing file
+            rel, text = self._edited_copy(ref, lambda node, n=n: node.with_changes(name=cst.Name(n)))
             new_qual = ".".join(ref.qualname.split(".")[:-1] + [n])
-            new = {**spec, "code": f"{rel_new}:{new_qual}"}
+            new = {**spec, "code": f"{rel}:{new_qual}"}
             node = next(s for s in cstutil.body_of(cls_node) if _def_name(s) == n)
-            alt = _Alt("code", f"{rel_old}:{ref.qualname}", new["code"], r, self._where(st, node),
-                       "method renamed: the code file is copied with the function renamed", new, (rel_new, text))
-            out.append(alt)
+            out.append(_Alt("code", spec["code"], new["code"], r, self._where(st, node),
+                            "method renamed: the code file is copied with the function renamed", new, (rel, text)))
         return out
 
+    def _renamed_parameter(self, op, spec, st, scope) -> list[_Alt]:
+        """The anchor names a parameter the function now calls otherwise: each parameter the
+        anchor does not use is tried in its place (the code function that names it too is
+        copied with the name changed)."""
+        fn = scope[-1]
+        key = "anchor" if "anchor" in spec else "pattern"
+        pattern = getattr(op, "pattern", None)
+        if not isinstance(fn, cst.FunctionDef) or pattern is None or key not in spec:
+            return []
+        used = {n.id for n in ast.walk(pattern.tree) if isinstance(n, ast.Name) and not n.id.startswith(WILD)}
+        try:
+            here = {n.id if isinstance(n, ast.Name) else n.arg for n in ast.walk(ast.parse(textwrap.dedent(st.code(fn))))
+                    if isinstance(n, (ast.Name, ast.arg))}
+        except SyntaxError:
+            return []
+        missing = sorted(used - here)
+        if len(missing) != 1:
+            return []
+        old = missing[0]
+        params = [p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)]
+        ref = op.code.get("code")
+        out = []
+        for p in params:
+            if p in used or p in ("self", "cls"):
+                continue
+            new = {**spec, key: re.sub(rf"\b{re.escape(old)}\b", p, spec[key])}
+            copy = None
+            if ref is not None and old in cst.Module([]).code_for_node(ref.definition()):
+                rel, text = self._edited_copy(ref, lambda node, p=p: node.visit(_RenameName(old, p)))
+                new["code"], copy = f"{rel}:{ref.qualname}", (rel, text)
+            out.append(_Alt(key, spec[key].strip(), new[key].strip(), _ratio(old, p), self._where(st, fn),
+                            f"parameter renamed: {old} -> {p}", new, copy))
+        return out
+
+    def _edited_copy(self, ref, edit) -> tuple[str, str]:
+        """(path relative to the recipe, text) of a copy of ref's code file in a folder named
+        after the release, as earlier re-anchorings of this port left it, with `edit` applied
+        to the definition ref names."""
+        base = self.recipe.path.parent.resolve()
+        rel_old = ref.file.relative_to(base).as_posix()
+        folder = "v" + re.sub(r"\W", "_", str(self.version))
+        rel = rel_old if rel_old.startswith(folder + "/") else f"{folder}/{Path(rel_old).name}"
+        module = cst.parse_module(self.scratch.chosen.get(rel) or ref.file.read_text(encoding="utf-8"))
+        path = cstutil.find_definition(module, ref.qualname)
+        return rel, cstutil.rebuild(path, edit(path[-1])).code
 
 
-def _renamed_code(ref, new_name: str) -> str:
-    """The code file's text with the function `ref` names renamed to new_name."""
-    target = ref.definition()
+class _RenameName(cst.CSTTransformer):
+    """Rename a variable: every Name `old`, except attribute names and keyword arguments."""
 
-    class Rename(cst.CSTTransformer):
-        def leave_FunctionDef(self, original, updated):
-            if original is target:
-                return updated.with_changes(name=cst.Name(new_name))
-            return updated
+    def __init__(self, old: str, new: str):
+        super().__init__()
+        self.old, self.new, self.skip = old, new, set()
 
-    return ref.module().visit(Rename()).code
+    def visit_Attribute(self, node) -> None:
+        self.skip.add(id(node.attr))
+
+    def visit_Arg(self, node) -> None:
+        if node.keyword is not None:
+            self.skip.add(id(node.keyword))
+
+    def leave_Name(self, original, updated):
+        if original.value == self.old and id(original) not in self.skip:
+            return updated.with_changes(value=self.new)
+        return updated
 
 
 class _ScratchCode:
-    """Copies of code files that alternatives name, written before the operation is built
-    (a code reference must name an existing file) and removed unless the port keeps them."""
+    """Copies of code files that re-anchorings need. A candidate's copy is written while it is
+    tried (a code reference must name an existing file); `settle` puts back what the chosen
+    candidates wrote, and `discard` removes every copy the port does not keep."""
 
     def __init__(self, base: Path):
-        self.base, self.made = base, []
+        self.base, self.made, self.chosen = base, [], {}
 
     def write(self, rel: str, text: str) -> None:
         path = self.base / rel
-        if path.exists():
-            if path.read_text(encoding="utf-8") != text:
-                raise BadInputError(f"{path} exists with other content; move it away and port again.")
-            return
+        if path.exists() and path not in self.made and path.read_text(encoding="utf-8") != text:
+            raise BadInputError(f"{path} exists with other content; move it away and port again.")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-        self.made.append(path)
+        now = time.time_ns()
+        os.utime(path, ns=(now, now))  # code files are parsed once per mtime: a rewrite is seen
+        if path not in self.made:
+            self.made.append(path)
 
-    def discard(self, keep=()) -> None:
-        keep = {self.base / rel for rel in keep}
+    def choose(self, rel: str, text: str) -> None:
+        self.chosen[rel] = text
+        self.write(rel, text)
+
+    def settle(self) -> None:
+        for path in self.made:
+            rel = path.relative_to(self.base).as_posix()
+            if rel in self.chosen:
+                self.write(rel, self.chosen[rel])
+
+    def discard(self, keep: bool) -> None:
         for path in reversed(self.made):
-            if path in keep:
+            if keep and path.relative_to(self.base).as_posix() in self.chosen:
                 continue
             path.unlink(missing_ok=True)
             try:
@@ -594,6 +665,9 @@ def port(recipe_id: str, tree_dir, *, recipes_dir=None, dry_run: bool = False) -
     if source is None:
         raise BadInputError(f"recipe {recipe.id!r} has no variant with operations to port from.")
     res.source = source.name
+    if covering is not None and covering.unsupported:
+        res.notes.append(f"{covering.name} marked SGLang {version} unsupported: {covering.unsupported.strip()} "
+                         "Review that the ported variant answers this.")
     doc = _Doc.read(recipe.path)
     src_index = recipe.variants.index(source)
     op_nodes = doc.value_node(src_index, "operations").value
@@ -622,10 +696,9 @@ def port(recipe_id: str, tree_dir, *, recipes_dir=None, dry_run: bool = False) -
                 return res
             _write_atomic(recipe.path, text)
             res.wrote.append(str(recipe.path))
-            res.wrote.extend(str(recipe.path.parent / r) for o in res.ops for r in o.copies)
+            res.wrote.extend(str(recipe.path.parent / r) for r in sorted(scratch.chosen))
     finally:
-        kept = [r for o in res.ops for r in o.copies] if res.wrote else []
-        scratch.discard(keep=kept)
+        scratch.discard(keep=bool(res.wrote))
     res.check = _check(recipe.id, tree, root)
     return res
 

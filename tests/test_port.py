@@ -129,7 +129,7 @@ def after_stream(self):
 
 
 def count_step(self, batch):
-    self.size += 1
+    self.size += 0 if batch is None else 1
 '''
 
 
@@ -170,6 +170,22 @@ def test_a_renamed_and_moved_tree_is_reanchored(tmp_path):
     assert out.ok and out.wrote
     patched = (tree / "sglang/srt/worker.py").read_text()
     assert "self.streams = [self.stream]" in patched and "def stats(self):" in patched
+
+
+def test_a_renamed_parameter_is_reanchored_with_a_copy_of_the_code(tmp_path):
+    source = NEW.replace("def forward_step(self, batch):\n        if batch is None:\n            return None\n        return batch",
+                         "def step(self, inputs):\n        if inputs is None:\n            return None\n        return inputs")
+    recipes, tree = demo(tmp_path, source)
+    res = port("demo", tree, recipes_dir=recipes)
+    assert res.ok, res.to_json()
+    [change] = res.ops[4].changes
+    assert (change.key, change.old, change.new) == ("anchor", "if batch is None:\n    ...", "if inputs is None:\n    ...")
+    assert change.why == "parameter renamed: batch -> inputs" and change.location == "sglang/srt/worker.py:22"
+    assert res.ops[4].spec["code"] == "v1_1/code.py:count_step"
+    copy = (recipes / "demo" / "v1_1" / "code.py").read_text()
+    assert "def count_step(self, inputs):\n    self.size += 0 if inputs is None else 1" in copy
+    assert "def reset_all(self):" in copy  # one copy holds both re-anchorings
+    assert api.apply(tree, recipes_dir=recipes).ok
 
 
 def test_ambiguous_candidates_are_left_to_a_human(tmp_path):
