@@ -11,6 +11,10 @@ import pytest
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent
 
+# One torch thread: the tests' models are tiny, and torch's OpenMP threads spin waiting for
+# each other whenever another process holds a core, which made them several times slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def make_tree(root: Path, version: str, files: dict[str, bytes]) -> Path:
     """A minimal folder holding an `sglang` package: enough for locate() and the engine."""
