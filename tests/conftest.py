@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import pytest
@@ -43,10 +44,28 @@ def _say(config, text: str) -> None:
         reporter.write_line(text)
 
 
+def _link_or_copy(src, dst):
+    """Hard link into the release cache (same filesystem), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _changed_in_cache(root: Path) -> list[str]:
+    """Files of a cached release modified after it was unpacked: written in place through a
+    hard link of a test's tree."""
+    fetched = (root / ".spectool-fetched").stat().st_mtime
+    return [str(Path(d, f).relative_to(root)) for d, _, files in os.walk(root) for f in files
+            if os.stat(os.path.join(d, f)).st_mtime > fetched]
+
+
 @pytest.fixture(scope="session")
 def sglang_release(tmp_path_factory, pytestconfig):
-    """Fetch a pinned SGLang release once per session (cached in SPECTOOL_CACHE across runs);
-    a release not in the cache yet is announced on the terminal before it downloads."""
+    """A fresh tree of a pinned SGLang release per call, made of hard links into the release
+    cache (SPECTOOL_CACHE; fetched once, announced on the terminal). A test changes a file of
+    it by replacing the file, as spectool writes (a temp file and os.replace), never in place:
+    that would change the cache, which the end of the session checks."""
     from spectool.fetch import cache_dir, fetch
 
     cache = {}
@@ -57,10 +76,60 @@ def sglang_release(tmp_path_factory, pytestconfig):
                 _say(pytestconfig, f"fetching SGLang {version} into {cache_dir()} (first use; cached afterwards)")
             cache[version] = fetch(version, progress=False)
         dest = tmp_path_factory.mktemp(f"sglang-{version}")
-        shutil.copytree(cache[version], dest, dirs_exist_ok=True, symlinks=True)
+        shutil.copytree(cache[version], dest, dirs_exist_ok=True, symlinks=True, copy_function=_link_or_copy)
         return dest
 
-    return get
+    yield get
+    changed = {v: files for v, root in cache.items() if (files := _changed_in_cache(root))}
+    assert not changed, (f"tests wrote into cached release files in place (through a hard link): {changed}; "
+                         "replace files instead, and delete these releases from the cache")
+
+
+def _named_releases(items) -> list[str]:
+    """The releases the network tests among `items` name: their `version` parameters and the
+    release strings of their modules, in the matrix's order."""
+    import ast
+
+    from spectool import matrix
+
+    known = list(matrix.load())
+    named = set()
+    modules = set()
+    for item in items:
+        if item.get_closest_marker("network") is None and "sglang_release" not in item.fixturenames:
+            continue
+        params = getattr(item, "callspec", None)
+        if params is not None and params.params.get("version") in known:
+            named.add(params.params["version"])
+        modules.add(Path(item.path))
+    for path in modules:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in known:
+                named.add(node.value)
+    return [v for v in known if v in named]
+
+
+def pytest_collection_finish(session):
+    """Fetch every release the session's network tests name before the first of them runs,
+    several at once (a download waits on the network, an unpack on the disk), one line each."""
+    from spectool.errors import FetchError
+    from spectool.fetch import cache_dir, fetch
+
+    if session.config.option.collectonly:
+        return
+    missing = [v for v in _named_releases(session.items)
+               if not (cache_dir() / f"sglang-{v}" / ".spectool-fetched").exists()]
+    if not missing:
+        return
+    _say(session.config, f"fetching {len(missing)} SGLang release(s) into {cache_dir()} (first use; cached afterwards)")
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {pool.submit(fetch, v, progress=False): v for v in missing}
+        for done, future in enumerate(as_completed(futures), 1):
+            try:
+                future.result()
+                _say(session.config, f"  SGLang {futures[future]} fetched ({done} of {len(missing)})")
+            except FetchError as exc:  # the tests that need it fetch it again and fail with the reason
+                _say(session.config, f"  SGLang {futures[future]} not fetched: {exc}")
 
 
 def pytest_report_header(config):
@@ -84,7 +153,8 @@ def patched_release(sglang_release):
     def get(version: str) -> Path:
         if version not in cache:
             tree = sglang_release(version)
-            assert api.apply(tree).ok
+            out = api.apply(tree)
+            assert out.ok, (version, [r.to_json() for r in out.plan.results])
             cache[version] = tree
         return cache[version]
 

@@ -19,20 +19,12 @@ KW = {"cuda_graph_max_bs": 32, "disable_piecewise_cuda_graph": True, "attention_
       "speculative_disable_batch_size_threshold": 4}
 
 
-def test_0512_names_pass_through(sglang_release):
-    from spectool import api
-
-    tree = sglang_release("0.5.12")
-    api.apply(tree)
-    assert adapt(KW, _fields(tree)) == KW
+def test_0512_names_pass_through(patched_release):
+    assert adapt(KW, _fields(patched_release("0.5.12"))) == KW
 
 
-def test_0517_names_are_mapped(sglang_release):
-    from spectool import api
-
-    tree = sglang_release("0.5.17")
-    api.apply(tree)
-    out = adapt(KW, _fields(tree))
+def test_0517_names_are_mapped(patched_release):
+    out = adapt(KW, _fields(patched_release("0.5.17")))
     assert out == {"cuda_graph_max_bs_decode": 32, "cuda_graph_backend_prefill": "disabled",
                    "attention_backend": "triton", "speculative_disable_batch_size_threshold": 4}
 
@@ -42,17 +34,14 @@ def test_unknown_argument_is_an_error(sglang_release):
         adapt({"speculative_disable_batch_size_threshold": 4}, _fields(sglang_release("0.5.17")))
 
 
-def test_every_bench_arm_starts_on_both_releases(sglang_release):
+def test_every_bench_arm_starts_on_both_releases(patched_release):
     """The bench's engine settings (sleep_on_idle included) exist, under some name, in the
     ServerArgs of both patched releases, for every arm."""
-    from spectool import api
     from spectool.harness.bench.arms import engine_kwargs
     from spectool.harness.bench.sweep import select_arms
 
     for version in ("0.5.12", "0.5.17"):
-        tree = sglang_release(version)
-        api.apply(tree)
-        fields = _fields(tree)
+        fields = _fields(patched_release(version))
         for arm in select_arms(32, 256, None):
             kw = engine_kwargs(arm, {"target": "t", "draft": "d"}, max_bs=256, max_total_tokens=1000, port=1)
             assert kw["sleep_on_idle"] is True and "tp_size" not in kw

@@ -33,11 +33,8 @@ def _hashes(root):
 
 
 @pytest.fixture(scope="module")
-def patched(sglang_release):
-    tree = sglang_release("0.5.12")
-    out = api.apply(tree)
-    assert out.ok, [r.to_json() for r in out.plan.results]
-    return tree
+def patched(patched_release):
+    return patched_release("0.5.12")
 
 
 def test_apply_noop_revert(sglang_release):

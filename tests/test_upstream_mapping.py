@@ -11,7 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from spectool import api
 from spectool.testing import load_function
 
 pytestmark = pytest.mark.network
@@ -19,10 +18,8 @@ HOOK = "sglang/srt/arg_groups/speculative_hook.py"
 
 
 @pytest.fixture(scope="module")
-def mapping(sglang_release):
-    tree = sglang_release("0.5.17")
-    assert api.apply(tree).ok
-    return load_function(tree / HOOK, "_spectool_threshold_to_adaptive",
+def mapping(patched_release):
+    return load_function(patched_release("0.5.17") / HOOK, "_spectool_threshold_to_adaptive",
                          {"json": json, "tempfile": tempfile, "logger": logging.getLogger("t")})
 
 
