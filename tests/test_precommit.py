@@ -1,6 +1,7 @@
-"""The upgrade gate through pre-commit itself (`pre-commit try-repo`) on a scratch repository:
-a pin bump that passes (0.5.12 -> 0.5.17: threshold applies, the rest is upstream) and one
-that drifts (0.5.12 -> 0.5.13: the flag's anchors moved)."""
+"""The upgrade gate through pre-commit itself, as a user's configuration names it, on a
+scratch repository: a pin bump that passes (0.5.12 -> 0.5.17: threshold applies, the rest is
+upstream) and one that drifts (0.5.12 -> 0.5.13: the flag's anchors moved). Both share one
+pre-commit home, so the hook's environment is built once."""
 
 from __future__ import annotations
 
@@ -40,28 +41,36 @@ def hook_repo(tmp_path_factory):
     return dst
 
 
-def _run_gate(tmp_path, hook_repo, pre_commit, version):
+@pytest.fixture(scope="module")
+def pre_commit_home(tmp_path_factory):
+    return tmp_path_factory.mktemp("pre-commit-home")
+
+
+def _run_gate(tmp_path, hook_repo, home, pre_commit, version):
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=hook_repo, check=True, capture_output=True, text=True).stdout
     work = tmp_path / "user"
     work.mkdir()
     _git(work, "init", "-q")
+    (work / ".pre-commit-config.yaml").write_text(
+        f"repos:\n  - repo: {hook_repo}\n    rev: {rev.strip()}\n    hooks:\n      - id: spectool-upgrade-gate\n")
     (work / "requirements.txt").write_text("sglang==0.5.12\n")
     _git(work, "add", "-A")
     _git(work, "commit", "-qm", "pin 0.5.12")
     (work / "requirements.txt").write_text(f"sglang=={version}\n")
     _git(work, "add", "-A")
-    env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path.parent / "pre-commit-home")}
-    return subprocess.run([pre_commit, "try-repo", str(hook_repo), "spectool-upgrade-gate", "--verbose", "--files", "requirements.txt"],
+    env = {**os.environ, "PRE_COMMIT_HOME": str(home)}
+    return subprocess.run([pre_commit, "run", "spectool-upgrade-gate", "--verbose", "--files", "requirements.txt"],
                           cwd=work, capture_output=True, text=True, env=env, timeout=1800)
 
 
-def test_gate_passes_on_a_good_bump(tmp_path, hook_repo):
-    r = _run_gate(tmp_path, hook_repo, _pre_commit(), "0.5.17")
+def test_gate_passes_on_a_good_bump(tmp_path, hook_repo, pre_commit_home):
+    r = _run_gate(tmp_path, hook_repo, pre_commit_home, _pre_commit(), "0.5.17")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "upgrade to SGLang 0.5.17: ready" in r.stdout
 
 
-def test_gate_fails_on_a_drifting_bump(tmp_path, hook_repo):
-    r = _run_gate(tmp_path, hook_repo, _pre_commit(), "0.5.13")
+def test_gate_fails_on_a_drifting_bump(tmp_path, hook_repo, pre_commit_home):
+    r = _run_gate(tmp_path, hook_repo, pre_commit_home, _pre_commit(), "0.5.13")
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     assert "need work" in r.stdout and "spec-disable-threshold" in r.stdout
     assert "handle_speculative_decoding" in r.stdout  # where the anchor went
