@@ -53,36 +53,48 @@ def _link_or_copy(src, dst):
 
 
 def _changed_in_cache(root: Path) -> list[str]:
-    """Files of a cached release modified after it was unpacked: written in place through a
-    hard link of a test's tree."""
+    """Files of a cached release written after it was unpacked: new files, or files written
+    in place (directly, or through a hard link of a test's tree)."""
     fetched = (root / ".spectool-fetched").stat().st_mtime
     return [str(Path(d, f).relative_to(root)) for d, _, files in os.walk(root) for f in files
             if os.stat(os.path.join(d, f)).st_mtime > fetched]
 
 
 @pytest.fixture(scope="session")
-def sglang_release(tmp_path_factory, pytestconfig):
-    """A fresh tree of a pinned SGLang release per call, made of hard links into the release
-    cache (SPECTOOL_CACHE; fetched once, announced on the terminal). A test changes a file of
-    it by replacing the file, as spectool writes (a temp file and os.replace), never in place:
-    that would change the cache, which the end of the session checks."""
+def cached_release(pytestconfig):
+    """The cached, unpacked SGLang release itself (SPECTOOL_CACHE; fetched on first use and
+    announced on the terminal), for tests that only read it: nothing may write into it, which
+    the end of the session checks."""
     from spectool.fetch import cache_dir, fetch
 
-    cache = {}
+    roots = {}
 
     def get(version: str) -> Path:
-        if version not in cache:
+        if version not in roots:
             if not (cache_dir() / f"sglang-{version}" / ".spectool-fetched").exists():
                 _say(pytestconfig, f"fetching SGLang {version} into {cache_dir()} (first use; cached afterwards)")
-            cache[version] = fetch(version, progress=False)
-        dest = tmp_path_factory.mktemp(f"sglang-{version}")
-        shutil.copytree(cache[version], dest, dirs_exist_ok=True, symlinks=True, copy_function=_link_or_copy)
-        return dest
+            roots[version] = fetch(version, progress=False)
+        return roots[version]
 
     yield get
-    changed = {v: files for v, root in cache.items() if (files := _changed_in_cache(root))}
-    assert not changed, (f"tests wrote into cached release files in place (through a hard link): {changed}; "
-                         "replace files instead, and delete these releases from the cache")
+    changed = {v: files for v, root in roots.items() if (files := _changed_in_cache(root))}
+    assert not changed, (f"tests wrote into cached releases (directly or through a hard link): {changed}; "
+                         "write into a tree of sglang_release by replacing files, and delete these releases "
+                         "from the cache")
+
+
+@pytest.fixture(scope="session")
+def sglang_release(cached_release, tmp_path_factory):
+    """A fresh tree of a pinned SGLang release per call, made of hard links into the release
+    cache. A test changes a file of it by replacing the file, as spectool writes (a temp file
+    and os.replace), never in place: that would change the cache."""
+
+    def get(version: str) -> Path:
+        dest = tmp_path_factory.mktemp(f"sglang-{version}")
+        shutil.copytree(cached_release(version), dest, dirs_exist_ok=True, symlinks=True, copy_function=_link_or_copy)
+        return dest
+
+    return get
 
 
 def _named_releases(items) -> list[str]:
@@ -96,7 +108,7 @@ def _named_releases(items) -> list[str]:
     named = set()
     modules = set()
     for item in items:
-        if item.get_closest_marker("network") is None and "sglang_release" not in item.fixturenames:
+        if item.get_closest_marker("network") is None and "cached_release" not in item.fixturenames:
             continue
         params = getattr(item, "callspec", None)
         if params is not None and params.params.get("version") in known:

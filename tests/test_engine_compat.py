@@ -29,9 +29,9 @@ def test_0517_names_are_mapped(patched_release):
                    "attention_backend": "triton", "speculative_disable_batch_size_threshold": 4}
 
 
-def test_unknown_argument_is_an_error(sglang_release):
+def test_unknown_argument_is_an_error(cached_release):
     with pytest.raises(KeyError, match="does not exist"):
-        adapt({"speculative_disable_batch_size_threshold": 4}, _fields(sglang_release("0.5.17")))
+        adapt({"speculative_disable_batch_size_threshold": 4}, _fields(cached_release("0.5.17")))
 
 
 def test_every_bench_arm_starts_on_both_releases(patched_release):
@@ -50,13 +50,13 @@ def test_every_bench_arm_starts_on_both_releases(patched_release):
             assert adapt(sharded, fields)["tp_size"] == 2, (version, arm.name)  # bench --tp 2
 
 
-def test_server_arg_types_are_read_from_the_tree(sglang_release, patched_release):
+def test_server_arg_types_are_read_from_the_tree(cached_release, patched_release):
     """The bench checks its --variant fields against the tree under test, read without
     importing it: plain fields and (0.5.17) annotated ones give their types; the recipe's
     flags are there once it is applied."""
     from spectool.harness.engine_compat import server_arg_annotations
 
-    assert "speculative_disable_kv_only_margin" not in server_arg_annotations(str(sglang_release("0.5.12")))
+    assert "speculative_disable_kv_only_margin" not in server_arg_annotations(str(cached_release("0.5.12")))
     types = server_arg_annotations(str(patched_release("0.5.12")))
     assert types["speculative_disable_kv_only_margin"] == "Optional[int]"
     assert types["speculative_disable_kv_only_steps_per_replay"] == "int" and types["disable_cuda_graph"] == "bool"

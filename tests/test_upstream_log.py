@@ -112,7 +112,7 @@ def test_log_counters_pass_the_scenarios_claims_on_the_real_0517_log(tmp_path):
     assert {w: [r["fallback_steps"], r["spec_steps"]] for w, r in rows.items()} == meta["recipe_counters_0.5.12"]
 
 
-def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(sglang_release, patched_release,
+def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(cached_release, patched_release,
                                                                              tmp_path):
     """On the real releases: 0.5.12 (spectool's fallback) reads its stats files and runs every
     configuration; 0.5.17 (upstream's switch) reads the engine logs, passes the threshold to the
@@ -126,7 +126,7 @@ def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(sg
     wls = scenarios.workloads()
     for version, upstream in (("0.5.12", False), ("0.5.17", True)):
         with _pytest.raises(BadInputError, match="is not patched"):
-            runner.inspect_tree(str(sglang_release(version)), {})
+            runner.inspect_tree(str(cached_release(version)), {})
         tree = patched_release(version)
         env = {}
         got_version, switch = runner.inspect_tree(str(tree), env)
