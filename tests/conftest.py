@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import multiprocessing
 import os
 import shutil
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import pytest
@@ -68,9 +69,12 @@ def cached_release(pytestconfig):
     from spectool.fetch import cache_dir, fetch
 
     roots = {}
+    prefetch = pytestconfig.stash.get(PREFETCH, None)
 
     def get(version: str) -> Path:
         if version not in roots:
+            if prefetch is not None:
+                prefetch.wait([version])
             if not (cache_dir() / f"sglang-{version}" / ".spectool-fetched").exists():
                 _say(pytestconfig, f"fetching SGLang {version} into {cache_dir()} (first use; cached afterwards)")
             roots[version] = fetch(version, progress=False)
@@ -121,27 +125,75 @@ def _named_releases(items) -> list[str]:
     return [v for v in known if v in named]
 
 
+class _Prefetch:
+    """Releases fetched in two worker processes while the first tests run (a download waits
+    on the network, an unpack on the disk; the tests use the other core): a line on the
+    terminal for each, printed between tests."""
+
+    def __init__(self, config, versions: list[str]):
+        from spectool.fetch import fetch
+
+        self.config = config
+        spawn = multiprocessing.get_context("spawn")  # not a fork of pytest
+        self.pool = concurrent.futures.ProcessPoolExecutor(max_workers=2, mp_context=spawn)
+        self.futures = {v: self.pool.submit(fetch, v, progress=False) for v in versions}
+        self.reported: set[str] = set()
+
+    def report(self) -> None:
+        for version, future in self.futures.items():
+            if future.done() and version not in self.reported:
+                self.reported.add(version)
+                error = future.exception()
+                count = f"{len(self.reported)} of {len(self.futures)}"
+                _say(self.config, f"  SGLang {version} fetched ({count})" if error is None
+                     else f"  SGLang {version} not fetched: {error}")
+
+    def wait(self, versions=None) -> None:
+        """Until these releases (default: all) are fetched or failed; a release that failed
+        is fetched again by the test that needs it, which then fails with the reason."""
+        futures = [self.futures[v] for v in (versions or self.futures) if v in self.futures]
+        concurrent.futures.wait(futures)
+        self.report()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+PREFETCH = pytest.StashKey[_Prefetch]()
+
+
 def pytest_collection_finish(session):
-    """Fetch every release the session's network tests name before the first of them runs,
-    several at once (a download waits on the network, an unpack on the disk), one line each."""
-    from spectool.errors import FetchError
-    from spectool.fetch import cache_dir, fetch
+    """Start fetching every release the session's network tests name that is not cached yet."""
+    from spectool.fetch import cache_dir
 
     if session.config.option.collectonly:
         return
     missing = [v for v in _named_releases(session.items)
                if not (cache_dir() / f"sglang-{v}" / ".spectool-fetched").exists()]
-    if not missing:
-        return
-    _say(session.config, f"fetching {len(missing)} SGLang release(s) into {cache_dir()} (first use; cached afterwards)")
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {pool.submit(fetch, v, progress=False): v for v in missing}
-        for done, future in enumerate(as_completed(futures), 1):
-            try:
-                future.result()
-                _say(session.config, f"  SGLang {futures[future]} fetched ({done} of {len(missing)})")
-            except FetchError as exc:  # the tests that need it fetch it again and fail with the reason
-                _say(session.config, f"  SGLang {futures[future]} not fetched: {exc}")
+    if missing:
+        _say(session.config, f"fetching {len(missing)} SGLang release(s) into {cache_dir()} while the first tests run "
+                             "(first use; cached afterwards)")
+        session.config.stash[PREFETCH] = _Prefetch(session.config, missing)
+
+
+def pytest_runtest_setup(item):
+    """A network test that fetches on its own (a subprocess, the CLI) waits for the prefetch,
+    so that no two processes unpack one release at once."""
+    prefetch = item.config.stash.get(PREFETCH, None)
+    if prefetch is not None and item.get_closest_marker("network") and "cached_release" not in item.fixturenames:
+        prefetch.wait()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    prefetch = item.config.stash.get(PREFETCH, None)
+    if prefetch is not None:
+        prefetch.report()
+
+
+def pytest_sessionfinish(session):
+    prefetch = session.config.stash.get(PREFETCH, None)
+    if prefetch is not None:
+        prefetch.close()
 
 
 def pytest_report_header(config):
