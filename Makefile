@@ -24,7 +24,7 @@ $(VENV)/.test-extras: $(BIN)/spectool
 run: $(BIN)/spectool
 	$(BIN)/spectool apply
 
-# pytest prints a line before each SGLang release it downloads (tests/conftest.py). Its exit
+# pytest fetches the SGLang releases it needs first, a line each (tests/conftest.py). Its exit
 # code 5 (no tests collected) is reported as such, not as a failure.
 test: $(VENV)/.test-extras
 	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import multiprocessing
 import os
 import shutil
 from pathlib import Path
@@ -10,6 +12,10 @@ import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent
+
+# One torch thread: the tests' models are tiny, and torch's OpenMP threads spin waiting for
+# each other whenever another process holds a core, which made them several times slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def make_tree(root: Path, version: str, files: dict[str, bytes]) -> Path:
@@ -39,24 +45,155 @@ def _say(config, text: str) -> None:
         reporter.write_line(text)
 
 
+def _link_or_copy(src, dst):
+    """Hard link into the release cache (same filesystem), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _changed_in_cache(root: Path) -> list[str]:
+    """Files of a cached release written after it was unpacked: new files, or files written
+    in place (directly, or through a hard link of a test's tree)."""
+    fetched = (root / ".spectool-fetched").stat().st_mtime
+    return [str(Path(d, f).relative_to(root)) for d, _, files in os.walk(root) for f in files
+            if os.stat(os.path.join(d, f)).st_mtime > fetched]
+
+
 @pytest.fixture(scope="session")
-def sglang_release(tmp_path_factory, pytestconfig):
-    """Fetch a pinned SGLang release once per session (cached in SPECTOOL_CACHE across runs);
-    a release not in the cache yet is announced on the terminal before it downloads."""
+def cached_release(pytestconfig):
+    """The cached, unpacked SGLang release itself (SPECTOOL_CACHE; fetched on first use and
+    announced on the terminal), for tests that only read it: nothing may write into it, which
+    the end of the session checks."""
     from spectool.fetch import cache_dir, fetch
 
-    cache = {}
+    roots = {}
+    prefetch = pytestconfig.stash.get(PREFETCH, None)
 
     def get(version: str) -> Path:
-        if version not in cache:
+        if version not in roots:
+            if prefetch is not None:
+                prefetch.wait([version])
             if not (cache_dir() / f"sglang-{version}" / ".spectool-fetched").exists():
                 _say(pytestconfig, f"fetching SGLang {version} into {cache_dir()} (first use; cached afterwards)")
-            cache[version] = fetch(version, progress=False)
+            roots[version] = fetch(version, progress=False)
+        return roots[version]
+
+    yield get
+    changed = {v: files for v, root in roots.items() if (files := _changed_in_cache(root))}
+    assert not changed, (f"tests wrote into cached releases (directly or through a hard link): {changed}; "
+                         "write into a tree of sglang_release by replacing files, and delete these releases "
+                         "from the cache")
+
+
+@pytest.fixture(scope="session")
+def sglang_release(cached_release, tmp_path_factory):
+    """A fresh tree of a pinned SGLang release per call, made of hard links into the release
+    cache. A test changes a file of it by replacing the file, as spectool writes (a temp file
+    and os.replace), never in place: that would change the cache."""
+
+    def get(version: str) -> Path:
         dest = tmp_path_factory.mktemp(f"sglang-{version}")
-        shutil.copytree(cache[version], dest, dirs_exist_ok=True, symlinks=True)
+        shutil.copytree(cached_release(version), dest, dirs_exist_ok=True, symlinks=True, copy_function=_link_or_copy)
         return dest
 
     return get
+
+
+def _named_releases(items) -> list[str]:
+    """The releases the network tests among `items` name: their `version` parameters and the
+    release strings of their modules, in the matrix's order."""
+    import ast
+
+    from spectool import matrix
+
+    known = list(matrix.load())
+    named = set()
+    modules = set()
+    for item in items:
+        if item.get_closest_marker("network") is None and "cached_release" not in item.fixturenames:
+            continue
+        params = getattr(item, "callspec", None)
+        if params is not None and params.params.get("version") in known:
+            named.add(params.params["version"])
+        modules.add(Path(item.path))
+    for path in modules:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in known:
+                named.add(node.value)
+    return [v for v in known if v in named]
+
+
+class _Prefetch:
+    """Releases fetched in two worker processes while the first tests run (a download waits
+    on the network, an unpack on the disk; the tests use the other core): a line on the
+    terminal for each, printed between tests."""
+
+    def __init__(self, config, versions: list[str]):
+        from spectool.fetch import fetch
+
+        self.config = config
+        spawn = multiprocessing.get_context("spawn")  # not a fork of pytest
+        self.pool = concurrent.futures.ProcessPoolExecutor(max_workers=2, mp_context=spawn)
+        self.futures = {v: self.pool.submit(fetch, v, progress=False) for v in versions}
+        self.reported: set[str] = set()
+
+    def report(self) -> None:
+        for version, future in self.futures.items():
+            if future.done() and version not in self.reported:
+                self.reported.add(version)
+                error = future.exception()
+                count = f"{len(self.reported)} of {len(self.futures)}"
+                _say(self.config, f"  SGLang {version} fetched ({count})" if error is None
+                     else f"  SGLang {version} not fetched: {error}")
+
+    def wait(self, versions=None) -> None:
+        """Until these releases (default: all) are fetched or failed; a release that failed
+        is fetched again by the test that needs it, which then fails with the reason."""
+        futures = [self.futures[v] for v in (versions or self.futures) if v in self.futures]
+        concurrent.futures.wait(futures)
+        self.report()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+PREFETCH = pytest.StashKey[_Prefetch]()
+
+
+def pytest_collection_finish(session):
+    """Start fetching every release the session's network tests name that is not cached yet."""
+    from spectool.fetch import cache_dir
+
+    if session.config.option.collectonly:
+        return
+    missing = [v for v in _named_releases(session.items)
+               if not (cache_dir() / f"sglang-{v}" / ".spectool-fetched").exists()]
+    if missing:
+        _say(session.config, f"fetching {len(missing)} SGLang release(s) into {cache_dir()} while the first tests run "
+                             "(first use; cached afterwards)")
+        session.config.stash[PREFETCH] = _Prefetch(session.config, missing)
+
+
+def pytest_runtest_setup(item):
+    """A network test that fetches on its own (a subprocess, the CLI) waits for the prefetch,
+    so that no two processes unpack one release at once."""
+    prefetch = item.config.stash.get(PREFETCH, None)
+    if prefetch is not None and item.get_closest_marker("network") and "cached_release" not in item.fixturenames:
+        prefetch.wait()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    prefetch = item.config.stash.get(PREFETCH, None)
+    if prefetch is not None:
+        prefetch.report()
+
+
+def pytest_sessionfinish(session):
+    prefetch = session.config.stash.get(PREFETCH, None)
+    if prefetch is not None:
+        prefetch.close()
 
 
 def pytest_report_header(config):
@@ -80,7 +217,8 @@ def patched_release(sglang_release):
     def get(version: str) -> Path:
         if version not in cache:
             tree = sglang_release(version)
-            assert api.apply(tree).ok
+            out = api.apply(tree)
+            assert out.ok, (version, [r.to_json() for r in out.plan.results])
             cache[version] = tree
         return cache[version]
 

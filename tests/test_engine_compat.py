@@ -19,40 +19,29 @@ KW = {"cuda_graph_max_bs": 32, "disable_piecewise_cuda_graph": True, "attention_
       "speculative_disable_batch_size_threshold": 4}
 
 
-def test_0512_names_pass_through(sglang_release):
-    from spectool import api
-
-    tree = sglang_release("0.5.12")
-    api.apply(tree)
-    assert adapt(KW, _fields(tree)) == KW
+def test_0512_names_pass_through(patched_release):
+    assert adapt(KW, _fields(patched_release("0.5.12"))) == KW
 
 
-def test_0517_names_are_mapped(sglang_release):
-    from spectool import api
-
-    tree = sglang_release("0.5.17")
-    api.apply(tree)
-    out = adapt(KW, _fields(tree))
+def test_0517_names_are_mapped(patched_release):
+    out = adapt(KW, _fields(patched_release("0.5.17")))
     assert out == {"cuda_graph_max_bs_decode": 32, "cuda_graph_backend_prefill": "disabled",
                    "attention_backend": "triton", "speculative_disable_batch_size_threshold": 4}
 
 
-def test_unknown_argument_is_an_error(sglang_release):
+def test_unknown_argument_is_an_error(cached_release):
     with pytest.raises(KeyError, match="does not exist"):
-        adapt({"speculative_disable_batch_size_threshold": 4}, _fields(sglang_release("0.5.17")))
+        adapt({"speculative_disable_batch_size_threshold": 4}, _fields(cached_release("0.5.17")))
 
 
-def test_every_bench_arm_starts_on_both_releases(sglang_release):
+def test_every_bench_arm_starts_on_both_releases(patched_release):
     """The bench's engine settings (sleep_on_idle included) exist, under some name, in the
     ServerArgs of both patched releases, for every arm."""
-    from spectool import api
     from spectool.harness.bench.arms import engine_kwargs
     from spectool.harness.bench.sweep import select_arms
 
     for version in ("0.5.12", "0.5.17"):
-        tree = sglang_release(version)
-        api.apply(tree)
-        fields = _fields(tree)
+        fields = _fields(patched_release(version))
         for arm in select_arms(32, 256, None):
             kw = engine_kwargs(arm, {"target": "t", "draft": "d"}, max_bs=256, max_total_tokens=1000, port=1)
             assert kw["sleep_on_idle"] is True and "tp_size" not in kw
@@ -61,22 +50,17 @@ def test_every_bench_arm_starts_on_both_releases(sglang_release):
             assert adapt(sharded, fields)["tp_size"] == 2, (version, arm.name)  # bench --tp 2
 
 
-def test_server_arg_types_are_read_from_the_tree(sglang_release):
+def test_server_arg_types_are_read_from_the_tree(cached_release, patched_release):
     """The bench checks its --variant fields against the tree under test, read without
     importing it: plain fields and (0.5.17) annotated ones give their types; the recipe's
     flags are there once it is applied."""
-    from spectool import api
     from spectool.harness.engine_compat import server_arg_annotations
 
-    tree = sglang_release("0.5.12")
-    assert "speculative_disable_kv_only_margin" not in server_arg_annotations(str(tree))
-    api.apply(tree)
-    types = server_arg_annotations(str(tree))
+    assert "speculative_disable_kv_only_margin" not in server_arg_annotations(str(cached_release("0.5.12")))
+    types = server_arg_annotations(str(patched_release("0.5.12")))
     assert types["speculative_disable_kv_only_margin"] == "Optional[int]"
     assert types["speculative_disable_kv_only_steps_per_replay"] == "int" and types["disable_cuda_graph"] == "bool"
-    tree = sglang_release("0.5.17")
-    api.apply(tree)
-    types = server_arg_annotations(str(tree))
+    types = server_arg_annotations(str(patched_release("0.5.17")))
     assert types["speculative_disable_batch_size_threshold"] == "Optional[int]"
     assert types["cuda_graph_max_bs_decode"] in ("int", "Optional[int]")
 

@@ -124,7 +124,7 @@ def _sglang_head(tree: Path, head_dir: Path):
 
 
 @pytest.mark.network
-def test_the_head_is_the_one_sglang_runs_through_a_whole_draft_chain(models, sglang_release):
+def test_the_head_is_the_one_sglang_runs_through_a_whole_draft_chain(models, cached_release):
     """A draft extend over a copy prompt's positions 0..p, then two draft decode steps at p+1
     and p+2, each from the previous step's pre-norm output, through SGLang 0.5.12's own
     forward code: every step's logits equal the training forward's, so the trained head is
@@ -135,7 +135,7 @@ def test_the_head_is_the_one_sglang_runs_through_a_whole_draft_chain(models, sgl
     from spectool.harness.verify.golden_model import copy_prompt
 
     target, head = models
-    forward = _sglang_head(sglang_release("0.5.12"), HEAD)
+    forward = _sglang_head(cached_release("0.5.12"), HEAD)
     prompt = copy_prompt(random.Random(7), SPEC, segment=12)
     ids = torch.tensor([prompt])
     with torch.no_grad():
@@ -156,10 +156,10 @@ def test_the_head_is_the_one_sglang_runs_through_a_whole_draft_chain(models, sgl
 
 
 @pytest.mark.network
-def test_the_head_captures_the_layers_sglang_captures(sglang_release):
+def test_the_head_captures_the_layers_sglang_captures(cached_release):
     """The head's features are the residual stream entering the layers SGLang 0.5.12's Llama
     captures for EAGLE-3 by default (its own `set_eagle3_layers_to_capture`)."""
-    tree = sglang_release("0.5.12")
+    tree = cached_release("0.5.12")
     setter = load_function(tree / "sglang/srt/models/llama.py", "LlamaForCausalLM.set_eagle3_layers_to_capture",
                            {"Optional": typing.Optional, "List": typing.List})
     obj = SimpleNamespace(pp_group=SimpleNamespace(is_last_rank=True), config=SimpleNamespace(num_hidden_layers=SPEC.layers),

@@ -19,9 +19,8 @@ MATRIX = matrix.load()
 
 
 @pytest.mark.parametrize("version", list(MATRIX))
-def test_release_matches_matrix(version, sglang_release):
-    tree = sglang_release(version)
-    got = matrix.actual(tree)
+def test_release_matches_matrix(version, cached_release):
+    got = matrix.actual(cached_release(version))
     want = MATRIX[version]
     assert set(got) == set(want), f"{version}: recipes {sorted(got)} vs matrix {sorted(want)}"
     diffs = {rid: (want[rid], got[rid]) for rid in want if got[rid][0] != want[rid]}
@@ -43,10 +42,9 @@ def test_applying_on_a_supported_release_really_applies(sglang_release):
         api.revert(tree)
 
 
-def test_drift_report_on_moved_anchors(sglang_release):
+def test_drift_report_on_moved_anchors(cached_release):
     """The 0.5.12 variants forced onto 0.5.17 (anchors moved): drift, with where to look."""
-    tree = sglang_release("0.5.17")
-    out = api.check(tree, version="0.5.12", select=["spec-disable-threshold"])
+    out = api.check(cached_release("0.5.17"), version="0.5.12", select=["spec-disable-threshold"])
     r = out.plan.results[0]
     assert r.status == "drift" and r.error is not None
     assert "add_argument" in r.error.message and "--speculative-adaptive-config" in r.error.message

@@ -33,11 +33,8 @@ def _hashes(root):
 
 
 @pytest.fixture(scope="module")
-def patched(sglang_release):
-    tree = sglang_release("0.5.12")
-    out = api.apply(tree)
-    assert out.ok, [r.to_json() for r in out.plan.results]
-    return tree
+def patched(patched_release):
+    return patched_release("0.5.12")
 
 
 def test_apply_noop_revert(sglang_release):
@@ -60,8 +57,8 @@ def test_apply_noop_revert(sglang_release):
     assert _hashes(tree) == before
 
 
-def test_check_on_pristine_and_patched(sglang_release, patched):
-    assert api.check(sglang_release("0.5.12")).ok
+def test_check_on_pristine_and_patched(cached_release, patched):
+    assert api.check(cached_release("0.5.12")).ok
     chk = api.check(patched)
     assert chk.ok and {r.status for r in chk.plan.results} == {"already-applied"}
 

@@ -11,7 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from spectool import api
 from spectool.testing import load_function
 
 from .sglang_source import disable_flags_parser, server_args, server_args_class
@@ -20,14 +19,8 @@ pytestmark = pytest.mark.network
 
 
 @pytest.fixture(scope="module")
-def trees(sglang_release):
-    out = {}
-    for v in ("0.5.6.post2", "0.5.8", "0.5.10"):
-        t = sglang_release(v)
-        res = api.apply(t)
-        assert res.ok, (v, [r.to_json() for r in res.plan.results])
-        out[v] = t
-    return out
+def trees(patched_release):
+    return {v: patched_release(v) for v in ("0.5.6.post2", "0.5.8", "0.5.10")}
 
 
 EXT = "sglang/srt/layers/attention/triton_ops/extend_attention.py"
@@ -42,14 +35,14 @@ def _block_sizes(tree, cap, lq=128):
 
 
 @pytest.mark.parametrize("lq,want", [(128, (64, 128)), (256, (64, 64)), (576, (32, 32))])
-def test_sm120_block_sizes_fit_shared_memory(trees, sglang_release, lq, want):
+def test_sm120_block_sizes_fit_shared_memory(trees, cached_release, lq, want):
     assert _block_sizes(trees["0.5.8"], (12, 0), lq) == want
-    assert _block_sizes(sglang_release("0.5.8"), (12, 0), 128) == (128, 64), "unpatched: Hopper sizes (the bug)"
+    assert _block_sizes(cached_release("0.5.8"), (12, 0), 128) == (128, 64), "unpatched: Hopper sizes (the bug)"
 
 
-def test_other_archs_block_sizes_unchanged(trees, sglang_release):
+def test_other_archs_block_sizes_unchanged(trees, cached_release):
     for cap in ((9, 0), (8, 0), (8, 9), (10, 0)):
-        assert _block_sizes(trees["0.5.8"], cap) == _block_sizes(sglang_release("0.5.8"), cap)
+        assert _block_sizes(trees["0.5.8"], cap) == _block_sizes(cached_release("0.5.8"), cap)
 
 
 def test_sm120_fp8_dispatch_uses_triton(trees):

@@ -35,8 +35,8 @@ def _decide(path, sm):
 
 
 @pytest.fixture(scope="module")
-def patched_and_pristine(sglang_release):
-    pristine = sglang_release("0.5.12")
+def patched_and_pristine(sglang_release, cached_release):
+    pristine = cached_release("0.5.12")
     patched = sglang_release("0.5.12")
     out = api.apply(patched, select=["sm120"])
     assert out.ok

@@ -112,23 +112,22 @@ def test_log_counters_pass_the_scenarios_claims_on_the_real_0517_log(tmp_path):
     assert {w: [r["fallback_steps"], r["spec_steps"]] for w, r in rows.items()} == meta["recipe_counters_0.5.12"]
 
 
-def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(sglang_release, tmp_path):
+def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(cached_release, patched_release,
+                                                                             tmp_path):
     """On the real releases: 0.5.12 (spectool's fallback) reads its stats files and runs every
     configuration; 0.5.17 (upstream's switch) reads the engine logs, passes the threshold to the
     parser, and skips STANDALONE with the reason. An unpatched tree is refused before any GPU probe."""
     import pytest as _pytest
 
-    from spectool import api
     from spectool.errors import BadInputError
     from spectool.harness.verify import runner, scenarios
 
     models = {"target": "t", "eagle3_draft": "d"}
     wls = scenarios.workloads()
     for version, upstream in (("0.5.12", False), ("0.5.17", True)):
-        tree = sglang_release(version)
         with _pytest.raises(BadInputError, match="is not patched"):
-            runner.inspect_tree(str(tree), {})
-        assert api.apply(tree).ok
+            runner.inspect_tree(str(cached_release(version)), {})
+        tree = patched_release(version)
         env = {}
         got_version, switch = runner.inspect_tree(str(tree), env)
         assert (got_version, switch) == (version, upstream) and env["PYTHONPATH"].startswith(str(tree))

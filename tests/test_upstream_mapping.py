@@ -11,7 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from spectool import api
 from spectool.testing import load_function
 
 pytestmark = pytest.mark.network
@@ -19,10 +18,8 @@ HOOK = "sglang/srt/arg_groups/speculative_hook.py"
 
 
 @pytest.fixture(scope="module")
-def mapping(sglang_release):
-    tree = sglang_release("0.5.17")
-    assert api.apply(tree).ok
-    return load_function(tree / HOOK, "_spectool_threshold_to_adaptive",
+def mapping(patched_release):
+    return load_function(patched_release("0.5.17") / HOOK, "_spectool_threshold_to_adaptive",
                          {"json": json, "tempfile": tempfile, "logger": logging.getLogger("t")})
 
 
@@ -89,12 +86,12 @@ def test_setups_upstream_cannot_switch_are_refused_loudly(mapping, algo, topk):
 
 
 @pytest.mark.parametrize("threshold", [0, 1, 32])
-def test_written_config_passes_upstreams_own_startup_check(threshold, sglang_release, monkeypatch, mapping):
+def test_written_config_passes_upstreams_own_startup_check(threshold, cached_release, monkeypatch, mapping):
     """Upstream's own loader and start-up check (0.5.17 source, not a re-implementation)
     accept the config: the H200 run found that T=0 once failed this check."""
     import sys
 
-    tree = sglang_release("0.5.17")
+    tree = cached_release("0.5.17")
     params = tree / "sglang/srt/speculative/adaptive_spec_params.py"
     ns = {"json": json, "DEFAULT_ADAPTIVE_CONFIG": {}}
     ns["_load_adaptive_config"] = load_function(params, "_load_adaptive_config", ns)

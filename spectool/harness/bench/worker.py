@@ -148,7 +148,7 @@ async def profiled(engine, C: int, n: int, prompt_len: int, out_len: int, seed: 
     if stagger:
         return await closed_loop(engine, C, n, prompt_len, out_len, seed, vocab, stagger=True, on_steady=start)
     run = asyncio.ensure_future(closed_loop(engine, C, n, prompt_len, out_len, seed, vocab))
-    await asyncio.sleep(warmup_s)
+    await asyncio.wait([run], timeout=warmup_s)  # a load already over has no prefills left to wait for
     await start()
     return await run
 
