@@ -641,28 +641,30 @@ def test_ranks_agree_on_a_designed_sequence(release):
     assert stats["draft_kv_only_dedups"] == 1 and stats["draft_kv_only_prefills"] == 1
 
 
-def test_capture_sizes_are_the_same_on_every_rank(release):
-    """Start-up on every rank captures the same graphs in the same order: the target's decode
-    graph at the release's batch sizes, the one-token draft extend, and one KV-only graph per
-    decode-graph size above T + M, largest first inside graph_capture(). Checked for TP sizes
-    whose attention layers split the batch differently and for sizes the pool cuts off."""
-    for tp_size, graph_bs, threshold, margin in ((2, (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80), 16, 0),
-                                                 (8, (8, 16, 24, 32, 48, 64), 20, 4),
-                                                 (4, (1, 2, 3, 4, 6, 12), 2, 1)):
-        args = [args_for(release, threshold, margin=margin, graph_bs=graph_bs) for _ in range(tp_size)]
-        ranks = [Rank(release, r, args[r], clock=SkewedClock(r, 1), tp_size=tp_size) for r in range(tp_size)]
-        logs = [rank.log for rank in ranks]
-        assert all(log == logs[0] for log in logs[1:])
-        decode_bs = [bs for bs in graph_bs if bs <= POOL]
-        kv_only = sorted((bs for bs in decode_bs if bs > threshold + margin), reverse=True)
-        assert logs[0] == [
-            ("capture", "target decode graph", tuple(decode_bs), "NONE", True, "target plain"),
-            ("capture", "draft one-token extend graph", tuple(decode_bs), 0),
-            ("capture", "graph_capture", "enter"),
-            *[call for bs in kv_only for call in (("forward", "draft kv-only", bs), ("capture", "draft kv-only", bs))],
-            ("capture", "graph_capture", "exit"),
-        ], (tp_size, logs[0])
-        assert all(list(rank.state.kv_only_graphs["graphs"]) == kv_only[::-1] for rank in ranks)
+@pytest.mark.parametrize("tp_size,graph_bs,flags,decode_bs,kv_only_bs", [
+    # T=16: the pool (64) cuts 72 and 80 off, and the release captures 64 in their place
+    (2, (1, 2, 4, 8, 16, 24, 32, 48, 72, 80), (16, 0, 0), (1, 2, 4, 8, 16, 24, 32, 48, 64), (24, 32, 48, 64)),
+    (8, (8, 16, 24, 32, 48, 64), (20, 6, 4), (8, 16, 24, 32, 48, 64), (32, 48, 64)),
+    (4, (1, 2, 3, 4, 6, 12), (2, 1, 1), (1, 2, 3, 4, 6, 12), (4, 6, 12)),
+])
+def test_capture_sizes_are_the_same_on_every_rank(release, tp_size, graph_bs, flags, decode_bs, kv_only_bs):
+    """Start-up on every rank of a TP group captures the same graphs in the same order: the
+    target's decode graph and the one-token draft extend at the release's batch sizes, then
+    inside graph_capture() one KV-only graph per decode-graph size above T + M, largest first
+    (`flags`: T, H, M)."""
+    threshold, hysteresis, margin = flags
+    args = [args_for(release, threshold, hysteresis, margin=margin, graph_bs=graph_bs) for _ in range(tp_size)]
+    ranks = [Rank(release, r, args[r], clock=SkewedClock(r, 1), tp_size=tp_size) for r in range(tp_size)]
+    assert all(rank.log == ranks[0].log for rank in ranks[1:])
+    assert ranks[0].log == [
+        ("capture", "target decode graph", decode_bs, "NONE", True, "target plain"),
+        ("capture", "draft one-token extend graph", decode_bs, 0),
+        ("capture", "graph_capture", "enter"),
+        *[call for bs in kv_only_bs[::-1]  # a warm-up write, then the capture
+          for call in (("forward", "draft kv-only", bs), ("capture", "draft kv-only", bs))],
+        ("capture", "graph_capture", "exit"),
+    ]
+    assert all(tuple(rank.state.kv_only_graphs["graphs"]) == kv_only_bs for rank in ranks)
 
 
 STEP = st.one_of(
