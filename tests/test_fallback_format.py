@@ -39,13 +39,13 @@ def bind(path, ns, worker, *names):
     bind_methods(path, "EAGLEWorkerV2", ns, worker, *names)
 
 
-@pytest.mark.parametrize("version", ["0.5.8", "0.5.12"])
+@pytest.mark.parametrize("version", ["0.5.8", "0.5.11", "0.5.12"])
 def test_fallback_result_format(version, patched_release, monkeypatch):
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
     tree = patched_release(version)
     path = tree / WORKER
-    seed = version == "0.5.8"
+    seed = version != "0.5.12"  # 0.5.11 takes the seed era's padded decode step
     bonus = "verified_id" if seed else "bonus_tokens"
 
     class Result(SimpleNamespace):
@@ -224,7 +224,7 @@ def test_draft_extend_graph_is_captured_at_one_token(version, patched_release):
     assert worker._spec_fallback.draft_extend_runner is None and "capture" not in seen
 
 
-@pytest.mark.parametrize("version", ["0.5.12", "0.5.8"])
+@pytest.mark.parametrize("version", ["0.5.12", "0.5.8", "0.5.11"])
 def test_verify_done_fires_only_after_the_new_lengths_exist(version, patched_release, monkeypatch):
     """0.5.12's scheduler plans the next step once verify_done fires, reading new_seq_lens: the
     event must be recorded after the lengths are computed. In 0.5.12 it is recorded before the
@@ -235,7 +235,7 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, patched_rel
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
     tree = patched_release(version)
     path = tree / WORKER
-    bonus = "verified_id" if version == "0.5.8" else "bonus_tokens"
+    bonus = "bonus_tokens" if early_plan else "verified_id"
     order = []
 
     class SeqLens(torch.Tensor):
@@ -290,9 +290,9 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, patched_rel
     ({"speculative_disable_draft_decode_min_bs": 1, "speculative_disable_kv_only_margin": 8,
       "speculative_disable_kv_only_steps_per_replay": 1}, 1, 40, 1),
 ])
-@pytest.mark.parametrize("version", ["0.5.12", "0.5.13", "0.5.14"])
+@pytest.mark.parametrize("version", ["0.5.11", "0.5.12", "0.5.13", "0.5.14"])
 def test_start_up_takes_the_draft_sync_from_server_args(version, flags, min_bs, above, steps, patched_release):
-    """The start-up of 0.5.12 (and of 0.5.13 and 0.5.14, which insert it unchanged): a decode
+    """The start-up of 0.5.12 (and of 0.5.11, 0.5.13 and 0.5.14, which insert it unchanged): a decode
     attention backend for the target, then the draft sync's settings from the server args
     (None: 'off'): a plain draft backend from the min batch size, the KV-only sync above
     threshold + margin with its steps per replay; without CUDA graphs nothing is captured."""
@@ -321,7 +321,7 @@ def test_start_up_takes_the_draft_sync_from_server_args(version, flags, min_bs, 
     assert len(backends) == (1 if min_bs else 0), "a draft backend only for the decode sync"
 
 
-@pytest.mark.parametrize("version", ["0.5.12", "0.5.13", "0.5.14"])
+@pytest.mark.parametrize("version", ["0.5.11", "0.5.12", "0.5.13", "0.5.14"])
 def test_draft_kv_sync_as_a_plain_decode_step(version, patched_release):
     """From --speculative-disable-draft-decode-min-bs requests up (default 16), the draft KV
     sync is a DECODE forward of the draft on its own plain attention backend: same slots and

@@ -21,7 +21,8 @@ WORKER = "sglang/srt/speculative/eagle_worker_v2.py"
 
 pytestmark = pytest.mark.network
 
-# The releases whose fallback inserts these methods from v0_5_12/worker.py unchanged.
+# The releases whose fallback inserts these methods from v0_5_12/worker.py unchanged (0.5.11
+# has no KV-only sync: its EAGLE-3 head keeps its layer as midlayer).
 ERAS = ["0.5.12", "0.5.13", "0.5.14"]
 
 BS, H, V, HEADS, KV_HEADS, HEAD_DIM = 3, 8, 50, 2, 1, 4
@@ -509,7 +510,7 @@ def _init_new(torch):
 def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_release):
     """The KV-only draft prefill against the release's own _draft_extend_for_prefill (run over
     the same miniature EAGLE-3 head): the same shifted ids, the same K/V at the same slots, and
-    the next draft input in the release's shapes, zeros."""
+    the next draft input in the release's shapes, zeros. (0.5.13 on: test_recipes_0511_0514.)"""
     torch = pytest.importorskip("torch")
     tree = patched_release("0.5.12")
     path = tree / WORKER

@@ -1,8 +1,9 @@
-"""The recipes on SGLang 0.5.13, 0.5.13.post1 and 0.5.14 (fetched from the package index):
-apply, second apply is a no-op, revert, compile; every fallback method the patched worker
-calls is there; the hooks sit where those releases run them; the decode step's result goes
-through the release's own consumer; the draft sync and the KV-only prefill follow the
-release's draft extend; the threshold flags are validated from speculative_hook."""
+"""The recipes on SGLang 0.5.11, 0.5.13, 0.5.13.post1 and 0.5.14 (fetched from the package
+index): apply, second apply is a no-op, revert, compile; every fallback method the patched
+worker calls is there; the hooks sit where those releases run them; the decode step's result
+goes through the release's own consumer; the draft sync and the KV-only prefill follow the
+release's draft extend; the threshold flags are validated where the release validates its
+speculative arguments."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ STANDALONE = "sglang/srt/speculative/standalone_worker_v2.py"
 ARGS = "sglang/srt/server_args.py"
 HOOK = "sglang/srt/arg_groups/speculative_hook.py"
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-RELEASES = ["0.5.13", "0.5.13.post1", "0.5.14"]
-ERAS = ["0.5.13", "0.5.14"]  # 0.5.13.post1's worker differs from 0.5.13's only in drafting
+RELEASES = ["0.5.11", "0.5.13", "0.5.13.post1", "0.5.14"]
+ERAS = ["0.5.13", "0.5.14"]  # the ScheduleBatch worker; 0.5.13.post1's differs only in drafting
 
 
 def _hashes(root):
@@ -48,9 +49,11 @@ def test_apply_noop_revert(version, sglang_release):
     assert {r.id: r.status for r in out.plan.results} == {
         "spec-disable-threshold": "applied", "spec-fallback": "applied", "sm120": "applied"}
     changed = {k for k, v in _hashes(tree).items() if before[k] != v}
-    # 0.5.14 starts the fallback in init_cuda_graphs, which StandaloneWorkerV2 inherits.
+    # 0.5.14 starts the fallback in init_cuda_graphs, which StandaloneWorkerV2 inherits;
+    # 0.5.11 validates in ServerArgs itself.
     standalone = {STANDALONE} if version != "0.5.14" else set()
-    assert changed == {ARGS, HOOK, WORKER, "sglang/srt/layers/deep_gemm_wrapper/configurer.py"} | standalone
+    hook = {HOOK} if version != "0.5.11" else set()
+    assert changed == {ARGS, WORKER, "sglang/srt/layers/deep_gemm_wrapper/configurer.py"} | standalone | hook
     for rel in changed:
         compile((tree / rel).read_bytes(), rel, "exec")
     again = api.apply(tree)
@@ -71,11 +74,19 @@ def _methods(node):
 def test_every_fallback_method_the_worker_calls_is_inserted(version, patched_release):
     """The era's variant lists 0.5.12's methods one by one: every method of
     v0_5_12/worker.py must be in the patched worker (inserted, or the era's own), and every
-    self._spec_fallback_* the patched module reads must be defined there."""
+    self._spec_fallback_* the patched module reads must be defined there (0.5.11 takes its
+    decode step from the seed era)."""
     tree = patched_release(version)
     worker = _class(tree / WORKER, "EAGLEWorkerV2")
     have = _methods(worker)
-    assert _methods(_class(RECIPES / "spec-fallback/v0_5_12/worker.py", "EAGLEWorkerV2")) <= have
+    wanted = _methods(_class(RECIPES / "spec-fallback/v0_5_12/worker.py", "EAGLEWorkerV2"))
+    if version == "0.5.11":  # no KV-only sync there: none of its methods, nor the KV-only prefill
+        wanted = {"_spec_fallback_build", "_spec_fallback_init_draft_decode", "_spec_fallback_init_draft_kv_only",
+                  "_spec_fallback_build_kv_only_graphs", "_spec_fallback_draft_decode",
+                  "_spec_fallback_next_draft_input", "_spec_fallback_kv_only_unsupported",
+                  "_spec_fallback_build_draft_extend_graph", "_spec_fallback_draft_extend",
+                  "_spec_fallback_decode", "_spec_fallback_kv_only_flush"}
+    assert wanted <= have, sorted(wanted - have)
     assert _methods(_class(RECIPES / "spec-fallback/common.py", "EAGLEWorkerV2")) <= have
     used = {n.attr for path in (tree / WORKER, tree / STANDALONE) for n in ast.walk(ast.parse(path.read_text()))
             if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"
@@ -98,11 +109,15 @@ def test_hooks_sit_where_the_release_runs_them(version, patched_release):
     fn = {n.name: n for n in worker.body if isinstance(n, ast.FunctionDef)}
     calls = _calls(fn["forward_batch_generation"])
     line = {text: ln for ln, text in calls}
-    hook = line["self._spec_fallback_should_run(batch)"]
-    assert line["self._spec_fallback_decode(batch, on_publish)"] > hook
-    assert line["self.activate_step_by_batch(batch.seq_lens.shape[0])"] < hook
+    batch = "model_worker_batch" if version == "0.5.11" else "batch"
+    hook = line[f"self._spec_fallback_should_run({batch})"]
+    if version == "0.5.11":
+        assert line["self._spec_fallback_decode(model_worker_batch)"] > hook
+    else:
+        assert line["self._spec_fallback_decode(batch, on_publish)"] > hook
+        assert line["self.activate_step_by_batch(batch.seq_lens.shape[0])"] < hook
     idle = next(n.lineno for n in ast.walk(fn["forward_batch_generation"])
-                if isinstance(n, ast.If) and ast.unparse(n.test) == "batch.spec_info is None")
+                if isinstance(n, ast.If) and ast.unparse(n.test) == f"{batch}.spec_info is None")
     assert hook < idle
     standalone = _class(tree / STANDALONE, "StandaloneWorkerV2")
     if version == "0.5.14":
@@ -431,16 +446,24 @@ def _validate(tree, version, spec_v2=True, **kw):
 
 
 @pytest.mark.parametrize("version", RELEASES)
-def test_the_flags_are_validated_from_speculative_hook(version, patched_release):
-    """The classic validation, called at the end of SGLang's handle_speculative_decoding once
-    it has settled adaptive decoding; the refusals hold (0.5.14: spec v2 is always on, and
-    rejection sampling keeps draft probabilities the fallback's sync does not make)."""
+def test_the_flags_are_validated_where_the_release_validates(version, patched_release):
+    """The classic validation, called once the release has settled adaptive decoding: at the
+    end of ServerArgs._handle_speculative_decoding (0.5.11), of speculative_hook's
+    handle_speculative_decoding (0.5.13 on); the refusals hold (0.5.14: spec v2 is always on,
+    and rejection sampling keeps draft probabilities the fallback's sync does not make)."""
     tree = patched_release(version)
-    fn = next(n for n in ast.parse((tree / HOOK).read_text()).body
-              if isinstance(n, ast.FunctionDef) and n.name == "handle_speculative_decoding")
+    if version == "0.5.11":
+        fn = next(n for n in _class(tree / ARGS, "ServerArgs").body
+                  if isinstance(n, ast.FunctionDef) and n.name == "_handle_speculative_decoding")
+        call, adaptive = "self._validate_speculative_disable_threshold()", "if self.speculative_adaptive:"
+    else:
+        fn = next(n for n in ast.parse((tree / HOOK).read_text()).body
+                  if isinstance(n, ast.FunctionDef) and n.name == "handle_speculative_decoding")
+        call = "server_args._validate_speculative_disable_threshold()"
+        adaptive = "if server_args.speculative_adaptive:\n    _maybe_disable_adaptive(server_args)"
     text = [ast.unparse(s) for s in fn.body]
-    at = text.index("server_args._validate_speculative_disable_threshold()")
-    assert text[at - 1].startswith("if server_args.speculative_adaptive:\n    _maybe_disable_adaptive(server_args)")
+    at = text.index(call)
+    assert text[at - 1].startswith(adaptive)
     _validate(tree, version)
     _validate(tree, version, speculative_disable_batch_size_threshold=None, speculative_algorithm=None)
     refusals = [(dict(speculative_adaptive=True), "speculative-adaptive"),
@@ -483,11 +506,133 @@ def test_the_fallback_settings_are_server_flags(version, patched_release):
 
 
 def test_the_test_releases_cover_the_era_variants():
-    """The two worker eras this file parametrises over are the variants' own ranges."""
+    """The worker eras this file parametrises over are the variants' own ranges."""
     from packaging.version import Version
 
     from spectool.recipe import load_recipes
 
     fallback = next(r for r in load_recipes() if r.id == "spec-fallback")
-    assert {fallback.variant_for(Version(v)).name for v in RELEASES} == {"v2-0.5.13", "v2-0.5.14"}
+    assert {fallback.variant_for(Version(v)).name for v in RELEASES} == {"v2-0.5.11", "v2-0.5.13", "v2-0.5.14"}
     assert fallback.variant_for(Version("0.5.13.post1")).name == "v2-0.5.13"
+
+
+def test_0511_decode_step_is_the_padded_one_its_consumer_reads(patched_release, monkeypatch):
+    """0.5.11 reads the stride from the worker and pre-claims the bonus KV slot: the seed's
+    padded result (the token at i * num_draft_tokens, accept_lens all 1) gives its own
+    consumer one token per request, each in the slot it claimed; verify_done fires after
+    the target ran, and the next draft input carries verified_id and the new lengths."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
+    tree = patched_release("0.5.11")
+    path = tree / WORKER
+    result_cls = _generation_batch_result(tree)
+    order = []
+    events = SimpleNamespace(Event=lambda: SimpleNamespace(record=lambda: order.append("verify_done")),
+                             current_stream=lambda: None)
+    fake_torch = SimpleNamespace(**{k: getattr(torch, k) for k in ("int32", "int64", "ones")},
+                                 get_device_module=lambda device: events)
+    ns = {"torch": fake_torch, "GenerationBatchResult": result_cls, "EagleDraftInput": _DraftInput,
+          "ForwardMode": SimpleNamespace(DECODE="DECODE"), "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
+          "speculative_moe_backend_context": _null, "speculative_moe_a2a_backend_context": _null}
+    decode = load_function(path, "EAGLEWorkerV2._spec_fallback_decode", ns)
+
+    def target_forward(batch):
+        order.append("target")
+        return result_cls(logits_output=SimpleNamespace(hidden_states=torch.zeros(3, 6)),
+                          next_token_ids=torch.tensor([7, 8, 9]), can_run_cuda_graph=True)
+
+    mr = SimpleNamespace(attn_backend="spec-backend", graph_runner="verify-graph")
+    worker = SimpleNamespace(
+        device="cpu", speculative_num_draft_tokens=4,
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(100).reshape(5, 20)),
+        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
+        _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
+        _spec_fallback=fallback_state_class(tree)(threshold=0, attn_backend="d", graph_runner="dg"),
+        draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
+        _spec_fallback_draft_extend=lambda batch, tokens, hidden, nxt: order.append("draft"))
+    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_target_decode", "_spec_fallback_as_decode",
+                 "_spec_fallback_sync_draft")
+    lens = torch.tensor([3, 5, 10])
+    batch = SimpleNamespace(seq_lens=lens.clone(), seq_lens_cpu=lens.clone(), seq_lens_sum=18,
+                            req_pool_indices=torch.tensor([0, 2, 4]),
+                            spec_info=_DraftInput(verified_id=torch.tensor([1, 2, 3], dtype=torch.int32)))
+    res = decode(worker, batch)
+    assert order == ["target", "verify_done", "draft"]
+    assert res.next_draft_input.verified_id.tolist() == [7, 8, 9]
+    assert res.next_draft_input.new_seq_lens.tolist() == [4, 6, 11]
+
+    consume = load_function(tree / "sglang/srt/managers/scheduler_output_processor_mixin.py",
+                            "SchedulerOutputProcessorMixin._resolve_spec_overlap_token_ids",
+                            {n: getattr(typing, n) for n in typing.__all__})
+    reqs = [_Req() for _ in range(3)]
+    for req in reqs:  # what 0.5.11's _Req records under its counter names
+        req.spec_accepted_drafts = 0
+        req.update_spec_acceptance_histogram = req.update_spec_correct_drafts_histogram
+    scheduler = SimpleNamespace(draft_worker=worker)  # the stride comes from the worker
+    tokens = consume(scheduler, res, SimpleNamespace(reqs=reqs))
+    assert tokens == [[7], [8], [9]]
+    assert [r.kv_committed_len for r in reqs] == [10, 10, 10], "the pre-claimed bonus slot is the token's"
+    assert [r.histogram for r in reqs] == [[0], [0], [0]]
+
+
+@pytest.mark.parametrize("draft_decode", [False, True])
+def test_0511_draft_sync_below_the_kv_only_margin(draft_decode, patched_release):
+    """0.5.11's draft KV sync: from the draft-decode batch size a plain draft decode (0.5.12's),
+    below it a one-token draft extend run eagerly with the release's accept counters (no
+    correct drafts, one accepted token each). No one-token draft-extend graph is built."""
+    torch = pytest.importorskip("torch")
+    tree = patched_release("0.5.11")
+    path = tree / WORKER
+    bs = 3
+    seen = []
+
+    class DraftInput(_DraftInput):
+        def prepare_for_extend_to_fill_draft_kvcache(self, batch, predict, n, runner, graph_runner):
+            seen.append(("prepare", predict.tolist(), n, graph_runner))
+            return SimpleNamespace(spec_info=self)
+
+    def forward(fb, skip_attn_backend_init):
+        seen.append(("forward", skip_attn_backend_init, fb.spec_info.num_accepted_drafts.tolist(),
+                     fb.spec_info.num_accepted_tokens.tolist()))
+        logits = torch.zeros(bs, 10)
+        logits[:, 3] = 2.0
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
+
+    ns = {"torch": torch, "EagleDraftInput": DraftInput, "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
+    extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
+    worker = SimpleNamespace(device="cpu", topk=1,
+                             _spec_fallback=fallback_state_class(tree)(draft_decode_min_bs=2 if draft_decode else None),
+                             draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=forward)),
+                             _spec_fallback_draft_decode=lambda *a: seen.append(("decode",)))
+    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_next_draft_input")
+    nxt = SimpleNamespace()
+    extend(worker, SimpleNamespace(seq_lens=torch.tensor([3, 5, 10])), torch.tensor([7, 8, 9]), torch.zeros(bs, 3 * H), nxt)
+    if draft_decode:
+        assert seen == [("decode",)]
+    else:
+        assert seen == [("prepare", [7, 8, 9], 1, None), ("forward", True, [0, 0, 0], [1, 1, 1])]
+        assert nxt.topk_index.squeeze(1).tolist() == [3, 3, 3] and nxt.hidden_states.shape == (bs, H)
+    build = load_function(path, "EAGLEWorkerV2._spec_fallback_build_draft_extend_graph", {})
+    assert build(worker, None) is None and worker._spec_fallback.draft_extend_runner is None
+
+
+def test_0511_has_no_kv_only_sync_and_says_why(patched_release):
+    """0.5.11's EAGLE-3 head keeps its one layer as midlayer (the release's own model file),
+    not in the layers list the KV-only write reads: the sync stays off whatever the margin,
+    with the reason at info level; the release's draft prefill is not replaced and the
+    queue's flush is the seed's no-op."""
+    tree = patched_release("0.5.11")
+    model = _class(tree / "sglang/srt/models/llama_eagle3.py", "LlamaModel")
+    assert "self.midlayer = " in ast.unparse(model) and "self.layers = " not in ast.unparse(model)
+    path = tree / WORKER
+    informed = []
+    ns = {"logger": SimpleNamespace(info=lambda *a: informed.append(a))}
+    init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_kv_only", ns)
+    worker = SimpleNamespace(_spec_fallback=fallback_state_class(tree)(threshold=32))
+    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_kv_only_unsupported")
+    init(worker, server_args(server_args_class(tree, {}), speculative_disable_kv_only_margin=8))
+    assert worker._spec_fallback.kv_only_above is None and "midlayer" in informed[-1][1]
+    text = path.read_text()
+    assert "_spec_fallback_draft_prefill" not in text and "_spec_fallback_kv_only_stash" not in text
+    flush = load_function(path, "EAGLEWorkerV2._spec_fallback_kv_only_flush", {})
+    assert flush(worker, "spec") is None
