@@ -10,6 +10,7 @@ import argparse
 import ast
 import collections
 import dataclasses
+import functools
 import json
 import os
 import threading
@@ -28,7 +29,7 @@ def server_args_class(tree: Path, namespace: dict) -> type:
     """The release's ServerArgs dataclass, its methods' globals `namespace` (the names they
     read) plus the module's constants; annotations stay strings, as in the release."""
     path = tree / ARGS
-    ns = {"dataclasses": dataclasses, "is_hip": lambda: False,
+    ns = {"dataclasses": dataclasses, "is_hip": lambda: False, "cached_property": functools.cached_property,
           **{name: getattr(typing, name) for name in typing.__all__}, **namespace}
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
         if isinstance(node, ast.Assign):  # the CHOICES lists and other constants

@@ -39,13 +39,13 @@ def bind(path, ns, worker, *names):
     bind_methods(path, "EAGLEWorkerV2", ns, worker, *names)
 
 
-@pytest.mark.parametrize("version", ["0.5.8", "0.5.12"])
+@pytest.mark.parametrize("version", ["0.5.8", "0.5.11", "0.5.12"])
 def test_fallback_result_format(version, patched_release, monkeypatch):
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
     tree = patched_release(version)
     path = tree / WORKER
-    seed = version == "0.5.8"
+    seed = version != "0.5.12"  # 0.5.11 takes the seed era's padded decode step
     bonus = "verified_id" if seed else "bonus_tokens"
 
     class Result(SimpleNamespace):
@@ -170,12 +170,13 @@ def test_draft_kv_sync_replays_its_one_token_graph(graph_fits, patched_release):
         assert nxt.topk_index.squeeze(1).tolist() == [4, 4, 4] and nxt.hidden_states.shape == (bs, H)
 
 
-def test_draft_extend_graph_is_captured_at_one_token(patched_release):
+@pytest.mark.parametrize("version", ["0.5.12", "0.5.13", "0.5.14"])
+def test_draft_extend_graph_is_captured_at_one_token(version, patched_release):
     """The one-token graph is captured with the worker state overridden to steps 0 / 1 draft
     token; a capture failure leaves the fallback on the eager path instead of failing start-up."""
     import contextlib
 
-    tree = patched_release("0.5.12")
+    tree = patched_release(version)
     path = tree / WORKER
     state = {"steps": 3}
     seen = {}
@@ -223,7 +224,7 @@ def test_draft_extend_graph_is_captured_at_one_token(patched_release):
     assert worker._spec_fallback.draft_extend_runner is None and "capture" not in seen
 
 
-@pytest.mark.parametrize("version", ["0.5.12", "0.5.8"])
+@pytest.mark.parametrize("version", ["0.5.12", "0.5.8", "0.5.11"])
 def test_verify_done_fires_only_after_the_new_lengths_exist(version, patched_release, monkeypatch):
     """0.5.12's scheduler plans the next step once verify_done fires, reading new_seq_lens: the
     event must be recorded after the lengths are computed. In 0.5.12 it is recorded before the
@@ -234,7 +235,7 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, patched_rel
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
     tree = patched_release(version)
     path = tree / WORKER
-    bonus = "verified_id" if version == "0.5.8" else "bonus_tokens"
+    bonus = "bonus_tokens" if early_plan else "verified_id"
     order = []
 
     class SeqLens(torch.Tensor):
@@ -289,14 +290,15 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, patched_rel
     ({"speculative_disable_draft_decode_min_bs": 1, "speculative_disable_kv_only_margin": 8,
       "speculative_disable_kv_only_steps_per_replay": 1}, 1, 40, 1),
 ])
-def test_start_up_takes_the_draft_sync_from_server_args(flags, min_bs, above, steps, patched_release):
-    """0.5.12's start-up: a decode attention backend for the target, then the draft sync's
-    settings from the server args (None: 'off'): a plain draft backend from the min batch size,
-    the KV-only sync above threshold + margin with its steps per replay; without CUDA graphs
-    nothing is captured."""
+@pytest.mark.parametrize("version", ["0.5.11", "0.5.12", "0.5.13", "0.5.14"])
+def test_start_up_takes_the_draft_sync_from_server_args(version, flags, min_bs, above, steps, patched_release):
+    """The start-up of 0.5.12 (and of 0.5.11, 0.5.13 and 0.5.14, which insert it unchanged): a decode
+    attention backend for the target, then the draft sync's settings from the server args
+    (None: 'off'): a plain draft backend from the min batch size, the KV-only sync above
+    threshold + margin with its steps per replay; without CUDA graphs nothing is captured."""
     import logging
 
-    tree = patched_release("0.5.12")
+    tree = patched_release(version)
     path = tree / WORKER
     cls = server_args_class(tree, {})
     ns = {"logger": logging.getLogger("test")}
@@ -319,14 +321,15 @@ def test_start_up_takes_the_draft_sync_from_server_args(flags, min_bs, above, st
     assert len(backends) == (1 if min_bs else 0), "a draft backend only for the decode sync"
 
 
-def test_draft_kv_sync_as_a_plain_decode_step(patched_release):
+@pytest.mark.parametrize("version", ["0.5.11", "0.5.12", "0.5.13", "0.5.14"])
+def test_draft_kv_sync_as_a_plain_decode_step(version, patched_release):
     """From --speculative-disable-draft-decode-min-bs requests up (default 16), the draft KV
     sync is a DECODE forward of the draft on its own plain attention backend: same slots and
     positions as the draft extend, metadata planned without spec_info (so triton's decode path
     reads req_to_token, not a draft tree), the target's hidden states given to the model, and
     the batch and the draft runner left as they were."""
     torch = pytest.importorskip("torch")
-    tree = patched_release("0.5.12")
+    tree = patched_release(version)
     path = tree / WORKER
     bs, H = 3, 6
     seen = {}
@@ -352,6 +355,7 @@ def test_draft_kv_sync_as_a_plain_decode_step(patched_release):
         return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
 
     ns = {"torch": torch, "EagleDraftInput": lambda **kw: SimpleNamespace(**kw), "ForwardBatch": ForwardBatch,
+          "EagleDraftExtendInput": lambda **kw: SimpleNamespace(**kw),
           "ForwardMode": SimpleNamespace(DECODE="DECODE"), "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
           "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
     extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
@@ -377,9 +381,11 @@ def test_draft_kv_sync_as_a_plain_decode_step(patched_release):
     assert dr.attn_backend == "draft-extend-backend", "the draft runner's backend restored"
     assert batch.seq_lens.tolist() == [3, 5, 10] and batch.seq_lens_sum == 18
 
-    # Below the batch size it names, the draft extend path runs (its preparation is reached).
+    # Below the batch size it names, the draft extend path runs (its preparation is reached:
+    # from 0.5.14 the draft worker prepares it).
     worker._spec_fallback.draft_decode_min_bs = 4
-    with pytest.raises(AttributeError, match="prepare_for_extend_to_fill_draft_kvcache"):
+    prepare = "prepare_for_draft_extend" if version == "0.5.14" else "prepare_for_extend_to_fill_draft_kvcache"
+    with pytest.raises(AttributeError, match=prepare):
         extend(worker, batch, torch.tensor([7, 8, 9]), target_hidden, SimpleNamespace())
 
     # The flag: on from 16 requests by default, None ('off') turns it off, a number sets the

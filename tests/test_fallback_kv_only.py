@@ -1,9 +1,10 @@
-"""The KV-only draft sync (--speculative-disable-kv-only-margin) on the real patched
-0.5.12 file: the K and V it writes must be exactly those the release's own EAGLE-3 draft
-forward computes for the same token, hidden states and position. The reference runs SGLang's
-code itself (llama_eagle3's LlamaModel.forward and LlamaDecoderLayer.forward, llama's
-LlamaAttention.forward_prepare_native) over small torch modules, so a change in how the
-release builds the layer's input (norm order, fc_norm, concatenation) fails this test."""
+"""The KV-only draft sync (--speculative-disable-kv-only-margin) on the real patched files
+of 0.5.12 to 0.5.14 (the same methods): the K and V it writes must be exactly those the
+release's own EAGLE-3 draft forward computes for the same token, hidden states and position.
+The reference runs SGLang's code itself (llama_eagle3's LlamaModel.forward and
+LlamaDecoderLayer.forward, llama's LlamaAttention.forward_prepare_native) over small torch
+modules, so a change in how the release builds the layer's input (norm order, fc_norm,
+concatenation) fails this test."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ from .sglang_source import fallback_state_class, server_args, server_args_class
 WORKER = "sglang/srt/speculative/eagle_worker_v2.py"
 
 pytestmark = pytest.mark.network
+
+# The releases whose fallback inserts these methods from v0_5_12/worker.py unchanged (0.5.11
+# has no KV-only sync: its EAGLE-3 head keeps its layer as midlayer).
+ERAS = ["0.5.12", "0.5.13", "0.5.14"]
 
 BS, H, V, HEADS, KV_HEADS, HEAD_DIM = 3, 8, 50, 2, 1, 4
 
@@ -103,9 +108,10 @@ def _eagle3_model(torch, tree, fc_norm: bool, sliced: bool = False):
 
 
 @pytest.mark.parametrize("fc_norm,sliced", [(False, False), (True, False), (False, True), (True, True)])
-def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sliced, patched_release):
+@pytest.mark.parametrize("version", ERAS)
+def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sliced, version, patched_release):
     torch = pytest.importorskip("torch")
-    tree = patched_release("0.5.12")
+    tree = patched_release(version)
     model, forward = _eagle3_model(torch, tree, fc_norm, sliced)
     tokens = torch.tensor([7, 8, 9], dtype=torch.int32)
     target_hidden = torch.randn(BS, 3 * H)
@@ -186,13 +192,14 @@ def _step(torch, first, n, width=6):
     return rows.to(torch.int32), torch.full((n, width), float(first)), rows + 100, rows + 1000
 
 
-def test_kv_only_graph_replay_pads_to_a_captured_size(patched_release):
+@pytest.mark.parametrize("version", ERAS)
+def test_kv_only_graph_replay_pads_to_a_captured_size(version, patched_release):
     """One step at a time (--speculative-disable-kv-only-steps-per-replay 1): a batch replays the smallest
     captured size that holds it, its inputs copied into the static buffers and the padding
     rows sent to the KV pool's dummy slot 0 at position 0 with token 0; a larger batch, or
     hidden states of another width, are refused (False: they run eagerly)."""
     torch = pytest.importorskip("torch")
-    tree = patched_release("0.5.12")
+    tree = patched_release(version)
     worker, seen = _stash_worker(tree, torch)
     tokens, hidden = torch.tensor([1, 2, 3, 4, 5], dtype=torch.int32), torch.full((5, 6), 2.0)
     positions, loc = torch.tensor([10, 11, 12, 13, 14]), torch.tensor([40, 41, 42, 43, 44])
@@ -214,13 +221,14 @@ def test_kv_only_graph_replay_pads_to_a_captured_size(patched_release):
     assert len(seen) == 1 and worker._spec_fallback.stats["draft_kv_only_flush_causes"] == {"queued": 1}
 
 
-def test_deferred_kv_only_steps_share_one_replay(patched_release):
+@pytest.mark.parametrize("version", ERAS)
+def test_deferred_kv_only_steps_share_one_replay(version, patched_release):
     """Three steps per replay: three steps' rows queue in the static buffers, one
     after another, and one replay writes them all; a step that would not fit behind the
     queued rows writes them first; a flush asked for (before a speculative step, a full sync
     or a prefill) writes what is queued, and nothing when nothing is."""
     torch = pytest.importorskip("torch")
-    tree = patched_release("0.5.12")
+    tree = patched_release(version)
     worker, seen = _stash_worker(tree, torch, graphs=(8, 16, 24), defer=3)
     stash, flush = worker._spec_fallback_kv_only_stash, worker._spec_fallback_kv_only_flush
     for first in (0, 5, 10):
@@ -256,7 +264,8 @@ def test_deferred_kv_only_steps_share_one_replay(patched_release):
     assert "draft_kv_only_flushes" not in stats, "the total is the causes' sum"
 
 
-def test_a_slot_given_again_keeps_the_latest_write(patched_release):
+@pytest.mark.parametrize("version", ERAS)
+def test_a_slot_given_again_keeps_the_latest_write(version, patched_release):
     """Two queued steps that write one slot (freed by a request that left the batch, handed
     to another): the earlier row goes to the dummy slot 0, so the later write is the one
     that stays, as it would one step at a time. A slot is freed only when a request leaves,
@@ -264,7 +273,7 @@ def test_a_slot_given_again_keeps_the_latest_write(patched_release):
     on a PD-disaggregated decode server (requests join without a prefill) every queue is
     deduplicated."""
     torch = pytest.importorskip("torch")
-    tree = patched_release("0.5.12")
+    tree = patched_release(version)
     tokens, hidden, positions, _ = _step(torch, 0, 4)
 
     def queue(worker, second):
@@ -295,7 +304,8 @@ def test_a_slot_given_again_keeps_the_latest_write(patched_release):
     assert loc.tolist() == [0, 0, 0, 7, 3, 9]
 
 
-def test_every_other_draft_forward_writes_the_queue_first(patched_release):
+@pytest.mark.parametrize("version", ERAS)
+def test_every_other_draft_forward_writes_the_queue_first(version, patched_release):
     """Queued KV-only rows land before anything reads or writes the draft KV: the prefill's
     draft half (the release's or the KV-only one) and, in the patched
     forward_batch_generation, the speculative path's draft() after the decode hook declines.
@@ -303,7 +313,7 @@ def test_every_other_draft_forward_writes_the_queue_first(patched_release):
     torch = pytest.importorskip("torch")
     import ast
 
-    tree = patched_release("0.5.12")
+    tree = patched_release(version)
     worker, seen = _stash_worker(tree, torch, defer=4)
     order = []
     worker.draft_worker = SimpleNamespace(_draft_extend_for_prefill=lambda *a: order.append(("release prefill", len(seen))))
@@ -323,13 +333,14 @@ def test_every_other_draft_forward_writes_the_queue_first(patched_release):
     assert len(flush) == 1 and len(draft) == 1 and decline[0] < flush[0] < draft[0]
 
 
-def test_deferred_kv_only_writes_equal_the_step_by_step_ones(patched_release):
+@pytest.mark.parametrize("version", ERAS)
+def test_deferred_kv_only_writes_equal_the_step_by_step_ones(version, patched_release):
     """End to end over the miniature EAGLE-3 head and a real KV pool (tensors indexed by
     slot): four steps of changing batches, one slot handed on, written through the real
     _spec_fallback_kv_only_write as the graphs' body, four steps per replay against one step
     per replay. The pools must be equal, and differ from a run that drops a step."""
     torch = pytest.importorskip("torch")
-    tree = patched_release("0.5.12")
+    tree = patched_release(version)
     model, _ = _eagle3_model(torch, tree, fc_norm=True, sliced=True)
     torch.manual_seed(3)
     steps = []
@@ -368,14 +379,15 @@ def test_deferred_kv_only_writes_equal_the_step_by_step_ones(patched_release):
     assert not torch.allclose(one["k"], dropped["k"], atol=1e-6), "the comparison can fail"
 
 
-def test_kv_only_switch_and_dispatch(patched_release):
+@pytest.mark.parametrize("version", ERAS)
+def test_kv_only_switch_and_dispatch(version, patched_release):
     """On by default on every step above the threshold (margin 0);
     --speculative-disable-kv-only-margin sets the margin or None ('off'); refused, with the
     reason at info level, for drafts whose K/V need more than the input layer; used only more
     than the margin above the threshold, the full draft forward below."""
     torch = pytest.importorskip("torch")
 
-    tree = patched_release("0.5.12")
+    tree = patched_release(version)
     path = tree / WORKER
     informed = []
     ns = {"torch": torch, "logger": SimpleNamespace(info=lambda *a: informed.append(a))}
@@ -419,7 +431,8 @@ def test_kv_only_switch_and_dispatch(patched_release):
     assert taken == ["kv_only", "flush:sync", "decode", "flush:sync", "decode"], "stashed K/V written before the draft reads"
 
 
-def test_kv_only_graphs_are_built_only_where_they_can_replay(patched_release):
+@pytest.mark.parametrize("version", ERAS)
+def test_kv_only_graphs_are_built_only_where_they_can_replay(version, patched_release):
     """Graphs are captured for the decode-graph batch sizes above the KV-only threshold, at
     every TP size (inside SGLang's graph_capture(): the draft's embedding all-reduces under
     TP), with buffers of the width and dtype of the draft's fc input; none without the
@@ -427,7 +440,7 @@ def test_kv_only_graphs_are_built_only_where_they_can_replay(patched_release):
     The capture itself needs a GPU (`spectool verify` checks that every KV-only step replayed
     a graph, at TP=1 and TP=2)."""
     torch = pytest.importorskip("torch")
-    tree = patched_release("0.5.12")
+    tree = patched_release(version)
     ns = {"torch": torch, "logger": SimpleNamespace(warning=lambda *a: None)}
     build = load_function(tree / WORKER, "EAGLEWorkerV2._spec_fallback_build_kv_only_graphs", ns)
     # The capture's graph_capture() is the release's own, imported into the patched module.
@@ -497,7 +510,7 @@ def _init_new(torch):
 def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_release):
     """The KV-only draft prefill against the release's own _draft_extend_for_prefill (run over
     the same miniature EAGLE-3 head): the same shifted ids, the same K/V at the same slots, and
-    the next draft input in the release's shapes, zeros."""
+    the next draft input in the release's shapes, zeros. (0.5.13 on: test_recipes_0511_0514.)"""
     torch = pytest.importorskip("torch")
     tree = patched_release("0.5.12")
     path = tree / WORKER
@@ -543,11 +556,12 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_
     assert worker._spec_fallback.stats["draft_kv_only_prefills"] == 1
 
 
-def test_kv_only_prefill_only_when_the_steps_after_it_fall_back(patched_release):
+@pytest.mark.parametrize("version", ERAS)
+def test_kv_only_prefill_only_when_the_steps_after_it_fall_back(version, patched_release):
     """More than the margin above T, counting the running batch only while the fallback is
     on; never for grammars, logprobs, multimodal inputs, or without the KV-only sync."""
     torch = pytest.importorskip("torch")
-    tree = patched_release("0.5.12")
+    tree = patched_release(version)
     path = tree / WORKER
     ns = {"ForwardMode": SimpleNamespace(EXTEND="EXTEND")}
     applies = load_function(path, "EAGLEWorkerV2._spec_fallback_kv_only_prefill_applies", ns)
@@ -569,7 +583,8 @@ def test_kv_only_prefill_only_when_the_steps_after_it_fall_back(patched_release)
     assert not case(forward_mode="MIXED") and not case(multimodal_inputs=[None, object(), None])
 
 
-def test_an_engine_without_the_flag_runs_the_release_prefill(patched_release):
+@pytest.mark.parametrize("version", ERAS)
+def test_an_engine_without_the_flag_runs_the_release_prefill(version, patched_release):
     """Patched but with no threshold set (every engine whose user has not opted in, and the
     bench's A1): the prefill hook hands the draft's half to the release's own
     _draft_extend_for_prefill, the decode hook declines, the verify-complete hook counts
@@ -578,7 +593,7 @@ def test_an_engine_without_the_flag_runs_the_release_prefill(patched_release):
     torch = pytest.importorskip("torch")
     import logging
 
-    tree = patched_release("0.5.12")
+    tree = patched_release(version)
     path = tree / WORKER
     ns = {"torch": torch, "logger": logging.getLogger("test"), "ForwardMode": SimpleNamespace(EXTEND=EXTEND),
           "SpecFallbackState": fallback_state_class(tree)}
@@ -602,12 +617,13 @@ def test_an_engine_without_the_flag_runs_the_release_prefill(patched_release):
     assert worker._spec_fallback.stats["spec_steps"] == 0 and worker._spec_fallback.stats["phases"] == []
 
 
-def test_zero_draft_inputs_come_from_one_buffer_per_engine(patched_release):
+@pytest.mark.parametrize("version", ERAS)
+def test_zero_draft_inputs_come_from_one_buffer_per_engine(version, patched_release):
     """The zeros a KV-only step hands the scheduler (the next draft input) are views of
     buffers filled once, reused while batches fit and made again, larger, for a larger batch,
     with the values, shapes and dtypes the FutureMap copies."""
     torch = pytest.importorskip("torch")
-    tree = patched_release("0.5.12")
+    tree = patched_release(version)
     worker = SimpleNamespace(
         device="cpu", topk=1, _spec_fallback=fallback_state_class(tree)(),
         draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(model=SimpleNamespace(model=SimpleNamespace(
@@ -631,13 +647,14 @@ def test_zero_draft_inputs_come_from_one_buffer_per_engine(patched_release):
     assert ones.tolist() == [1] * 5 and ones.dtype == torch.int32
 
 
-def test_queued_rows_are_kept_by_reference_and_written_once_per_replay(patched_release):
+@pytest.mark.parametrize("version", ERAS)
+def test_queued_rows_are_kept_by_reference_and_written_once_per_replay(version, patched_release):
     """Tokens, positions and slots of the queued steps are the steps' own tensors until the
     replay, which concatenates them into the static buffers (hidden states are copied at
     once: the target graph's next replay overwrites them); a dtype the buffer must cast
     (tokens as int64 into the int32 buffer) is copied part by part."""
     torch = pytest.importorskip("torch")
-    tree = patched_release("0.5.12")
+    tree = patched_release(version)
     worker, seen = _stash_worker(tree, torch, graphs=(8, 16), defer=2)
     tokens, hidden, positions, loc = _step(torch, 0, 3)
     assert worker._spec_fallback_kv_only_stash(tokens.to(torch.int64), hidden, positions, loc) and not seen

@@ -274,13 +274,16 @@ class EAGLEWorkerV2:
         batch.out_cache_loc = out_cache_loc
         pre_step = self._spec_fallback_as_decode(batch, input_ids, new_seq_lens)
         mr = self._target_worker.model_runner
-        saved = (mr.attn_backend, mr.graph_runner)
+        # The model runner's decode graph runner: decode_cuda_graph_runner from 0.5.14.
+        graph = "decode_cuda_graph_runner" if hasattr(mr, "decode_cuda_graph_runner") else "graph_runner"
+        saved = (mr.attn_backend, getattr(mr, graph))
         mr.attn_backend = state.attn_backend
-        mr.graph_runner = state.graph_runner
+        setattr(mr, graph, state.graph_runner)
         try:
             target_out = self._target_worker.forward_batch_generation(batch)
         finally:
-            mr.attn_backend, mr.graph_runner = saved
+            mr.attn_backend = saved[0]
+            setattr(mr, graph, saved[1])
         batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = pre_step
         batch.out_cache_loc = out_cache_loc
         return target_out
@@ -296,8 +299,10 @@ class EAGLEWorkerV2:
         bs = len(batch.seq_lens)
         batch.input_ids = input_ids.to(torch.int64)
         batch.seq_lens = pre_step[0] + 1 if new_seq_lens is None else new_seq_lens
-        batch.seq_lens_cpu = pre_step[1] + 1
-        batch.seq_lens_sum = pre_step[2] + bs
+        # From 0.5.13 a batch may carry no host copy of its lengths (None), when no attention
+        # backend of the engine needs one.
+        batch.seq_lens_cpu = None if pre_step[1] is None else pre_step[1] + 1
+        batch.seq_lens_sum = None if pre_step[2] is None else pre_step[2] + bs
         batch.forward_mode = ForwardMode.DECODE
         batch.spec_info = None
         batch.capture_hidden_mode = (

@@ -1,5 +1,6 @@
-"""Flags of the dynamic speculation disable for the classic ServerArgs (0.5.6.post2 to 0.5.14):
-dataclass fields plus argparse flags, validated at the end of _handle_speculative_decoding.
+"""Flags of the dynamic speculation disable where spectool's fallback is the worker (0.5.6.post2
+to 0.5.14): dataclass fields plus argparse flags, validated at the end of ServerArgs'
+_handle_speculative_decoding (from 0.5.13: of speculative_hook.handle_speculative_decoding).
 
 Both a field and an ``add_argument`` are needed in this style: ``from_cli_args`` reads every
 dataclass field from the argparse namespace.
@@ -131,7 +132,8 @@ class ServerArgs(ServerArgsFields):
                 "--speculative-disable-batch-size-threshold does not support "
                 "--enable-multi-layer-eagle (a different worker class)."
             )
-        if self.disable_overlap_schedule or not envs.SGLANG_ENABLE_SPEC_V2.get():
+        spec_v2 = getattr(envs, "SGLANG_ENABLE_SPEC_V2", None)  # none: always spec v2
+        if self.disable_overlap_schedule or (spec_v2 is not None and not spec_v2.get()):
             raise ValueError(
                 "--speculative-disable-batch-size-threshold works on the overlap (spec v2) "
                 "worker only: do not pass --disable-overlap-schedule or SGLANG_ENABLE_SPEC_V2=0."
@@ -140,6 +142,12 @@ class ServerArgs(ServerArgsFields):
             raise ValueError(
                 "--speculative-disable-batch-size-threshold needs --speculative-eagle-topk 1 "
                 f"(got {self.speculative_eagle_topk})."
+            )
+        if getattr(self, "speculative_use_rejection_sampling", False):
+            raise ValueError(
+                "--speculative-disable-batch-size-threshold cannot be combined with "
+                "--speculative-use-rejection-sampling: the fallback's draft KV sync keeps no "
+                "draft probabilities for the next speculative step."
             )
         if self.enable_dp_attention:
             raise ValueError(

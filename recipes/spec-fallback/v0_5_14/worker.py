@@ -1,0 +1,63 @@
+"""EAGLEWorkerV2 fallback for SGLang 0.5.14: the methods that differ from 0.5.13
+(../v0_5_13/worker.py), whose decode step and prefill are inserted as they are, as are
+0.5.12's other methods (../v0_5_12/worker.py).
+
+What changed in 0.5.14, and how this code follows it:
+
+* The workers are built before their memory pools, attention backends and CUDA graphs,
+  which the scheduler then sets up in that order (alloc_memory_pool,
+  init_attention_backends, init_cuda_graphs): the fallback builds its decode step at the end
+  of EAGLEWorkerV2.init_cuda_graphs, once the target's and the draft's graphs exist
+  (StandaloneWorkerV2 inherits it).
+* The target's graph runner is the model runner's decode_cuda_graph_runner, a
+  DecodeCudaGraphRunner (model_executor/runner/), which the recipe imports under 0.5.12's
+  name so that 0.5.12's start-up code builds it.
+* The draft extend reads an EagleDraftExtendInput prepared by the draft worker's
+  prepare_for_draft_extend, and its graph runner answers can_run_graph / execute.
+"""
+
+import torch
+
+from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
+
+
+def init_hook(self):
+    self._spec_fallback_init(self.server_args)
+
+
+class EAGLEWorkerV2:
+    def _spec_fallback_draft_extend(self, batch, tokens, hidden_states, next_draft_input):
+        """The draft forward of the KV sync: K/V only far above the threshold, a plain draft
+        decode from draft_decode_min_bs requests up, else DRAFT_EXTEND_V2 with one token per
+        request (graph replay, or eager)."""
+        state = self._spec_fallback
+        dw = self.draft_worker
+        bs = len(batch.seq_lens)
+        if state.kv_only_above is not None and bs > state.kv_only_above:
+            return self._spec_fallback_draft_kv_only(
+                batch, tokens, hidden_states, next_draft_input
+            )
+        self._spec_fallback_kv_only_flush("sync")  # the draft reads its KV below
+        if state.draft_decode_min_bs is not None and bs >= state.draft_decode_min_bs:
+            return self._spec_fallback_draft_decode(
+                batch, tokens, hidden_states, next_draft_input
+            )
+        runner = state.draft_extend_runner
+        extend_input = EagleDraftExtendInput(
+            hidden_states=hidden_states,
+            num_correct_drafts=torch.zeros(bs, dtype=torch.int32, device=self.device),
+            num_accept_tokens=torch.ones(bs, dtype=torch.int32, device=self.device),
+            num_tokens_per_req=1,
+            num_tokens_for_logprob_per_req=1,
+        )
+        forward_batch = dw.prepare_for_draft_extend(
+            extend_input, batch, tokens.to(torch.int64), 1, dw.draft_runner, runner
+        )
+        if runner is not None and runner.can_run_graph(forward_batch):
+            self._spec_fallback_next_draft_input(runner.execute(forward_batch), next_draft_input)
+            # A view of the graph's output buffer, which the next replay overwrites.
+            next_draft_input.hidden_states = next_draft_input.hidden_states.clone()
+            return
+        # No graph for this batch size: prepare_for_draft_extend planned the eager forward.
+        draft_logits = dw.draft_runner.forward(forward_batch).logits_output
+        self._spec_fallback_next_draft_input(draft_logits, next_draft_input)

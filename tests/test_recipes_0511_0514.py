@@ -1,0 +1,638 @@
+"""The recipes on SGLang 0.5.11, 0.5.13, 0.5.13.post1 and 0.5.14 (fetched from the package
+index): apply, second apply is a no-op, revert, compile; every fallback method the patched
+worker calls is there; the hooks sit where those releases run them; the decode step's result
+goes through the release's own consumer; the draft sync and the KV-only prefill follow the
+release's draft extend; the threshold flags are validated where the release validates its
+speculative arguments."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import logging
+import re
+import typing
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from spectool import api
+from spectool.testing import bind_methods, load_function
+
+from .sglang_source import disable_flags_parser, fallback_state_class, server_args, server_args_class
+from .test_fallback_kv_only import H, V, _eagle3_model
+
+pytestmark = pytest.mark.network
+
+WORKER = "sglang/srt/speculative/eagle_worker_v2.py"
+STANDALONE = "sglang/srt/speculative/standalone_worker_v2.py"
+ARGS = "sglang/srt/server_args.py"
+HOOK = "sglang/srt/arg_groups/speculative_hook.py"
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+RELEASES = ["0.5.11", "0.5.13", "0.5.13.post1", "0.5.14"]
+ERAS = ["0.5.13", "0.5.14"]  # the ScheduleBatch worker; 0.5.13.post1's differs only in drafting
+
+
+def _hashes(root):
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in (root / "sglang").rglob("*.py")}
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_apply_noop_revert(version, sglang_release):
+    tree = sglang_release(version)
+    before = _hashes(tree)
+    out = api.apply(tree)
+    assert out.ok and out.wrote, [r.to_json() for r in out.plan.results]
+    assert {r.id: r.status for r in out.plan.results} == {
+        "spec-disable-threshold": "applied", "spec-fallback": "applied", "sm120": "applied"}
+    changed = {k for k, v in _hashes(tree).items() if before[k] != v}
+    # 0.5.14 starts the fallback in init_cuda_graphs, which StandaloneWorkerV2 inherits;
+    # 0.5.11 validates in ServerArgs itself.
+    standalone = {STANDALONE} if version != "0.5.14" else set()
+    hook = {HOOK} if version != "0.5.11" else set()
+    assert changed == {ARGS, WORKER, "sglang/srt/layers/deep_gemm_wrapper/configurer.py"} | standalone | hook
+    for rel in changed:
+        compile((tree / rel).read_bytes(), rel, "exec")
+    again = api.apply(tree)
+    assert not again.wrote and {r.status for r in again.plan.results} == {"already-applied"}
+    api.revert(tree)
+    assert _hashes(tree) == before
+
+
+def _class(path, name):
+    return next(n for n in ast.parse(Path(path).read_text()).body if isinstance(n, ast.ClassDef) and n.name == name)
+
+
+def _methods(node):
+    return {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_every_fallback_method_the_worker_calls_is_inserted(version, patched_release):
+    """The era's variant lists 0.5.12's methods one by one: every method of
+    v0_5_12/worker.py must be in the patched worker (inserted, or the era's own), and every
+    self._spec_fallback_* the patched module reads must be defined there (0.5.11 takes its
+    decode step from the seed era)."""
+    tree = patched_release(version)
+    worker = _class(tree / WORKER, "EAGLEWorkerV2")
+    have = _methods(worker)
+    wanted = _methods(_class(RECIPES / "spec-fallback/v0_5_12/worker.py", "EAGLEWorkerV2"))
+    if version == "0.5.11":  # no KV-only sync there: none of its methods, nor the KV-only prefill
+        wanted = {"_spec_fallback_build", "_spec_fallback_init_draft_decode", "_spec_fallback_init_draft_kv_only",
+                  "_spec_fallback_build_kv_only_graphs", "_spec_fallback_draft_decode",
+                  "_spec_fallback_next_draft_input", "_spec_fallback_kv_only_unsupported",
+                  "_spec_fallback_build_draft_extend_graph", "_spec_fallback_draft_extend",
+                  "_spec_fallback_decode", "_spec_fallback_kv_only_flush"}
+    assert wanted <= have, sorted(wanted - have)
+    assert _methods(_class(RECIPES / "spec-fallback/common.py", "EAGLEWorkerV2")) <= have
+    used = {n.attr for path in (tree / WORKER, tree / STANDALONE) for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"
+            and n.attr.startswith("_spec_fallback") and n.attr != "_spec_fallback"}
+    assert used and used <= have, sorted(used - have)
+
+
+def _calls(fn):
+    return [(n.lineno, ast.unparse(n)) for n in ast.walk(fn) if isinstance(n, ast.Call)]
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_hooks_sit_where_the_release_runs_them(version, patched_release):
+    """Decode: after the adaptive controller's batch-size step and before the idle input is
+    made, passing on_publish on. Start-up: 0.5.13 at the end of each worker's __init__ (the
+    target's graphs exist by then); 0.5.14 at the end of init_cuda_graphs, after the target's
+    and the draft's graphs, which the workers' __init__ no longer build."""
+    tree = patched_release(version)
+    worker = _class(tree / WORKER, "EAGLEWorkerV2")
+    fn = {n.name: n for n in worker.body if isinstance(n, ast.FunctionDef)}
+    calls = _calls(fn["forward_batch_generation"])
+    line = {text: ln for ln, text in calls}
+    batch = "model_worker_batch" if version == "0.5.11" else "batch"
+    hook = line[f"self._spec_fallback_should_run({batch})"]
+    if version == "0.5.11":
+        assert line["self._spec_fallback_decode(model_worker_batch)"] > hook
+    else:
+        assert line["self._spec_fallback_decode(batch, on_publish)"] > hook
+        assert line["self.activate_step_by_batch(batch.seq_lens.shape[0])"] < hook
+    idle = next(n.lineno for n in ast.walk(fn["forward_batch_generation"])
+                if isinstance(n, ast.If) and ast.unparse(n.test) == f"{batch}.spec_info is None")
+    assert hook < idle
+    standalone = _class(tree / STANDALONE, "StandaloneWorkerV2")
+    if version == "0.5.14":
+        assert ast.unparse(fn["init_cuda_graphs"].body[-1]) == "self._spec_fallback_init(self.server_args)"
+        assert "_spec_fallback_init" not in ast.unparse(fn["__init__"]) + ast.unparse(standalone)
+        assert "init_cuda_graphs" not in _methods(standalone), "StandaloneWorkerV2 inherits the start-up"
+        imported = {(a.asname, n.module, a.name) for n in ast.parse((tree / WORKER).read_text()).body
+                    if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert ("CudaGraphRunner", "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
+                "DecodeCudaGraphRunner") in imported
+    else:
+        for init in (fn["__init__"], next(n for n in standalone.body if getattr(n, "name", "") == "__init__")):
+            text = [ast.unparse(s) for s in init.body]
+            at = text.index("self._spec_fallback_init(server_args)")
+            assert text[at - 1] == "self.plan_stream, self.plan_stream_ctx = _get_plan_stream(self.device)"
+
+
+def _generation_batch_result(tree):
+    """The release's GenerationBatchResult dataclass (managers/utils.py), as the scheduler uses it."""
+    import torch
+
+    ns = {"dataclasses": dataclasses, "torch": torch, **{n: getattr(typing, n) for n in typing.__all__}}
+    return load_function(tree / "sglang/srt/managers/utils.py", "GenerationBatchResult", ns)
+
+
+class _DraftInput:
+    """EagleDraftInput's constructor as the fallback calls it: keyword fields only."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _Req:
+    """What the release's result consumer reads and writes of a running request."""
+
+    def __init__(self):
+        self.is_retracted, self.grammar, self.kv_committed_len = False, None, 10
+        self.spec_verify_ct = self.spec_num_correct_drafts = 0
+        self.histogram = []
+
+    def finished(self):
+        return False
+
+    def update_spec_correct_drafts_histogram(self, n):
+        self.histogram.append(n)
+
+
+def _consume(tree, result, bs):
+    """The release's own SchedulerBatchResultProcessor._resolve_spec_v2_tokens on `result`."""
+    import torch
+
+    path = tree / "sglang/srt/managers/scheduler_components/batch_result_processor.py"
+    resolve = load_function(path, "SchedulerBatchResultProcessor._resolve_spec_v2_tokens",
+                            {"torch": torch, **{n: getattr(typing, n) for n in typing.__all__}})
+    reported = []
+    processor = SimpleNamespace(model_worker=SimpleNamespace(
+        on_verify_complete_cpu=lambda drafts, batch_size: reported.append((drafts, batch_size))))
+    reqs = [_Req() for _ in range(bs)]
+    batch = SimpleNamespace(reqs=reqs, spec_algorithm=SimpleNamespace(is_dflash=lambda: False))
+    return resolve(processor, result, batch), reqs, reported
+
+
+@pytest.mark.parametrize("version", ERAS)
+@pytest.mark.parametrize("host_lengths", [True, False])
+def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(version, host_lengths, patched_release,
+                                                                        monkeypatch):
+    """One fallback step: the new lengths are published through on_publish before the target
+    runs (every request gains one token, so the scheduler can plan the next step meanwhile),
+    the target runs one token per request on the fallback's backend and decode graph
+    (0.5.14: the model runner's decode_cuda_graph_runner) which are put back after, and the
+    result is the release's GenerationBatchResult that its own consumer reads as one token
+    per request, with the bonus slot it pre-claimed kept. A batch without host lengths (no
+    attention backend of the engine needs them) keeps none."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
+    tree = patched_release(version)
+    path = tree / WORKER
+    result_cls = _generation_batch_result(tree)
+    ns = {"torch": torch, "GenerationBatchResult": result_cls, "EagleDraftInput": _DraftInput,
+          "ForwardMode": SimpleNamespace(DECODE="DECODE"), "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
+          "speculative_moe_backend_context": _null, "speculative_moe_a2a_backend_context": _null}
+    decode = load_function(path, "EAGLEWorkerV2._spec_fallback_decode", ns)
+    graph_attr = "decode_cuda_graph_runner" if version == "0.5.14" else "graph_runner"
+    order, seen = [], {}
+
+    class ModelRunner:  # the attributes the step swaps, under this release's names
+        attn_backend = "spec-backend"
+
+    mr = ModelRunner()
+    setattr(mr, graph_attr, "verify-graph")
+
+    def target_forward(batch):
+        order.append("target")
+        seen.update(ids=batch.input_ids.tolist(), lens=batch.seq_lens.tolist(), host=batch.seq_lens_cpu,
+                    total=batch.seq_lens_sum, slots=batch.out_cache_loc.tolist(), mode=batch.forward_mode,
+                    installed=(mr.attn_backend, getattr(mr, graph_attr)))
+        return result_cls(logits_output=SimpleNamespace(hidden_states=torch.zeros(3, 6)),
+                          next_token_ids=torch.tensor([7, 8, 9]), can_run_cuda_graph=True,
+                          routed_experts_output="experts", indexer_topk_output="indexer")
+
+    worker = SimpleNamespace(
+        device="cpu", req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(100).reshape(5, 20)),
+        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
+        _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
+        _spec_fallback=fallback_state_class(tree)(threshold=0, attn_backend="decode-backend", graph_runner="decode-graph"),
+        draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
+        _spec_fallback_draft_extend=lambda batch, tokens, hidden, nxt: order.append(("draft", tokens.tolist())),
+    )
+    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_target_decode", "_spec_fallback_as_decode",
+                 "_spec_fallback_sync_draft", "_spec_fallback_constant")
+    lens = torch.tensor([3, 5, 10])
+    batch = SimpleNamespace(seq_lens=lens.clone(), seq_lens_cpu=lens.clone() if host_lengths else None,
+                            seq_lens_sum=18 if host_lengths else None, req_pool_indices=torch.tensor([0, 2, 4]),
+                            spec_info=_DraftInput(bonus_tokens=torch.tensor([1, 2, 3], dtype=torch.int32)))
+    res = decode(worker, batch, lambda new: order.append(("publish", new.tolist(), new)))
+
+    (_, published, published_tensor), target = order[0], order.index("target")
+    assert published == [4, 6, 11] and target == 1, order
+    assert order[2] == ("draft", [7, 8, 9]), "the draft KV sync over the tokens the target produced"
+    assert seen["ids"] == [1, 2, 3] and seen["lens"] == [4, 6, 11] and seen["slots"] == [3, 45, 90]
+    assert seen["mode"] == "DECODE" and seen["installed"] == ("decode-backend", "decode-graph")
+    assert (mr.attn_backend, getattr(mr, graph_attr)) == ("spec-backend", "verify-graph"), "the verify graph is back"
+    if host_lengths:
+        assert seen["host"].tolist() == [4, 6, 11] and seen["total"] == 21
+        assert batch.seq_lens_cpu.tolist() == [3, 5, 10] and batch.seq_lens_sum == 18
+    else:
+        assert seen["host"] is None and seen["total"] is None and batch.seq_lens_cpu is None
+    assert batch.seq_lens.tolist() == [3, 5, 10], "the batch holds its pre-step lengths again"
+    assert isinstance(res, result_cls) and res.new_seq_lens is published_tensor
+    assert res.speculative_num_draft_tokens == 1 and res.accept_lens.dtype == torch.int32
+    assert res.next_draft_input.bonus_tokens.tolist() == [7, 8, 9]
+    assert (res.routed_experts_output, res.indexer_topk_output) == ("experts", "indexer")
+
+    tokens, reqs, reported = _consume(tree, res, 3)
+    assert tokens == [[7], [8], [9]]
+    assert [r.kv_committed_len for r in reqs] == [10, 10, 10], "the pre-claimed bonus slot is the token's"
+    assert reported == [([0, 0, 0], 3)] and [r.spec_verify_ct for r in reqs] == [1, 1, 1]
+
+    # The non-overlap scheduler passes no on_publish; it reads the lengths from the result.
+    batch.spec_info = _DraftInput(bonus_tokens=torch.tensor([4, 5, 6], dtype=torch.int32))
+    again = decode(worker, batch, None)
+    assert again.new_seq_lens.tolist() == [4, 6, 11] and again.accept_lens.data_ptr() == res.accept_lens.data_ptr()
+
+
+@pytest.mark.parametrize("version", ERAS)
+@pytest.mark.parametrize("graph_fits", [True, False])
+def test_draft_sync_replays_its_one_token_graph(version, graph_fits, patched_release):
+    """The one-token draft extend: prepared at one token per request with zero correct drafts
+    and one accepted token each (0.5.14: an EagleDraftExtendInput the draft worker prepares,
+    the tokens as int64); the graph's output is the draft's logits and hidden states, views
+    of its buffers, so the hidden states are copied out; without a fitting graph, the draft
+    forward runs eagerly on the metadata the preparation planned."""
+    torch = pytest.importorskip("torch")
+    tree = patched_release(version)
+    path = tree / WORKER
+    bs = 3
+    seen = {}
+    buffer = SimpleNamespace(next_token_logits=torch.zeros(8, 10), hidden_states=torch.rand(8, H))
+    buffer.next_token_logits[:, 5] = 4.0
+    graph_out = SimpleNamespace(next_token_logits=buffer.next_token_logits[:bs], hidden_states=buffer.hidden_states[:bs])
+
+    def prepare(draft_input, batch, predict, n, runner_, graph_runner):
+        seen["prepare"] = (predict.tolist(), predict.dtype, n, graph_runner)
+        return SimpleNamespace(spec_info=draft_input, batch_size=bs)
+
+    def counts(fb):  # what the forward reads: zero correct drafts, one accepted token each
+        seen["counts"] = (fb.spec_info.num_correct_drafts.tolist(), fb.spec_info.num_accept_tokens.tolist())
+
+    class Runner:
+        def __init__(self):
+            self.can_run = self.can_run_graph = lambda fb: graph_fits
+            self.replay = self.execute = lambda fb: counts(fb) or seen.setdefault("replayed", graph_out)
+
+    def eager(fb, **kw):
+        counts(fb)
+        seen["eager"] = kw
+        logits = torch.zeros(bs, 10)
+        logits[:, 2] = 3.0
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
+
+    class DraftInput(_DraftInput):  # 0.5.13: the draft input prepares itself
+        def prepare_for_extend_to_fill_draft_kvcache(self, *a):
+            return prepare(self, *a)
+
+    runner = Runner()
+    ns = {"torch": torch, "EagleDraftInput": DraftInput, "EagleDraftExtendInput": _DraftInput,
+          "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
+    extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
+    worker = SimpleNamespace(device="cpu", topk=1, _spec_fallback=fallback_state_class(tree)(draft_extend_runner=runner),
+                             draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=eager),
+                                                          prepare_for_draft_extend=prepare))
+    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_next_draft_input", "_spec_fallback_kv_only_flush")
+    nxt = SimpleNamespace()
+    extend(worker, SimpleNamespace(seq_lens=torch.tensor([3, 5, 10])), torch.tensor([7, 8, 9], dtype=torch.int32),
+           torch.zeros(bs, 3 * H), nxt)
+
+    ids, dtype, n, offered = seen["prepare"]
+    assert ids == [7, 8, 9] and n == 1 and offered is runner and seen["counts"] == ([0, 0, 0], [1, 1, 1])
+    if version == "0.5.14":
+        assert dtype == torch.int64
+    if graph_fits:
+        assert "eager" not in seen and nxt.topk_index.squeeze(1).tolist() == [5, 5, 5]
+        assert torch.equal(nxt.hidden_states, buffer.hidden_states[:bs])
+        assert nxt.hidden_states.data_ptr() != buffer.hidden_states.data_ptr(), "copied out of the graph's buffer"
+    else:
+        assert "replayed" not in seen and seen["eager"] == {}, "planned by the preparation, not skipped by a flag"
+        assert nxt.topk_index.squeeze(1).tolist() == [2, 2, 2] and nxt.hidden_states.shape == (bs, H)
+
+
+def _schedule_prefill(torch, tree, chunked):
+    """Three prompts as a ScheduleBatch carries them: 4 new tokens, 2 after a cached prefix of
+    3, 5 new; with `chunked`, the third is a prompt's non-final chunk whose next prompt token
+    is 47. Each request's slots, and the tokens the target produced."""
+    torch.manual_seed(1)
+    ext, prefix = [4, 2, 5], [0, 3, 0]
+    reqs = [object(), object(), object()]
+    batch = SimpleNamespace(
+        input_ids=torch.randint(1, V, (sum(ext),), dtype=torch.int64), extend_lens=ext, prefix_lens=prefix,
+        seq_lens=torch.tensor([p + e for p, e in zip(prefix, ext)]), out_cache_loc=torch.arange(20, 20 + sum(ext)),
+        forward_mode=SimpleNamespace(is_idle=lambda: False), has_grammar=False, return_logprob=False,
+        return_hidden_states=False, multimodal_inputs=[None, None, None], spec_info=None, reqs=reqs,
+        chunked_req=reqs[2] if chunked else None, chunked_req_next_prompt_token=47 if chunked else None,
+        capture_hidden_mode=None, sampling_info=None)
+    return batch, torch.tensor([41, 42, 43])
+
+
+def _schedule_init_new(torch):
+    """ForwardBatch.init_new in miniature, on a ScheduleBatch: positions continue each
+    request's cached prefix."""
+    def init_new(batch, runner):
+        positions = torch.cat([torch.arange(p, p + e) for p, e in zip(batch.prefix_lens, batch.extend_lens)])
+        return SimpleNamespace(input_ids=batch.input_ids, positions=positions, out_cache_loc=batch.out_cache_loc,
+                               spec_info=batch.spec_info, mm_input_embeds=None, contains_mm_inputs=lambda: False,
+                               forward_mode=SimpleNamespace(is_extend=lambda: True,
+                                                            is_draft_extend=lambda include_v2=False: False))
+    return SimpleNamespace(init_new=init_new)
+
+
+@pytest.mark.parametrize("version", ERAS)
+@pytest.mark.parametrize("chunked", [False, True])
+def test_kv_only_prefill_writes_what_the_release_prefill_writes(version, chunked, patched_release):
+    """The KV-only draft prefill against the release's own _draft_extend_for_prefill over the
+    same miniature EAGLE-3 head: the same shifted ids (a non-final chunk ends with the next
+    prompt token, _eagle_prefill_tail_tokens), the same K/V at the same slots, and the next
+    draft input in the release's shapes, zeros, with the sampled tokens as bonus tokens."""
+    torch = pytest.importorskip("torch")
+    import contextlib
+
+    tree = patched_release(version)
+    path = tree / WORKER
+    model, forward = _eagle3_model(torch, tree, fc_norm=False, sliced=True)
+    tails = load_function(tree / "sglang/srt/speculative/eagle_utils.py", "_eagle_prefill_tail_tokens",
+                          {"torch": torch})
+    ns = {"torch": torch, "EagleDraftInput": _DraftInput, "EagleDraftExtendInput": _DraftInput,
+          "ForwardBatch": _schedule_init_new(torch), "ForwardMode": SimpleNamespace(EXTEND="EXTEND"),
+          "CaptureHiddenMode": SimpleNamespace(NULL="NULL", LAST="LAST", FULL="FULL"), "contextlib": contextlib,
+          "context_tuple": None, "maybe_detect_nan": lambda *a: None, "maybe_detect_inf": lambda *a: None,
+          "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim), "_eagle_prefill_tail_tokens": tails,
+          "renorm_draft_probs": lambda logits, info, rejection: torch.softmax(logits, -1)}
+    target_hidden = torch.randn(11, 3 * H)
+
+    def runner_forward(fb):
+        forward(fb.input_ids, fb.positions, fb)
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=torch.rand(3, V), hidden_states=torch.rand(3, H)))
+
+    release = load_function(path, "EagleDraftWorker._draft_extend_for_prefill", ns)
+    ref_batch, tokens = _schedule_prefill(torch, tree, chunked)
+    ref_batch.forward_mode = SimpleNamespace(is_idle=lambda: False)
+    draft_worker = SimpleNamespace(topk=1, speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
+                                   server_args=SimpleNamespace(speculative_use_rejection_sampling=False),
+                                   draft_runner=SimpleNamespace(forward=runner_forward, canary_manager=None))
+    with torch.no_grad():
+        ref_out = release(draft_worker, ref_batch, target_hidden, tokens)
+    ref = model.layers[0].self_attn.seen
+
+    writes = []
+    pool = SimpleNamespace(set_kv_buffer=lambda *a: writes.append(a))
+    dw = SimpleNamespace(draft_runner=SimpleNamespace(model=SimpleNamespace(model=model), token_to_kv_pool=pool),
+                         _draft_extend_for_prefill=lambda *a: pytest.fail("the full draft prefill ran"))
+    worker = SimpleNamespace(device="cpu", topk=1, draft_worker=dw,
+                             _spec_fallback=fallback_state_class(tree)(kv_only_above=2))
+    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_kv_only_prefill_applies",
+                 "_spec_fallback_kv_only_write", "_spec_fallback_kv_only_flush", "_spec_fallback_zero_draft_input",
+                 "_spec_fallback_constant", "_spec_fallback_eligible")
+    prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
+    batch, _ = _schedule_prefill(torch, tree, chunked)
+    batch.forward_mode = "EXTEND"
+    with torch.no_grad():
+        out = prefill(worker, batch, target_hidden, tokens, None)
+
+    assert batch.input_ids.tolist() == ref_batch.input_ids.tolist(), "ids shifted as the release shifts them"
+    assert (batch.input_ids[-1] == 47) == chunked
+    (layer, loc, k, v, _, _), = writes
+    assert loc.tolist() == list(range(20, 31))
+    assert torch.allclose(k.reshape(11, -1), ref["k"], atol=1e-6) and torch.allclose(v.reshape(11, -1), ref["v"], atol=1e-6)
+    assert out.bonus_tokens is tokens and batch.spec_info is out
+    for name in ("topk_p", "topk_index", "hidden_states"):
+        got, want = getattr(out, name), getattr(ref_out, name)
+        assert got.shape == want.shape and got.dtype == want.dtype and not got.any(), name
+    assert worker._spec_fallback.stats["draft_kv_only_prefills"] == 1
+
+
+class _Envs:
+    """SGLang's envs as the validation reads them: 0.5.13 has SGLANG_ENABLE_SPEC_V2 (spec_v2), 0.5.14
+    has not (None: spec v2 always)."""
+
+    def __init__(self, spec_v2):
+        if spec_v2 is not None:
+            self.SGLANG_ENABLE_SPEC_V2 = SimpleNamespace(get=lambda: spec_v2)
+
+
+def _validate(tree, version, spec_v2=True, **kw):
+    envs = _Envs(None if version == "0.5.14" else spec_v2)
+    cls = server_args_class(tree, {"envs": envs, "logger": logging.getLogger("test")})
+    base = dict(speculative_disable_batch_size_threshold=8, speculative_algorithm="EAGLE3",
+                speculative_eagle_topk=1, max_running_requests=64)
+    server_args(cls, **{**base, **kw})._validate_speculative_disable_threshold()
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_flags_are_validated_where_the_release_validates(version, patched_release):
+    """The classic validation, called once the release has settled adaptive decoding: at the
+    end of ServerArgs._handle_speculative_decoding (0.5.11), of speculative_hook's
+    handle_speculative_decoding (0.5.13 on); the refusals hold (0.5.14: spec v2 is always on,
+    and rejection sampling keeps draft probabilities the fallback's sync does not make)."""
+    tree = patched_release(version)
+    if version == "0.5.11":
+        fn = next(n for n in _class(tree / ARGS, "ServerArgs").body
+                  if isinstance(n, ast.FunctionDef) and n.name == "_handle_speculative_decoding")
+        call, adaptive = "self._validate_speculative_disable_threshold()", "if self.speculative_adaptive:"
+    else:
+        fn = next(n for n in ast.parse((tree / HOOK).read_text()).body
+                  if isinstance(n, ast.FunctionDef) and n.name == "handle_speculative_decoding")
+        call = "server_args._validate_speculative_disable_threshold()"
+        adaptive = "if server_args.speculative_adaptive:\n    _maybe_disable_adaptive(server_args)"
+    text = [ast.unparse(s) for s in fn.body]
+    at = text.index(call)
+    assert text[at - 1].startswith(adaptive)
+    _validate(tree, version)
+    _validate(tree, version, speculative_disable_batch_size_threshold=None, speculative_algorithm=None)
+    refusals = [(dict(speculative_adaptive=True), "speculative-adaptive"),
+                (dict(disable_overlap_schedule=True), "overlap (spec v2) worker only"),
+                (dict(speculative_eagle_topk=4), "topk 1"), (dict(enable_dp_attention=True), "enable-dp-attention"),
+                (dict(speculative_disable_batch_size_hysteresis=8), "below the threshold (8), got 8")]
+    if version == "0.5.14":
+        refusals.append((dict(speculative_use_rejection_sampling=True), "rejection-sampling"))
+    else:
+        refusals.append(({"spec_v2": False}, "overlap (spec v2) worker only"))
+    for kw, msg in refusals:
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            _validate(tree, version, **kw)
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_fallback_settings_are_server_flags(version, patched_release):
+    """Every setting is a plain ServerArgs field with a hand-written flag of the same name
+    (0.5.14 derives flags from annotated fields only: these are not derived twice), parsed
+    with the release's argparse; 'off' is None."""
+    tree = patched_release(version)
+    cls = server_args_class(tree, {})
+    parser = disable_flags_parser(tree, cls)
+    got = parser.parse_args(["--speculative-disable-batch-size-threshold", "32",
+                             "--speculative-disable-draft-decode-min-bs", "off"])
+    assert vars(got) == {"speculative_disable_batch_size_threshold": 32, "speculative_disable_batch_size_hysteresis": 0,
+                         "speculative_disable_draft_decode_min_bs": None, "speculative_disable_kv_only_margin": 0,
+                         "speculative_disable_kv_only_steps_per_replay": 4}
+    src = (tree / ARGS).read_text()
+    after = '"--tool-call-parser"' if version == "0.5.14" else '"--speculative-adaptive-config"'
+    assert src.index(after) < src.index('"--speculative-disable-batch-size-threshold"')
+    if version == "0.5.14":
+        unwrap = load_function(tree / "sglang/srt/arg_groups/arg_utils.py", "_unwrap_annotated",
+                               {"get_origin": typing.get_origin, "get_args": typing.get_args,
+                                "Annotated": typing.Annotated, "Arg": type("Arg", (), {})})
+        fields = ast.unparse(_class(tree / ARGS, "ServerArgs"))
+        for name in vars(got):
+            annotation = re.search(rf"{name}: (.+?) =", fields).group(1)
+            assert unwrap(eval(annotation, vars(typing)))[1] is None, f"{name} would get a second, derived flag"
+
+
+def test_the_test_releases_cover_the_era_variants():
+    """The worker eras this file parametrises over are the variants' own ranges."""
+    from packaging.version import Version
+
+    from spectool.recipe import load_recipes
+
+    fallback = next(r for r in load_recipes() if r.id == "spec-fallback")
+    assert {fallback.variant_for(Version(v)).name for v in RELEASES} == {"v2-0.5.11", "v2-0.5.13", "v2-0.5.14"}
+    assert fallback.variant_for(Version("0.5.13.post1")).name == "v2-0.5.13"
+
+
+def test_0511_decode_step_is_the_padded_one_its_consumer_reads(patched_release, monkeypatch):
+    """0.5.11 reads the stride from the worker and pre-claims the bonus KV slot: the seed's
+    padded result (the token at i * num_draft_tokens, accept_lens all 1) gives its own
+    consumer one token per request, each in the slot it claimed; verify_done fires after
+    the target ran, and the next draft input carries verified_id and the new lengths."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
+    tree = patched_release("0.5.11")
+    path = tree / WORKER
+    result_cls = _generation_batch_result(tree)
+    order = []
+    events = SimpleNamespace(Event=lambda: SimpleNamespace(record=lambda: order.append("verify_done")),
+                             current_stream=lambda: None)
+    fake_torch = SimpleNamespace(**{k: getattr(torch, k) for k in ("int32", "int64", "ones")},
+                                 get_device_module=lambda device: events)
+    ns = {"torch": fake_torch, "GenerationBatchResult": result_cls, "EagleDraftInput": _DraftInput,
+          "ForwardMode": SimpleNamespace(DECODE="DECODE"), "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
+          "speculative_moe_backend_context": _null, "speculative_moe_a2a_backend_context": _null}
+    decode = load_function(path, "EAGLEWorkerV2._spec_fallback_decode", ns)
+
+    def target_forward(batch):
+        order.append("target")
+        return result_cls(logits_output=SimpleNamespace(hidden_states=torch.zeros(3, 6)),
+                          next_token_ids=torch.tensor([7, 8, 9]), can_run_cuda_graph=True)
+
+    mr = SimpleNamespace(attn_backend="spec-backend", graph_runner="verify-graph")
+    worker = SimpleNamespace(
+        device="cpu", speculative_num_draft_tokens=4,
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(100).reshape(5, 20)),
+        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
+        _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
+        _spec_fallback=fallback_state_class(tree)(threshold=0, attn_backend="d", graph_runner="dg"),
+        draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
+        _spec_fallback_draft_extend=lambda batch, tokens, hidden, nxt: order.append("draft"))
+    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_target_decode", "_spec_fallback_as_decode",
+                 "_spec_fallback_sync_draft")
+    lens = torch.tensor([3, 5, 10])
+    batch = SimpleNamespace(seq_lens=lens.clone(), seq_lens_cpu=lens.clone(), seq_lens_sum=18,
+                            req_pool_indices=torch.tensor([0, 2, 4]),
+                            spec_info=_DraftInput(verified_id=torch.tensor([1, 2, 3], dtype=torch.int32)))
+    res = decode(worker, batch)
+    assert order == ["target", "verify_done", "draft"]
+    assert res.next_draft_input.verified_id.tolist() == [7, 8, 9]
+    assert res.next_draft_input.new_seq_lens.tolist() == [4, 6, 11]
+
+    consume = load_function(tree / "sglang/srt/managers/scheduler_output_processor_mixin.py",
+                            "SchedulerOutputProcessorMixin._resolve_spec_overlap_token_ids",
+                            {n: getattr(typing, n) for n in typing.__all__})
+    reqs = [_Req() for _ in range(3)]
+    for req in reqs:  # what 0.5.11's _Req records under its counter names
+        req.spec_accepted_drafts = 0
+        req.update_spec_acceptance_histogram = req.update_spec_correct_drafts_histogram
+    scheduler = SimpleNamespace(draft_worker=worker)  # the stride comes from the worker
+    tokens = consume(scheduler, res, SimpleNamespace(reqs=reqs))
+    assert tokens == [[7], [8], [9]]
+    assert [r.kv_committed_len for r in reqs] == [10, 10, 10], "the pre-claimed bonus slot is the token's"
+    assert [r.histogram for r in reqs] == [[0], [0], [0]]
+
+
+@pytest.mark.parametrize("draft_decode", [False, True])
+def test_0511_draft_sync_below_the_kv_only_margin(draft_decode, patched_release):
+    """0.5.11's draft KV sync: from the draft-decode batch size a plain draft decode (0.5.12's),
+    below it a one-token draft extend run eagerly with the release's accept counters (no
+    correct drafts, one accepted token each). No one-token draft-extend graph is built."""
+    torch = pytest.importorskip("torch")
+    tree = patched_release("0.5.11")
+    path = tree / WORKER
+    bs = 3
+    seen = []
+
+    class DraftInput(_DraftInput):
+        def prepare_for_extend_to_fill_draft_kvcache(self, batch, predict, n, runner, graph_runner):
+            seen.append(("prepare", predict.tolist(), n, graph_runner))
+            return SimpleNamespace(spec_info=self)
+
+    def forward(fb, skip_attn_backend_init):
+        seen.append(("forward", skip_attn_backend_init, fb.spec_info.num_accepted_drafts.tolist(),
+                     fb.spec_info.num_accepted_tokens.tolist()))
+        logits = torch.zeros(bs, 10)
+        logits[:, 3] = 2.0
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
+
+    ns = {"torch": torch, "EagleDraftInput": DraftInput, "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
+    extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
+    worker = SimpleNamespace(device="cpu", topk=1,
+                             _spec_fallback=fallback_state_class(tree)(draft_decode_min_bs=2 if draft_decode else None),
+                             draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=forward)),
+                             _spec_fallback_draft_decode=lambda *a: seen.append(("decode",)))
+    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_next_draft_input")
+    nxt = SimpleNamespace()
+    extend(worker, SimpleNamespace(seq_lens=torch.tensor([3, 5, 10])), torch.tensor([7, 8, 9]), torch.zeros(bs, 3 * H), nxt)
+    if draft_decode:
+        assert seen == [("decode",)]
+    else:
+        assert seen == [("prepare", [7, 8, 9], 1, None), ("forward", True, [0, 0, 0], [1, 1, 1])]
+        assert nxt.topk_index.squeeze(1).tolist() == [3, 3, 3] and nxt.hidden_states.shape == (bs, H)
+    build = load_function(path, "EAGLEWorkerV2._spec_fallback_build_draft_extend_graph", {})
+    assert build(worker, None) is None and worker._spec_fallback.draft_extend_runner is None
+
+
+def test_0511_has_no_kv_only_sync_and_says_why(patched_release):
+    """0.5.11's EAGLE-3 head keeps its one layer as midlayer (the release's own model file),
+    not in the layers list the KV-only write reads: the sync stays off whatever the margin,
+    with the reason at info level; the release's draft prefill is not replaced and the
+    queue's flush is the seed's no-op."""
+    tree = patched_release("0.5.11")
+    model = _class(tree / "sglang/srt/models/llama_eagle3.py", "LlamaModel")
+    assert "self.midlayer = " in ast.unparse(model) and "self.layers = " not in ast.unparse(model)
+    path = tree / WORKER
+    informed = []
+    ns = {"logger": SimpleNamespace(info=lambda *a: informed.append(a))}
+    init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_kv_only", ns)
+    worker = SimpleNamespace(_spec_fallback=fallback_state_class(tree)(threshold=32))
+    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_kv_only_unsupported")
+    init(worker, server_args(server_args_class(tree, {}), speculative_disable_kv_only_margin=8))
+    assert worker._spec_fallback.kv_only_above is None and "midlayer" in informed[-1][1]
+    text = path.read_text()
+    assert "_spec_fallback_draft_prefill" not in text and "_spec_fallback_kv_only_stash" not in text
+    flush = load_function(path, "EAGLEWorkerV2._spec_fallback_kv_only_flush", {})
+    assert flush(worker, "spec") is None
