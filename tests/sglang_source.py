@@ -1,15 +1,18 @@
 """Real classes of a (patched) release's source, without importing SGLang (which needs its GPU
 stack): ServerArgs itself, an instance with the release's defaults, the flags the
-spec-disable-threshold recipe adds to add_cli_args in a real argparse parser, and the
-fallback's SpecFallbackState."""
+spec-disable-threshold recipe adds to add_cli_args in a real argparse parser, the fallback's
+SpecFallbackState, and the data types a decode step passes around (ModelWorkerBatch, Req,
+GenerationBatchResult, EagleDraftInput, ForwardMode, CaptureHiddenMode)."""
 
 from __future__ import annotations
 import __future__
 
+import abc
 import argparse
 import ast
 import collections
 import dataclasses
+import enum
 import functools
 import json
 import os
@@ -22,7 +25,137 @@ from spectool.testing import function_source, load_function
 
 ARGS = "sglang/srt/server_args.py"
 WORKER = "sglang/srt/speculative/eagle_worker_v2.py"
+BATCH = "sglang/srt/managers/schedule_batch.py"
+RESULT = "sglang/srt/managers/utils.py"
+FORWARD = "sglang/srt/model_executor/forward_batch_info.py"
+SPEC_INFO = "sglang/srt/speculative/spec_info.py"
+EAGLE_INFO = "sglang/srt/speculative/eagle_info.py"
+EAGLE_INFO_V2 = "sglang/srt/speculative/eagle_info_v2.py"
 PREFIX = "--speculative-disable-"
+
+
+class Unprovided:
+    """A name that a release class's definition reads (a base's type hint, a default) and
+    that no test provides: any use of it fails, naming it, so a test never passes on it."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getattr__(self, attr):
+        raise AssertionError(f"the test used {self.name}.{attr}, which it did not provide")
+
+    def __call__(self, *args, **kwargs):
+        raise AssertionError(f"the test called {self.name}, which it did not provide")
+
+
+def release_class(tree: Path, rel: str, qualname: str, namespace: dict | None = None) -> type:
+    """The class `qualname` of the release file `rel`, defined from its source in
+    `namespace` (the names its methods use), annotations kept as strings as in the release.
+    A name only the definition reads and `namespace` lacks becomes Unprovided."""
+    path = tree / rel
+    ns = {"dataclasses": dataclasses, "dataclass": dataclasses.dataclass, "field": dataclasses.field,
+          "IntEnum": enum.IntEnum, "Enum": enum.Enum, "auto": enum.auto, "ABC": abc.ABC,
+          "abstractmethod": abc.abstractmethod, "total_ordering": functools.total_ordering,
+          **{name: getattr(typing, name) for name in typing.__all__}, **(namespace or {})}
+    code = compile(function_source(path, qualname), f"{path}:{qualname}", "exec",
+                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    for _ in range(200):
+        try:
+            exec(code, ns)
+            return ns[qualname.split(".")[-1]]
+        except NameError as exc:
+            if exc.name in ns:
+                raise
+            ns[exc.name] = Unprovided(exc.name)
+    raise AssertionError(f"{qualname} of {path} reads too many names at its definition")
+
+
+@functools.lru_cache(maxsize=None)
+def forward_modes(tree: Path) -> tuple[type, type]:
+    """The release's (ForwardMode, CaptureHiddenMode) enums."""
+    return release_class(tree, FORWARD, "ForwardMode"), release_class(tree, FORWARD, "CaptureHiddenMode")
+
+
+@functools.lru_cache(maxsize=None)
+def _model_worker_batch_class(tree: Path) -> type:
+    return release_class(tree, BATCH, "ModelWorkerBatch")
+
+
+def model_worker_batch(tree: Path, **values):
+    """A real ModelWorkerBatch of the release: `values`, every other field its default or
+    None (the fields without a default)."""
+    cls = _model_worker_batch_class(tree)
+    required = {f.name: None for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    return cls(**{**required, **values})
+
+
+def request(tree: Path, **values):
+    """A request of the release's own Req class, holding `values`, which must be arguments
+    that Req.__init__ stores under their own name (return_hidden_states, return_logprob,
+    ...): the object has them as the scheduler's Req has them. Made without running
+    __init__, which starts timers and metrics this test has no use for."""
+    cls, stored = _req_class(tree)
+    for name in values:
+        if name not in stored:
+            raise AttributeError(f"Req.__init__ does not store its argument {name!r} as Req.{name}")
+    req = object.__new__(cls)
+    for name, value in values.items():
+        setattr(req, name, value)
+    return req
+
+
+@functools.lru_cache(maxsize=None)
+def _req_class(tree: Path) -> tuple[type, frozenset]:
+    """The release's Req class, and the arguments its __init__ stores under their own name."""
+    path = tree / BATCH
+    init = ast.parse(function_source(path, "Req.__init__")).body[0]
+    params = {a.arg for a in init.args.args + init.args.kwonlyargs}
+    stored = {t.attr for node in ast.walk(init) if isinstance(node, ast.Assign)
+              for t in node.targets if isinstance(t, ast.Attribute) and isinstance(node.value, ast.Name)
+              and t.attr == node.value.id and t.attr in params}
+    bases = {base.id: release_class(tree, _defined_in(tree, base.id), base.id)
+             for base in _class_node(path, "Req").bases if isinstance(base, ast.Name)}
+    return release_class(tree, BATCH, "Req", bases), frozenset(stored)
+
+
+def _class_node(path: Path, name: str) -> ast.ClassDef:
+    return next(n for n in ast.parse(path.read_text(encoding="utf-8")).body
+                if isinstance(n, ast.ClassDef) and n.name == name)
+
+
+def _defined_in(tree: Path, name: str) -> str:
+    """The file of the release that defines the top-level class `name`."""
+    for path in sorted((tree / "sglang" / "srt").rglob("*.py")):
+        if f"class {name}" in path.read_text(encoding="utf-8", errors="replace"):
+            try:
+                _class_node(path, name)
+            except StopIteration:
+                continue
+            return str(path.relative_to(tree))
+    raise KeyError(f"no class {name} in {tree}")
+
+
+@functools.lru_cache(maxsize=None)
+def generation_batch_result_class(tree: Path) -> type:
+    """The release's GenerationBatchResult dataclass (what a worker step returns)."""
+    import torch
+
+    return release_class(tree, RESULT, "GenerationBatchResult", {"torch": torch})
+
+
+@functools.lru_cache(maxsize=None)
+def eagle_draft_input_class(tree: Path) -> type:
+    """The release's EagleDraftInput dataclass, on its real SpecInput base and V2 mixin."""
+    import torch
+
+    spec_type = release_class(tree, SPEC_INFO, "SpecInputType")
+    base = release_class(tree, SPEC_INFO, "SpecInput", {"SpecInputType": spec_type})
+    _, capture = forward_modes(tree)
+    mixin = release_class(tree, EAGLE_INFO_V2, "EagleDraftInputV2Mixin", {"torch": torch})
+    return release_class(tree, EAGLE_INFO, "EagleDraftInput", {
+        "SpecInput": base, "SpecInputType": spec_type, "EagleDraftInputV2Mixin": mixin,
+        "CaptureHiddenMode": capture, "torch": torch})
 
 
 def server_args_class(tree: Path, namespace: dict) -> type:
@@ -88,3 +221,11 @@ def fallback_state_class(tree: Path) -> type:
     ns = {"dataclasses": dataclasses, "collections": collections, "threading": threading, "json": json,
           "os": os, "time": time, "Optional": typing.Optional, "Any": typing.Any}
     return load_function(tree / WORKER, "SpecFallbackState", ns)
+
+
+@functools.lru_cache(maxsize=None)
+def logits_output_class(tree: Path) -> type:
+    """The release's LogitsProcessorOutput dataclass (a forward's logits, logprobs, hidden states)."""
+    import torch
+
+    return release_class(tree, "sglang/srt/layers/logits_processor.py", "LogitsProcessorOutput", {"torch": torch})

@@ -5,13 +5,24 @@ installed."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 
 from spectool.testing import bind_methods, load_function
 
-from .sglang_source import fallback_state_class, server_args, server_args_class
+from .sglang_source import (
+    eagle_draft_input_class,
+    fallback_state_class,
+    forward_modes,
+    generation_batch_result_class,
+    logits_output_class,
+    model_worker_batch,
+    request,
+    server_args,
+    server_args_class,
+)
 
 WORKER = "sglang/srt/speculative/eagle_worker_v2.py"
 
@@ -39,80 +50,192 @@ def bind(path, ns, worker, *names):
     bind_methods(path, "EAGLEWorkerV2", ns, worker, *names)
 
 
-@pytest.mark.parametrize("version", ["0.5.8", "0.5.11", "0.5.12"])
-def test_fallback_result_format(version, patched_release, monkeypatch):
-    torch = pytest.importorskip("torch")
-    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
-    tree = patched_release(version)
+def _types(tree):
+    """The release's own data types that a decode step reads and returns."""
+    forward_mode, capture = forward_modes(tree)
+    return {"ForwardMode": forward_mode, "CaptureHiddenMode": capture,
+            "GenerationBatchResult": generation_batch_result_class(tree),
+            "EagleDraftInput": eagle_draft_input_class(tree), "LogitsProcessorOutput": logits_output_class(tree)}
+
+
+def _step_worker(tree, version, torch, types, target_forward, algorithm="EAGLE3", ndt=4):
+    """A worker whose target and draft are simulated, with the decode step's methods bound;
+    returns (worker, the step function, the target's model runner, what the draft saw)."""
     path = tree / WORKER
-    seed = version != "0.5.12"  # 0.5.11 takes the seed era's padded decode step
-    bonus = "verified_id" if seed else "bonus_tokens"
-
-    class Result(SimpleNamespace):
-        pass
-
-    class DraftInput(SimpleNamespace):
-        pass
-
     events = SimpleNamespace(Event=lambda: SimpleNamespace(record=lambda: None), current_stream=lambda: None)
     fake_torch = SimpleNamespace(**{k: getattr(torch, k) for k in ("int32", "int64", "ones", "full", "softmax")},
                                  get_device_module=lambda device: events)
-    ns = {"torch": fake_torch, "GenerationBatchResult": Result, "EagleDraftInput": DraftInput,
-          "ForwardMode": SimpleNamespace(DECODE="DECODE"), "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
+    ns = {"torch": fake_torch, **types,
           "speculative_moe_backend_context": _null, "speculative_moe_a2a_backend_context": _null}
     decode = load_function(path, "EAGLEWorkerV2._spec_fallback_decode", ns)
+    mr = SimpleNamespace(attn_backend="spec-backend", graph_runner="verify-graph")
+    draft = {}
+    worker = SimpleNamespace(
+        device="cpu", speculative_num_draft_tokens=ndt,
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(100).reshape(5, 20).to(torch.int32)),
+        speculative_algorithm=SimpleNamespace(is_standalone=lambda: algorithm == "STANDALONE"),
+        _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
+        _spec_fallback=fallback_state_class(tree)(threshold=0, attn_backend="decode-backend",
+                                                  graph_runner="decode-graph"),
+        draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
+        _spec_fallback_draft_extend=lambda *a: draft.setdefault("args", a),
+    )
+    bind(path, ns, worker, *steps(version), "_spec_fallback_returns_hidden_states")
+    return worker, decode, mr, draft
 
+
+def _decode_batch(tree, types, bonus, tokens, reqs, **values):
+    """A real ModelWorkerBatch of three requests in a speculative decode step."""
+    import torch
+
+    return model_worker_batch(
+        tree, forward_mode=types["ForwardMode"].DECODE, seq_lens=torch.tensor([3, 5, 10]),
+        seq_lens_cpu=torch.tensor([3, 5, 10]), seq_lens_sum=18, req_pool_indices=torch.tensor([0, 2, 4]),
+        spec_info=types["EagleDraftInput"](**{bonus: torch.tensor(tokens, dtype=torch.int32)}),
+        reqs=reqs, **{"return_logprob": False, **values})
+
+
+@pytest.mark.parametrize("version", ["0.5.8", "0.5.12"])
+def test_fallback_result_format(version, patched_release, monkeypatch):
+    """The result is what the release's scheduler reads: 0.5.8 takes the stride from the
+    worker (padded), 0.5.12 from the result (1). On 0.5.12 the result is the target's own
+    plain-decode GenerationBatchResult, so what SGLang's decode returns for MoE models
+    (routed experts, the indexer's top-k, expert-distribution metrics) reaches the scheduler
+    as on the speculative path."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
+    tree = patched_release(version)
+    types = _types(tree)
+    seed = version == "0.5.8"
+    bonus = "verified_id" if seed else "bonus_tokens"
     bs, ndt = 3, 4
-    req_to_token = torch.arange(100).reshape(5, 20).to(torch.int32)
     seen = {}
+    moe = {"routed_experts_output": object(), "indexer_topk_output": object(),
+           "expert_distribution_metrics": object()}
 
     def target_forward(batch):
         seen.update(input_ids=batch.input_ids.clone(), seq_lens=batch.seq_lens.clone(),
                     out_cache_loc=batch.out_cache_loc.clone(), mode=batch.forward_mode,
                     installed=(mr.attn_backend, mr.graph_runner), capture=batch.capture_hidden_mode)
-        return SimpleNamespace(logits_output=SimpleNamespace(hidden_states=torch.zeros(bs, 6)),
-                               next_token_ids=torch.tensor([7, 8, 9]), can_run_cuda_graph=True)
+        out = types["GenerationBatchResult"](
+            logits_output=types["LogitsProcessorOutput"](next_token_logits=None, hidden_states=torch.zeros(bs, 6)),
+            next_token_ids=torch.tensor([7, 8, 9]), can_run_cuda_graph=True,
+            **({} if seed else moe))
+        seen["target_result"] = out
+        return out
 
-    mr = SimpleNamespace(attn_backend="spec-backend", graph_runner="verify-graph")
-    worker = SimpleNamespace(
-        device="cpu", speculative_num_draft_tokens=ndt, req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
-        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
-        _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
-        _spec_fallback=fallback_state_class(tree)(threshold=0, attn_backend="decode-backend",
-                                                  graph_runner="decode-graph"),
-        draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
-        _spec_fallback_draft_extend=lambda *a: seen.setdefault("draft_extend", a),
-    )
-    bind(path, ns, worker, *steps(version))
-    batch = SimpleNamespace(seq_lens=torch.tensor([3, 5, 10]), seq_lens_cpu=torch.tensor([3, 5, 10]), seq_lens_sum=18,
-                            req_pool_indices=torch.tensor([0, 2, 4]),
-                            spec_info=DraftInput(**{bonus: torch.tensor([1, 2, 3], dtype=torch.int32)}))
+    worker, decode, mr, draft = _step_worker(tree, version, torch, types, target_forward, ndt=ndt)
+    reqs = [request(tree, return_hidden_states=False) for _ in range(bs)]
+    batch = _decode_batch(tree, types, bonus, [1, 2, 3], reqs)
     res = decode(worker, batch)
 
     assert seen["input_ids"].tolist() == [1, 2, 3] and seen["seq_lens"].tolist() == [4, 6, 11]
     assert seen["out_cache_loc"].tolist() == [3, 45, 90]  # req_to_token[req, seq_len]: the bonus slot
-    assert seen["mode"] == "DECODE" and seen["capture"] == "FULL"  # EAGLE-3 needs the aux hidden states
+    assert seen["mode"] == types["ForwardMode"].DECODE
+    assert seen["capture"] == types["CaptureHiddenMode"].FULL, "EAGLE-3's draft needs the aux hidden states"
     assert seen["installed"] == ("decode-backend", "decode-graph"), "the target ran on its own decode graph"
     assert (mr.attn_backend, mr.graph_runner) == ("spec-backend", "verify-graph"), "verify graph restored"
+    assert type(res) is types["GenerationBatchResult"]
     assert res.accept_lens.tolist() == [1, 1, 1] and res.accept_lens.dtype == torch.int32
+    assert type(res.next_draft_input) is types["EagleDraftInput"]
     assert getattr(res.next_draft_input, bonus).tolist() == [7, 8, 9]
     assert res.next_draft_input.new_seq_lens.tolist() == [4, 6, 11]
+    assert res.logits_output.hidden_states is None, "no request asked for hidden states: no copy to the host"
     assert batch.seq_lens.tolist() == [3, 5, 10], "the draft extend sees the pre-step lengths"
-    assert seen["draft_extend"][1].tolist() == [7, 8, 9], "draft KV sync over the produced tokens"
+    assert draft["args"][1].tolist() == [7, 8, 9], "draft KV sync over the produced tokens"
     if seed:  # the 0.5.8 consumer: stride = draft_worker.speculative_num_draft_tokens
         stride = ndt
-        assert not hasattr(res, "speculative_num_draft_tokens")
+        assert not hasattr(res, "speculative_num_draft_tokens"), "0.5.8's result has no stride of its own"
     else:  # the 0.5.12 consumer: stride = result.speculative_num_draft_tokens
         stride = res.speculative_num_draft_tokens
         assert stride == 1
+        assert res is seen["target_result"], "the target's own result, with the speculative fields added"
+        for name, value in moe.items():
+            assert getattr(res, name) is value, f"{name} passed through"
     ids, acc = res.next_token_ids.tolist(), res.accept_lens.tolist()
     assert len(ids) == bs * stride
     assert [ids[i * stride: i * stride + acc[i]] for i in range(bs)] == [[7], [8], [9]]
     if not seed:  # a second step takes its accept_lens from the same buffer, still all 1
-        batch.spec_info = DraftInput(bonus_tokens=torch.tensor([4, 5, 6], dtype=torch.int32))
+        batch.spec_info = types["EagleDraftInput"](bonus_tokens=torch.tensor([4, 5, 6], dtype=torch.int32))
         again = decode(worker, batch)
         assert again.accept_lens.tolist() == [1, 1, 1]
         assert again.accept_lens.data_ptr() == res.accept_lens.data_ptr(), "no new fill kernel per step"
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE3", "STANDALONE"])
+def test_fallback_step_serves_hidden_states_and_logprobs(algorithm, patched_release, monkeypatch):
+    """0.5.12: a fallback step serves logprob and hidden-state requests as SGLang's plain
+    decode does. Requests that asked for hidden states get the target forward's rows, one
+    per request (for STANDALONE only then captured; a STANDALONE draft reads none); logprobs
+    come out in the layout the release's scheduler reads for a speculative result: one row
+    per request of its accepted tokens' logprobs, top-k entries one per request."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
+    tree = patched_release("0.5.12")
+    types = _types(tree)
+    capture = types["CaptureHiddenMode"]
+    consumer = (tree / "sglang/srt/managers/scheduler_output_processor_mixin.py").read_text()
+    assert "accepted_logprobs = next_token_logprobs[i]" in consumer and "flat_idx = i * max_accept + j" in consumer
+    bs, seen = 3, {}
+    hidden = torch.arange(bs * 6, dtype=torch.float32).reshape(bs, 6)
+    top_val = [torch.tensor([-0.5, -2.5]), torch.tensor([-0.25, -3.0]), torch.tensor([-0.125, -3.5])]
+
+    def target_forward(batch):
+        seen["capture"] = batch.capture_hidden_mode
+        seen["return_logprob"] = batch.return_logprob
+        return types["GenerationBatchResult"](
+            logits_output=types["LogitsProcessorOutput"](
+                next_token_logits=None, hidden_states=hidden if batch.capture_hidden_mode == capture.FULL else None,
+                next_token_logprobs=torch.tensor([-0.5, -0.25, -0.125]) if batch.return_logprob else None,
+                next_token_top_logprobs_val=top_val if batch.return_logprob else None),
+            next_token_ids=torch.tensor([7, 8, 9]), can_run_cuda_graph=True)
+
+    worker, decode, _, draft = _step_worker(tree, "0.5.12", torch, types, target_forward, algorithm)
+    for wants_hidden in (True, False):
+        reqs = [request(tree, return_hidden_states=wants_hidden and i == 1, return_logprob=True) for i in range(bs)]
+        batch = _decode_batch(tree, types, "bonus_tokens", [1, 2, 3], reqs, return_logprob=True,
+                              top_logprobs_nums=[2, 2, 2])
+        res = decode(worker, batch)
+        assert seen["return_logprob"] is True
+        assert res.logits_output.next_token_logprobs.tolist() == [[-0.5], [-0.25], [-0.125]]
+        assert [v.tolist() for v in res.logits_output.next_token_top_logprobs_val] == [
+            [-0.5, -2.5], [-0.25, -3.0], [-0.125, -3.5]], "top-k: entry i * 1 + 0 is request i's"
+        standalone = algorithm == "STANDALONE"
+        assert seen["capture"] == (capture.NULL if standalone and not wants_hidden else capture.FULL)
+        if wants_hidden:
+            assert res.logits_output.hidden_states is hidden, "the target's rows, one per request"
+        else:
+            assert res.logits_output.hidden_states is None
+        assert draft.pop("args")[2] is (None if standalone else hidden), "what the draft reads"
+
+
+@pytest.mark.parametrize("version", ["0.5.8", "0.5.12"])
+def test_hidden_state_requests_are_seen_on_the_real_batch(version, patched_release):
+    """SGLang marks a hidden-state request on the Req, not on the ModelWorkerBatch, whose
+    capture mode a speculative decode batch sets to FULL whatever its requests want: the
+    rule reads the requests. On 0.5.8 such batches stay on the speculative path; on 0.5.12
+    they fall back like any other (the plain step serves them)."""
+    tree = patched_release(version)
+    types = _types(tree)
+    fields = {f.name for f in dataclasses.fields(types["GenerationBatchResult"])}
+    assert "routed_experts_output" in fields or version == "0.5.8"
+    batch_fields = {f.name for f in dataclasses.fields(type(model_worker_batch(tree)))}
+    assert "return_hidden_states" not in batch_fields and "reqs" in batch_fields
+    assert types["EagleDraftInput"]().capture_hidden_mode == types["CaptureHiddenMode"].FULL
+    worker = SimpleNamespace()
+    bind(tree / WORKER, {}, worker, "_spec_fallback_returns_hidden_states", "_spec_fallback_eligible")
+
+    def batch(*hidden, **values):
+        return model_worker_batch(tree, reqs=[request(tree, return_hidden_states=h) for h in hidden],
+                                  **{"has_grammar": False, "return_logprob": False, **values})
+
+    assert worker._spec_fallback_returns_hidden_states(batch(False, True, False))
+    assert not worker._spec_fallback_returns_hidden_states(batch(False, False))
+    assert not worker._spec_fallback_returns_hidden_states(batch())
+    seed = version == "0.5.8"
+    for kind in (batch(False, True), batch(False, has_grammar=True), batch(False, return_logprob=True)):
+        assert worker._spec_fallback_eligible(kind) is not seed
+    assert worker._spec_fallback_eligible(batch(False, False)) is True
 
 
 @pytest.mark.parametrize("graph_fits", [True, False])
@@ -173,7 +296,8 @@ def test_draft_kv_sync_replays_its_one_token_graph(graph_fits, patched_release):
 @pytest.mark.parametrize("version", ["0.5.12", "0.5.13", "0.5.14"])
 def test_draft_extend_graph_is_captured_at_one_token(version, patched_release):
     """The one-token graph is captured with the worker state overridden to steps 0 / 1 draft
-    token; a capture failure leaves the fallback on the eager path instead of failing start-up."""
+    token; a capture that fails stops start-up with an error naming the graph and the cause
+    (never a silent eager path: under TP the other ranks would wait in the capture)."""
     import contextlib
 
     tree = patched_release(version)
@@ -192,7 +316,7 @@ def test_draft_extend_graph_is_captured_at_one_token(version, patched_release):
         def runner(dw, draft_extend_attn_backend, speculative_num_steps):
             seen["capture"] = (draft_extend_attn_backend, speculative_num_steps, state["steps"])
             if fail:
-                raise RuntimeError("capture failed")
+                raise RuntimeError("CUDA out of memory. Tried to allocate 32.00 MiB")
             return "one-token-graph"
         return runner
 
@@ -205,17 +329,20 @@ def test_draft_extend_graph_is_captured_at_one_token(version, patched_release):
             state["steps"] = saved
 
     for fail in (False, True):
-        ns = {"DraftBackendFactory": Factory, "EAGLEDraftExtendCudaGraphRunner": make_runner(fail),
-              "logger": SimpleNamespace(warning=lambda *a: seen.setdefault("warned", a))}
+        ns = {"DraftBackendFactory": Factory, "EAGLEDraftExtendCudaGraphRunner": make_runner(fail)}
         build = load_function(path, "EAGLEWorkerV2._spec_fallback_build_draft_extend_graph", ns)
         worker = SimpleNamespace(topk=1, _override_worker_state=override, _spec_fallback=fallback_state_class(tree)(),
                                  draft_worker=SimpleNamespace(cuda_graph_runner_for_draft_extend="spec-graph", draft_runner=None))
         bind(path, ns, worker, "_spec_fallback_capture")
-        build(worker, server_args(server_args_class(tree, {})))
+        if fail:
+            with pytest.raises(RuntimeError, match=r"could not capture a one-token draft-extend CUDA graph "
+                                                   r"\(RuntimeError: CUDA out of memory\. Tried to allocate 32\.00 MiB\)"):
+                build(worker, server_args(server_args_class(tree, {})))
+        else:
+            build(worker, server_args(server_args_class(tree, {})))
         assert seen["factory_steps"] == 0 and seen["capture"] == ("one-token-backend", 0, 0)
         assert state["steps"] == 3, "worker state restored after capture"
         assert worker._spec_fallback.draft_extend_runner == (None if fail else "one-token-graph")
-    assert "warned" in seen
     # No spec-path draft-extend graph (backend without support, or --disable-cuda-graph): none built.
     seen.clear()
     worker = SimpleNamespace(topk=1, _override_worker_state=override, _spec_fallback=fallback_state_class(tree)(),
@@ -245,35 +372,26 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, patched_rel
             order.append(("lengths", id(out)))
             return out
 
-    events = SimpleNamespace(Event=lambda: SimpleNamespace(record=lambda: order.append("verify_done")),
-                             current_stream=lambda: None)
-    fake_torch = SimpleNamespace(**{k: getattr(torch, k) for k in ("int32", "int64", "ones", "full")},
-                                 get_device_module=lambda device: events)
-    ns = {"torch": fake_torch, "GenerationBatchResult": lambda **kw: SimpleNamespace(**kw),
-          "EagleDraftInput": lambda **kw: SimpleNamespace(**kw), "ForwardMode": SimpleNamespace(DECODE="DECODE"),
-          "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
-          "speculative_moe_backend_context": _null, "speculative_moe_a2a_backend_context": _null}
-    decode = load_function(path, "EAGLEWorkerV2._spec_fallback_decode", ns)
+    types = _types(tree)
 
     def target_forward(batch):
         order.append("target")
-        return SimpleNamespace(logits_output=SimpleNamespace(hidden_states=torch.zeros(2, 4)),
-                               next_token_ids=torch.tensor([5, 6]), can_run_cuda_graph=True)
+        return types["GenerationBatchResult"](
+            logits_output=types["LogitsProcessorOutput"](next_token_logits=None, hidden_states=torch.zeros(2, 4)),
+            next_token_ids=torch.tensor([5, 6]), can_run_cuda_graph=True)
 
-    mr = SimpleNamespace(attn_backend="a", graph_runner="g")
-    worker = SimpleNamespace(
-        device="cpu", speculative_num_draft_tokens=4,
-        req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(40).reshape(2, 20)),
-        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
-        _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
-        _spec_fallback=fallback_state_class(tree)(threshold=0, attn_backend="d", graph_runner="dg"),
-        draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
-        _spec_fallback_draft_extend=lambda *a: order.append("draft"),
-    )
-    bind(path, ns, worker, *steps(version))
+    worker, decode, _, _ = _step_worker(tree, version, torch, types, target_forward)
+    worker._spec_fallback_draft_extend = lambda *a: order.append("draft")
+    worker.req_to_token_pool.req_to_token = torch.arange(40).reshape(2, 20)
+    events = SimpleNamespace(Event=lambda: SimpleNamespace(record=lambda: order.append("verify_done")),
+                             current_stream=lambda: None)
+    decode.__globals__["torch"].get_device_module = lambda device: events
     lens = torch.tensor([3, 7])
-    batch = SimpleNamespace(seq_lens=lens.clone().as_subclass(SeqLens), seq_lens_cpu=lens.clone(), seq_lens_sum=10,
-                            req_pool_indices=torch.tensor([0, 1]), spec_info=SimpleNamespace(**{bonus: torch.tensor([1, 2])}))
+    batch = model_worker_batch(
+        tree, forward_mode=types["ForwardMode"].DECODE, seq_lens=lens.clone().as_subclass(SeqLens),
+        seq_lens_cpu=lens.clone(), seq_lens_sum=10, req_pool_indices=torch.tensor([0, 1]),
+        spec_info=types["EagleDraftInput"](**{bonus: torch.tensor([1, 2])}),
+        reqs=[request(tree, return_hidden_states=False)] * 2, return_logprob=False)
     res = decode(worker, batch)
     assert res.next_draft_input.new_seq_lens.tolist() == [4, 8]
     made = order.index(("lengths", id(res.next_draft_input.new_seq_lens)))
@@ -295,18 +413,24 @@ def test_start_up_takes_the_draft_sync_from_server_args(version, flags, min_bs, 
     """The start-up of 0.5.12 (and of 0.5.11, 0.5.13 and 0.5.14, which insert it unchanged): a decode
     attention backend for the target, then the draft sync's settings from the server args
     (None: 'off'): a plain draft backend from the min batch size, the KV-only sync above
-    threshold + margin with its steps per replay; without CUDA graphs nothing is captured."""
+    threshold + margin with its steps per replay; without CUDA graphs nothing is captured. The
+    GPU memory it took (free memory before minus after, as SGLang measures its graphs') is
+    logged, added to the runner's graph_mem_usage and counted."""
     import logging
 
     tree = patched_release(version)
     path = tree / WORKER
     cls = server_args_class(tree, {})
-    ns = {"logger": logging.getLogger("test")}
+    free = iter([40.0, 39.25])
+    logs = []
+    ns = {"logger": SimpleNamespace(info=lambda *a: logs.append(a[0] % a[1:])),
+          "get_available_gpu_memory": lambda device, gpu_id: next(free), "time": __import__("time")}
     backends = []
-    mr = SimpleNamespace(init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "decode-backend")
+    mr = SimpleNamespace(init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "decode-backend",
+                         graph_mem_usage=1.5)
     draft_runner = SimpleNamespace(init_new_workspace=False,
                                    _get_attention_backend=lambda init_new_workspace: backends.append(1) or "plain")
-    worker = SimpleNamespace(_target_worker=SimpleNamespace(model_runner=mr),
+    worker = SimpleNamespace(_target_worker=SimpleNamespace(model_runner=mr), device="cuda", gpu_id=0,
                              _spec_fallback=fallback_state_class(tree)(threshold=32),
                              draft_worker=SimpleNamespace(draft_runner=draft_runner),
                              _spec_fallback_kv_only_unsupported=lambda: None)
@@ -319,6 +443,61 @@ def test_start_up_takes_the_draft_sync_from_server_args(version, flags, min_bs, 
     assert state.draft_decode_min_bs == min_bs and state.draft_attn_backend == ("plain" if min_bs else None)
     assert state.kv_only_above == above and state.kv_only_steps_per_replay == steps
     assert len(backends) == (1 if min_bs else 0), "a draft backend only for the decode sync"
+    assert mr.graph_mem_usage == 2.25 and state.stats["startup_memory_gib"] == 0.75
+    assert logs[-1].startswith("spec-fallback: start-up took 0.75 GiB of GPU memory") and "--disable-cuda-graph" in logs[-1]
+
+
+@pytest.mark.parametrize("threshold,hysteresis,want", [(4, 2, [4, 8, 12, 16, 24, 32]), (4, 0, [8, 12, 16, 24, 32]),
+                                                       (0, 0, [1, 2, 4, 8, 12, 16, 24, 32]), (32, 0, [])])
+def test_graphs_only_for_the_batch_sizes_a_fallback_step_can_have(threshold, hysteresis, want, patched_release):
+    """0.5.12: the fallback's decode graph and one-token draft-extend graph are captured only
+    for batch sizes above threshold - hysteresis (a smaller batch never falls back); the
+    release's runners read them from server_args.cuda_graph_bs, which holds its own list
+    again afterwards, also when a capture fails. The KV-only graphs take their sizes from the
+    decode graph's."""
+    tree = patched_release("0.5.12")
+    path = tree / WORKER
+    cls = server_args_class(tree, {})
+    sizes = [1, 2, 4, 8, 12, 16, 24, 32]
+    seen = {}
+
+    def runner(mr, attn_backend):
+        seen["decode"] = (list(mr.server_args.cuda_graph_bs), attn_backend, mr.spec_algorithm,
+                          mr.server_args.enable_return_hidden_states)
+        if seen.get("fail"):
+            raise RuntimeError("CUDA out of memory")
+        return SimpleNamespace(capture_bs=list(mr.server_args.cuda_graph_bs))
+
+    args = server_args(cls, speculative_disable_batch_size_threshold=threshold, cuda_graph_bs=sizes)
+    ns = {"CudaGraphRunner": runner, "SpeculativeAlgorithm": SimpleNamespace(NONE="NONE")}
+
+    def worker():
+        mr = SimpleNamespace(server_args=args, spec_algorithm="EAGLE3")
+        w = SimpleNamespace(
+            _target_worker=SimpleNamespace(model_runner=mr),
+            _spec_fallback=fallback_state_class(tree)(threshold=threshold, hysteresis=hysteresis,
+                                                      attn_backend="decode-backend"),
+            speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
+            draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(server_args=args)),
+            _spec_fallback_build_draft_extend_graph=lambda a: seen.setdefault("draft", list(a.cuda_graph_bs)),
+            _spec_fallback_build_kv_only_graphs=lambda a: seen.setdefault("kv_only", w._spec_fallback.graph_runner))
+        bind(path, ns, w, "_spec_fallback_build_graphs", "_spec_fallback_capture")
+        return w, mr
+
+    w, mr = worker()
+    what = w._spec_fallback_build_graphs(args)
+    assert args.cuda_graph_bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == "EAGLE3"
+    if not want:
+        assert "decode" not in seen and w._spec_fallback.graph_runner is None and what.startswith("none")
+        return
+    assert seen["decode"] == (want, "decode-backend", "NONE", True), "plain decode graphs with EAGLE-3's capture"
+    assert seen["draft"] == want and seen["kv_only"].capture_bs == want and what == f"batch sizes {want}"
+    seen.clear()
+    seen["fail"] = True
+    w, mr = worker()
+    with pytest.raises(RuntimeError, match="could not capture a decode CUDA graph"):
+        w._spec_fallback_build_graphs(args)
+    assert args.cuda_graph_bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == "EAGLE3"
 
 
 @pytest.mark.parametrize("version", ["0.5.11", "0.5.12", "0.5.13", "0.5.14"])

@@ -15,7 +15,14 @@ import pytest
 
 from spectool.testing import bind_methods, load_function
 
-from .sglang_source import fallback_state_class, server_args, server_args_class
+from .sglang_source import (
+    fallback_state_class,
+    forward_modes,
+    model_worker_batch,
+    request,
+    server_args,
+    server_args_class,
+)
 
 WORKER = "sglang/srt/speculative/eagle_worker_v2.py"
 
@@ -454,7 +461,7 @@ def test_kv_only_graphs_are_built_only_where_they_can_replay(version, patched_re
         w = SimpleNamespace(
             _spec_fallback=fallback_state_class(tree)(kv_only_above=above, graph_runner=graph_runner), device="cpu",
             draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(model=SimpleNamespace(model=SimpleNamespace(fc=fc)))),
-            _spec_fallback_capture=lambda what, otherwise, fn: captured.append((what, fn)) or "graphs")
+            _spec_fallback_capture=lambda what, fn: captured.append((what, fn)) or "graphs")
         return w
 
     args = SimpleNamespace(disaggregation_mode="null")
@@ -480,19 +487,19 @@ def test_kv_only_graphs_are_built_only_where_they_can_replay(version, patched_re
         assert w._spec_fallback.kv_only_graphs is None and not captured, kw
 
 
-EXTEND = SimpleNamespace(is_idle=lambda: False)  # ForwardMode.EXTEND, as both functions read it
-
-
-def _prefill_batch(torch):
-    """Three prompts as a ModelWorkerBatch carries them: 4 new tokens, 2 after a cached
-    prefix of 3, 5 new; each request's slots and the token the target produced."""
+def _prefill_batch(torch, tree):
+    """Three prompts as the release's ModelWorkerBatch carries them: 4 new tokens, 2 after a
+    cached prefix of 3, 5 new; each request's slots and the token the target produced."""
     torch.manual_seed(1)
     ext, prefix = [4, 2, 5], [0, 3, 0]
-    return SimpleNamespace(
-        input_ids=torch.randint(1, V, (sum(ext),), dtype=torch.int32), extend_seq_lens=ext, extend_prefix_lens=prefix,
-        seq_lens=torch.tensor([p + e for p, e in zip(prefix, ext)]), out_cache_loc=torch.arange(20, 20 + sum(ext)),
-        forward_mode=EXTEND, has_grammar=False, return_logprob=False, return_hidden_states=False,
-        multimodal_inputs=[None, None, None], spec_info=None), torch.tensor([41, 42, 43])
+    forward_mode, _ = forward_modes(tree)
+    batch = model_worker_batch(
+        tree, input_ids=torch.randint(1, V, (sum(ext),), dtype=torch.int32), extend_seq_lens=ext,
+        extend_prefix_lens=prefix, seq_lens=torch.tensor([p + e for p, e in zip(prefix, ext)]),
+        out_cache_loc=torch.arange(20, 20 + sum(ext)), forward_mode=forward_mode.EXTEND, has_grammar=False,
+        return_logprob=False, multimodal_inputs=[None, None, None], spec_info=None,
+        reqs=[request(tree, return_hidden_states=False) for _ in ext])
+    return batch, torch.tensor([41, 42, 43])
 
 
 def _init_new(torch):
@@ -516,7 +523,7 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_
     path = tree / WORKER
     model, forward = _eagle3_model(torch, tree, fc_norm=False, sliced=sliced)
     ns = {"torch": torch, "EagleDraftInput": lambda **kw: SimpleNamespace(**kw), "ForwardBatch": _init_new(torch),
-          "ForwardMode": SimpleNamespace(EXTEND=EXTEND), "maybe_detect_nan": lambda *a: None,
+          "ForwardMode": forward_modes(tree)[0], "maybe_detect_nan": lambda *a: None,
           "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
     target_hidden = torch.randn(11, 3 * H)
 
@@ -525,7 +532,7 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_
         return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=torch.rand(3, V), hidden_states=torch.rand(3, H)))
 
     release = load_function(path, "EagleDraftWorker._draft_extend_for_prefill", ns)
-    ref_batch, tokens = _prefill_batch(torch)
+    ref_batch, tokens = _prefill_batch(torch, tree)
     with torch.no_grad():
         ref_out = release(SimpleNamespace(topk=1, draft_runner=SimpleNamespace(forward=runner_forward)),
                           ref_batch, target_hidden, tokens)
@@ -539,9 +546,9 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_
                              _spec_fallback=fallback_state_class(tree)(kv_only_above=2))
     bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_kv_only_prefill_applies", "_spec_fallback_kv_only_write",
                  "_spec_fallback_kv_only_flush",
-                 "_spec_fallback_zero_draft_input", "_spec_fallback_constant", "_spec_fallback_eligible")
+                 "_spec_fallback_zero_draft_input", "_spec_fallback_constant")
     prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
-    batch, _ = _prefill_batch(torch)
+    batch, _ = _prefill_batch(torch, tree)
     with torch.no_grad():
         out = prefill(worker, batch, target_hidden, tokens, None)
 
@@ -559,28 +566,30 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_
 @pytest.mark.parametrize("version", ERAS)
 def test_kv_only_prefill_only_when_the_steps_after_it_fall_back(version, patched_release):
     """More than the margin above T, counting the running batch only while the fallback is
-    on; never for grammars, logprobs, multimodal inputs, or without the KV-only sync."""
+    on; grammar, logprob and hidden-state prefills too (the decode steps after them fall
+    back as well, and the target's own prefill serves those outputs); never for multimodal
+    inputs, a batch that is not a plain EXTEND, or without the KV-only sync. On real
+    ModelWorkerBatches of the release."""
     torch = pytest.importorskip("torch")
     tree = patched_release(version)
     path = tree / WORKER
-    ns = {"ForwardMode": SimpleNamespace(EXTEND="EXTEND")}
+    forward_mode, _ = forward_modes(tree)
+    ns = {"ForwardMode": forward_mode}
     applies = load_function(path, "EAGLEWorkerV2._spec_fallback_kv_only_prefill_applies", ns)
 
-    def case(n=3, above=2, active=False, last=0, mm=None, **flags):
-        batch = SimpleNamespace(seq_lens=torch.zeros(n), forward_mode="EXTEND", has_grammar=False, return_logprob=False,
-                                multimodal_inputs=[None] * n)
-        for k, val in flags.items():
-            setattr(batch, k, val)
+    def case(n=3, above=2, active=False, last=0, mm=None, hidden=False, **values):
+        batch = model_worker_batch(tree, **{
+            "seq_lens": torch.zeros(n), "forward_mode": forward_mode.EXTEND, "multimodal_inputs": [None] * n,
+            "reqs": [request(tree, return_hidden_states=hidden) for _ in range(n)], **values})
         w = SimpleNamespace(_spec_fallback=fallback_state_class(tree)(kv_only_above=above, active=active))
         w._spec_fallback.stats["last_batch_size"] = last
-        bind_methods(path, "EAGLEWorkerV2", ns, w, "_spec_fallback_eligible")  # the decode steps' rule
         return applies(w, batch, mm)
 
     assert case() and not case(n=2)
     assert case(n=2, active=True, last=1) and not case(n=2, active=False, last=9)
     assert not case(above=None) and not case(mm=object())
-    assert not case(has_grammar=True) and not case(return_logprob=True) and not case(return_hidden_states=True)
-    assert not case(forward_mode="MIXED") and not case(multimodal_inputs=[None, object(), None])
+    assert case(has_grammar=True) and case(return_logprob=True) and case(hidden=True)
+    assert not case(forward_mode=forward_mode.MIXED) and not case(multimodal_inputs=[None, object(), None])
 
 
 @pytest.mark.parametrize("version", ERAS)
@@ -595,7 +604,7 @@ def test_an_engine_without_the_flag_runs_the_release_prefill(version, patched_re
 
     tree = patched_release(version)
     path = tree / WORKER
-    ns = {"torch": torch, "logger": logging.getLogger("test"), "ForwardMode": SimpleNamespace(EXTEND=EXTEND),
+    ns = {"torch": torch, "logger": logging.getLogger("test"), "ForwardMode": forward_modes(tree)[0],
           "SpecFallbackState": fallback_state_class(tree)}
     calls = []
     worker = SimpleNamespace(_target_worker=SimpleNamespace(tp_rank=0), draft_worker=SimpleNamespace(
@@ -605,7 +614,7 @@ def test_an_engine_without_the_flag_runs_the_release_prefill(version, patched_re
                  "_spec_fallback_kv_only_flush")
     worker._spec_fallback_init(server_args(server_args_class(tree, {})))
     prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
-    batch, tokens = _prefill_batch(torch)
+    batch, tokens = _prefill_batch(torch, tree)
     hidden = torch.zeros(11, 3 * H)
 
     assert prefill(worker, batch, hidden, tokens, None) == "the release's draft input"

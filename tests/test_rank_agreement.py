@@ -234,6 +234,7 @@ class ModelRunnerOnCpu:
         self.draft_attn_backend = AttentionOnCpu(f"{name} multi-step draft")
         self.init_new_workspace, self.model, self.tp_group = False, model, f"tp group of rank {rank.tp_rank}"
         self.use_mla_backend = False
+        self.graph_mem_usage = 0.0  # what SGLang's memory report shows; the fallback adds its own
 
     def _get_attention_backend(self, init_new_workspace=False):
         self.init_new_workspace = init_new_workspace  # the fallback restores it
@@ -408,6 +409,9 @@ class Rank:
         ns.update(torch=TorchOnCpu(self.cuda), logger=logging.getLogger(f"spec-fallback.rank{tp_rank}"),
                   os=os, time=clock, collections=collections, dataclasses=dataclasses, json=json,
                   threading=threading, contextlib=contextlib, Optional=typing.Optional, Any=typing.Any)
+        # Free GPU memory differs per rank (other processes, fragmentation): each rank its own.
+        free = iter(80.0 - tp_rank - 0.25 * k for k in range(1000))
+        ns.update(get_available_gpu_memory=lambda device, gpu_id: next(free))
         # get_batch_sizes_to_capture's collaborators, the same on every rank: no DP attention or
         # gathered MoE buffers (refused with the fallback), attention TP = TP, no context parallel.
         ns.update(require_gathered_buffer=lambda server_args: False,
@@ -642,14 +646,16 @@ def test_ranks_agree_on_a_designed_sequence(release):
 
 
 @pytest.mark.parametrize("tp_size,graph_bs,flags,decode_bs,kv_only_bs", [
-    # T=16: the pool (64) cuts 72 and 80 off, and the release captures 64 in their place
-    (2, (1, 2, 4, 8, 16, 24, 32, 48, 72, 80), (16, 0, 0), (1, 2, 4, 8, 16, 24, 32, 48, 64), (24, 32, 48, 64)),
-    (8, (8, 16, 24, 32, 48, 64), (20, 6, 4), (8, 16, 24, 32, 48, 64), (32, 48, 64)),
-    (4, (1, 2, 3, 4, 6, 12), (2, 1, 1), (1, 2, 3, 4, 6, 12), (4, 6, 12)),
+    # T=16: only sizes above 16; the pool (64) cuts 72 and 80 off, and the release captures
+    # 64 in their place
+    (2, (1, 2, 4, 8, 16, 24, 32, 48, 72, 80), (16, 0, 0), (24, 32, 48, 64), (24, 32, 48, 64)),
+    (8, (8, 16, 24, 32, 48, 64), (20, 6, 4), (16, 24, 32, 48, 64), (32, 48, 64)),
+    (4, (1, 2, 3, 4, 6, 12), (2, 1, 1), (2, 3, 4, 6, 12), (4, 6, 12)),
 ])
 def test_capture_sizes_are_the_same_on_every_rank(release, tp_size, graph_bs, flags, decode_bs, kv_only_bs):
     """Start-up on every rank of a TP group captures the same graphs in the same order: the
-    target's decode graph and the one-token draft extend at the release's batch sizes, then
+    target's decode graph and the one-token draft extend at the release's batch sizes above
+    T - H (the batches a fallback step can have), then
     inside graph_capture() one KV-only graph per decode-graph size above T + M, largest first
     (`flags`: T, H, M)."""
     threshold, hysteresis, margin = flags
@@ -775,8 +781,10 @@ def test_rank_local_differences_change_nothing(release, tmp_path, monkeypatch):
 
 def test_the_fallback_reads_rank_local_values_only_for_stats_and_logs(release):
     """In the patched file, the fallback's code reads the rank only to choose the stats
-    writer, the environment only for the stats file, and the clock only for the stats file
-    and a start-up log line: no device id, no free memory, no rank query."""
+    writer, the environment only for the stats file, the clock only for the stats file and a
+    start-up log line, and the device's free memory only to report what start-up took (a log
+    line, SGLang's memory report, the counters): no branch depends on any of them, and no
+    rank query."""
     source = (release.tree / WORKER).read_text()
     tree = ast.parse(source)
     worker = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EAGLEWorkerV2")
@@ -805,7 +813,7 @@ def test_the_fallback_reads_rank_local_values_only_for_stats_and_logs(release):
              for fn in fallback if reads(fn)}
     assert where == {
         "EAGLEWorkerV2._spec_fallback_init": ["environ", "tp_rank"],
-        "EAGLEWorkerV2._spec_fallback_build": ["perf_counter", "time"],
+        "EAGLEWorkerV2._spec_fallback_build": ["get_available_gpu_memory", "gpu_id", "perf_counter", "time"],
         "SpecFallbackState.write_stats": ["time"],
         "SpecFallbackState.publish_stats": ["time"],
     }
@@ -820,3 +828,9 @@ def test_the_fallback_reads_rank_local_values_only_for_stats_and_logs(release):
     # The time is read only for a log line at start-up.
     build = next(fn for fn in fallback if fn.name == "_spec_fallback_build")
     assert "time.perf_counter() - tic" in ast.get_source_segment(source, build)
+    # The free memory measured on each rank is reported, never branched on.
+    tests = [ast.unparse(n.test) for n in ast.walk(build) if isinstance(n, (ast.If, ast.While, ast.IfExp))]
+    assert not [t for t in tests if "before" in t or "used" in t or "memory" in t], tests
+    uses = [ast.unparse(n) for n in ast.walk(build) if isinstance(n, (ast.AugAssign, ast.Assign, ast.Expr))
+            and "used" in {x.id for x in ast.walk(n) if isinstance(x, ast.Name)}]
+    assert len(uses) == 4 and "mr.graph_mem_usage += used" in uses, uses

@@ -17,9 +17,17 @@ from typing import Optional
 import pytest
 
 from spectool import api
-from spectool.testing import bind_methods, load_function
+from spectool.testing import bind_methods, function_source, load_function
 
-from .sglang_source import disable_flags_parser, fallback_state_class, server_args, server_args_class
+from .sglang_source import (
+    disable_flags_parser,
+    fallback_state_class,
+    forward_modes,
+    model_worker_batch,
+    request,
+    server_args,
+    server_args_class,
+)
 
 pytestmark = pytest.mark.network
 
@@ -102,6 +110,14 @@ def _args(cls, **kw):
     (dict(enable_dp_attention=True), "enable-dp-attention"),
     (dict(speculative_adaptive=True), "speculative-adaptive"),
     (dict(enable_multi_layer_eagle=True), "multi-layer-eagle"),
+    (dict(enable_two_batch_overlap=True), "--enable-two-batch-overlap"),
+    (dict(enable_pdmux=True), "--enable-pdmux"),
+    (dict(enable_lora=True), "LoRA (--enable-lora, --lora-paths)"),
+    (dict(lora_paths=["adapter=/models/adapter"]), "LoRA (--enable-lora, --lora-paths)"),
+    (dict(speculative_algorithm="EAGLE", model_path="/m/dsv3", speculative_draft_model_path="/m/dsv3"),
+     "does not support NEXTN/MTP drafts"),
+    (dict(speculative_algorithm="EAGLE", model_path="/m/q3next", speculative_draft_model_path=None),
+     "does not support NEXTN/MTP drafts"),
 ])
 def test_validation_refuses(server_args_cls, kw, msg):
     import re
@@ -116,7 +132,9 @@ def test_validation_accepts_and_warns(server_args_cls, caplog):
                dict(speculative_disable_batch_size_hysteresis=7),
                dict(speculative_disable_draft_decode_min_bs=None, speculative_disable_kv_only_margin=None),
                dict(speculative_disable_draft_decode_min_bs=1, speculative_disable_kv_only_margin=8,
-                    speculative_disable_kv_only_steps_per_replay=1)):
+                    speculative_disable_kv_only_steps_per_replay=1),
+               dict(speculative_algorithm="EAGLE", model_path="/m/llama", speculative_draft_model_path="/m/eagle"),
+               dict(speculative_disable_batch_size_threshold=None, enable_lora=True, enable_two_batch_overlap=True)):
         _args(server_args_cls, **kw)._validate_speculative_disable_threshold()
     with caplog.at_level(logging.WARNING):
         _args(server_args_cls, speculative_disable_batch_size_threshold=64,
@@ -169,21 +187,14 @@ def test_flags_sit_with_the_speculative_ones(patched):
     assert src.index('"--speculative-disable-batch-size-threshold"') > at
 
 
-class _Mode:
-    def __init__(self, idle=False):
-        self._idle = idle
-
-    def is_idle(self):
-        return self._idle
-
-
 def _worker(patched, server_args_cls, threshold=4, hysteresis=0, **ns):
     """A worker after the recipe's own _spec_fallback_init, given T and H as server args (the
     era's start-up, which captures CUDA graphs, left out): its state and counters are the
     ones the engine starts with."""
     namespace = {"logger": logging.getLogger("test"), "os": os, **ns,
                  "SpecFallbackState": fallback_state_class(patched)}
-    w = SimpleNamespace(tp_rank=0, _spec_fallback_build=lambda server_args: None)
+    w = SimpleNamespace(tp_rank=0, _spec_fallback_build=lambda server_args: None,
+                        _spec_fallback_refuse_unsupported_models=lambda: None)
     bind_methods(patched / WORKER, "EAGLEWorkerV2", namespace, w, "_spec_fallback_init", "_spec_fallback_eligible",
                  "_spec_fallback_should_run", "_spec_fallback_on_verify")
     w._spec_fallback_init(server_args(server_args_cls, speculative_disable_batch_size_threshold=threshold,
@@ -192,17 +203,20 @@ def _worker(patched, server_args_cls, threshold=4, hysteresis=0, **ns):
     return w
 
 
-def _batch(bs, **kw):
-    d = dict(forward_mode=_Mode(), spec_info=object(), seq_lens=[0] * bs, has_grammar=False,
-             return_logprob=False, return_hidden_states=False)
-    d.update(kw)
-    return SimpleNamespace(**d)
+def _batch(tree, bs, hidden=False, idle=False, **values):
+    """A real ModelWorkerBatch of the release in a speculative decode step: `bs` requests
+    (the second asking for hidden states if `hidden`), or an idle batch."""
+    forward_mode, _ = forward_modes(tree)
+    reqs = [request(tree, return_hidden_states=hidden and i == 1) for i in range(bs)]
+    return model_worker_batch(tree, **{
+        "forward_mode": forward_mode.IDLE if idle else forward_mode.DECODE, "spec_info": object(),
+        "seq_lens": [0] * bs, "reqs": reqs, "has_grammar": False, "return_logprob": False, **values})
 
 
 def test_decision_threshold_and_hysteresis(patched, server_args_cls):
     w = _worker(patched, server_args_cls, threshold=4, hysteresis=2)
     seq = [1, 4, 5, 8, 4, 3, 2, 3, 5]
-    got = [w.should(_batch(bs)) for bs in seq]
+    got = [w.should(_batch(patched, bs)) for bs in seq]
     # on above 4; stays on until the batch is <= 4 - 2 = 2; off again above 4
     assert got == [False, False, True, True, True, True, False, False, True]
     s = w._spec_fallback.stats
@@ -211,12 +225,16 @@ def test_decision_threshold_and_hysteresis(patched, server_args_cls):
     assert [p["mode"] for p in s["phases"]] == ["spec", "fallback", "spec", "fallback"]
 
 
-def test_stated_rule_keeps_unsupported_batches_on_spec_path(patched, server_args_cls):
+def test_every_decode_batch_may_fall_back(patched, server_args_cls):
+    """0.5.12: grammar, logprob and hidden-state batches fall back like any other (the plain
+    decode step serves them); a batch with no draft input yet and an idle batch stay on the
+    speculative path."""
     w = _worker(patched, server_args_cls, threshold=0)
-    assert w.should(_batch(8)) is True
-    for kw in (dict(has_grammar=True), dict(return_logprob=True), dict(return_hidden_states=True),
-               dict(spec_info=None), dict(forward_mode=_Mode(idle=True))):
-        assert w.should(_batch(8, **kw)) is False, kw
+    assert w.should(_batch(patched, 8)) is True
+    for kw in (dict(has_grammar=True), dict(return_logprob=True), dict(hidden=True)):
+        assert w.should(_batch(patched, 8, **kw)) is True, kw
+    for kw in (dict(spec_info=None), dict(idle=True)):
+        assert w.should(_batch(patched, 8, **kw)) is False, kw
 
 
 def test_ranks_decide_alike(patched, server_args_cls):
@@ -224,7 +242,7 @@ def test_ranks_decide_alike(patched, server_args_cls):
     import random
 
     rng = random.Random(0)
-    batches = [_batch(rng.randint(1, 12), has_grammar=rng.random() < 0.1) for _ in range(500)]
+    batches = [_batch(patched, rng.randint(1, 12), has_grammar=rng.random() < 0.1) for _ in range(500)]
     a, b = _worker(patched, server_args_cls, 6, 2), _worker(patched, server_args_cls, 6, 2)
     assert [a.should(x) for x in batches] == [b.should(x) for x in batches]
 
@@ -239,7 +257,7 @@ def test_without_the_flag_nothing_is_counted_or_built(patched, server_args_cls):
     bind_methods(patched / WORKER, "EAGLEWorkerV2", ns, w, "_spec_fallback_init", "_spec_fallback_should_run",
                  "_spec_fallback_on_verify")
     w._spec_fallback_init(server_args(server_args_cls))
-    assert w._spec_fallback_should_run(_batch(64)) is False
+    assert w._spec_fallback_should_run(_batch(patched, 64)) is False
     w._spec_fallback_on_verify([1, 2])
     assert not built and w._spec_fallback.stats["spec_steps"] == 0 and w._spec_fallback.stats["phases"] == []
 
@@ -259,6 +277,7 @@ def test_one_rank_writes_the_stats_file(patched, server_args_cls, monkeypatch, t
         w = (SimpleNamespace(tp_rank=rank) if kind == "eagle"
              else SimpleNamespace(_target_worker=SimpleNamespace(tp_rank=rank)))
         w._spec_fallback_build = lambda server_args: None
+        w._spec_fallback_refuse_unsupported_models = lambda: None
         published.clear()
         init(w, args)
         paths[kind, rank] = [(p, s is w._spec_fallback) for s, p in published]
@@ -307,7 +326,7 @@ def test_counters_read_after_a_workload_are_exact(patched, tmp_path):
 def test_acceptance_is_counted_per_phase(patched, server_args_cls):
     w = _worker(patched, server_args_cls, threshold=4)
     for bs in (2, 2, 8, 8, 2):
-        w.should(_batch(bs))
+        w.should(_batch(patched, bs))
     for drafts in ([3, 3], [2, 3], [0] * 8, [0] * 8, [3, 2]):
         w.on_verify(drafts)
     ph = w._spec_fallback.stats["phases"]
@@ -365,3 +384,61 @@ def test_future_map_reads_an_unfiltered_batch_as_views_and_gathers_the_rest(patc
         assert torch.equal(getattr(filtered, name), getattr(d1, name)[keep]) and not is_view(getattr(filtered, name), name)
         assert torch.equal(getattr(merged, name), torch.cat([getattr(d1, name), getattr(d2, name)]))
         assert not is_view(getattr(merged, name), name)
+
+
+def test_the_fallback_memory_is_reserved_where_sglang_reserves_its_graphs(patched, server_args_cls):
+    """With --mem-fraction-static left to SGLang, its _handle_gpu_memory_settings reserves
+    memory for activations and CUDA graphs before it derives the fraction; with the flag set,
+    the fallback's decode graphs and attention backend are reserved there too (what SGLang
+    reserves for its own: 512 MB of backend metadata and 2 MB per graph batch size), and
+    nothing changes without the flag."""
+    import ast
+
+    method = ast.parse(function_source(
+        patched / ARGS, "ServerArgs._handle_gpu_memory_settings")).body[0]
+    auto = next(n for n in ast.walk(method) if isinstance(n, ast.If)
+                and ast.unparse(n.test) == "self.mem_fraction_static is None")
+    body = [ast.unparse(n) for n in auto.body]
+    ours = next(i for i, text in enumerate(body) if "speculative_disable_batch_size_threshold" in text)
+    assert body[ours - 1].startswith("if self.speculative_algorithm is not None:"), "after SGLang's draft reserve"
+    assert any(t.startswith("self.mem_fraction_static = ") for t in body[ours + 1:]), "before the fraction is derived"
+    for threshold, want in ((8, 1000 + 512 + 2 * 256), (None, 1000)):
+        scope = {"self": server_args(server_args_cls, speculative_disable_batch_size_threshold=threshold,
+                                     cuda_graph_max_bs=256), "reserved_mem": 1000}
+        exec(compile(ast.Module([auto.body[ours]], []), "reserve", "exec"), scope)
+        assert scope["reserved_mem"] == want
+
+
+class _Runner:
+    """The two model-runner properties SGLang's own verify reads to tell a hybrid
+    linear-attention target (ModelRunner.hybrid_gdn_config / mamba2_config)."""
+
+    def __init__(self, gdn=None, mamba=None):
+        self.hybrid_gdn_config, self.mamba2_config = gdn, mamba
+
+
+@pytest.mark.parametrize("target,draft,msg", [
+    (_Runner(gdn=object()), "LlamaForCausalLMEagle3", "hybrid linear-attention targets"),
+    (_Runner(mamba=object()), "LlamaForCausalLMEagle3", "hybrid linear-attention targets"),
+    (_Runner(), "DeepseekV3ForCausalLMNextN", "NEXTN/MTP drafts (the draft model is DeepseekV3ForCausalLMNextN"),
+    (_Runner(), "Qwen3NextForCausalLMMTP", "NEXTN/MTP drafts"),
+    (_Runner(), "LlamaForCausalLMEagle3", None),
+    (_Runner(), "LlamaForCausalLM", None),
+])
+def test_start_up_refuses_models_the_fallback_cannot_serve(target, draft, msg, patched):
+    """Hybrid GDN/Mamba targets (a fallback step would not update the recurrent state that
+    the speculative path updates after verify) and NEXTN/MTP drafts stop the server at
+    start-up with one message each; EAGLE-3 heads and STANDALONE drafts start."""
+    import re
+
+    refuse = load_function(patched / WORKER, "EAGLEWorkerV2._spec_fallback_refuse_unsupported_models", {})
+    model = type(draft, (), {})()
+    worker = SimpleNamespace(_target_worker=SimpleNamespace(model_runner=target),
+                             draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(model=model)))
+    if msg is None:
+        refuse(worker)
+    else:
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            refuse(worker)
+    assert "model_runner.hybrid_gdn_config is not None" in (patched / WORKER).read_text(), \
+        "the release's own verify tells hybrid targets by these properties"

@@ -286,8 +286,19 @@ SYNTHETIC_FALLBACK_STEPS = 20
 
 
 def _tokens(workload):
-    return [{"index": i, "output_ids": [(7 * i + k) % 256 for k in range(r.max_new_tokens)],
-             "top2_margins": [5.0] * r.max_new_tokens} for i, r in enumerate(workload.requests)]
+    """Every engine's records of `workload`: tokens, the logprobs a baseline returns for every
+    request and a candidate for those that ask, hidden states (one row per decode step) for
+    the requests that ask."""
+    out = []
+    for i, r in enumerate(workload.requests):
+        n = r.max_new_tokens
+        rec = {"index": i, "output_ids": [(7 * i + k) % 256 for k in range(n)], "top2_margins": [5.0] * n,
+               "asked_logprobs": r.return_logprob, "token_logprobs": [-0.001 * (k + 1) for k in range(n)],
+               "top_logprobs": [[-0.001 * (k + 1), -5.0 - 0.01 * k] for k in range(n)]}
+        if r.return_hidden_states:
+            rec.update(asked_hidden_states=True, hidden_states=[[0.5 * i, -1.0 + 0.01 * k, 3.0] for k in range(n - 1)])
+        out.append(rec)
+    return out
 
 
 def _counters(expect) -> dict:
@@ -443,3 +454,125 @@ def test_counters_from_upstreams_log_check_only_what_the_log_shows(tmp_path):
     rows = [r for r in report["scenarios"] if r.get("skipped")]
     assert rows and {r["config"] for r in rows} == {"standalone-t4"} and all(r["skipped"] == skipped["standalone-t4"] for r in rows)
     assert _failed(_evaluate(results, tmp_path, cfgs=cfgs, skipped=skipped)), "the recipe's own counters are checked"
+
+
+def test_new_claims_fail_by_name(tmp_path):
+    """The acceptance floor after a resume, and the logprobs and hidden states of the
+    requests that ask for them: each broken alone fails exactly its scenario, saying what
+    differed; within the tolerance (bf16 noise) they pass."""
+    _evaluate(_engine_results(), tmp_path, record=True)
+
+    def run(pick, change):
+        s = next(s for s in scenarios.scenarios() if pick(s))
+        results = _engine_results()
+        change(results[s.config]["workloads"][s.workload])
+        return s.name, _failed(_evaluate(results, tmp_path))
+
+    after = lambda s: s.expect.min_acceptance_after is not None  # noqa: E731
+    name, failed = run(after, lambda w: w["stats_after"]["phases"][2].update(correct_drafts=0))
+    assert failed == {name: [f"expected acceptance >= {scenarios.HEAD_ACCEPTANCE} after speculation resumed, "
+                             "got 1.00: stale draft KV?"]}
+
+    lp = lambda s: s.expect.logprobs_within is not None and s.expect.hidden_states_within is None  # noqa: E731
+    tol = scenarios.LOGPROB_TOL
+
+    def shift_logprob(by):
+        def change(w):
+            req = next(r for r in w["requests"] if r["asked_logprobs"])
+            req["token_logprobs"][5] += by
+        return change
+
+    name, failed = run(lp, shift_logprob(tol / 2))
+    assert failed == {}, "within bf16 noise"
+    name, failed = run(lp, shift_logprob(0.1))
+    (msg,), = failed.values()
+    assert "token_logprobs differ from the baseline's beyond 0.02 (first at token 5" in msg
+
+    def top2(w):
+        req = next(r for r in w["requests"] if r["asked_logprobs"])
+        req["top_logprobs"][2][1] -= 1.0
+    name, failed = run(lp, top2)
+    assert "top_logprobs differ" in failed[name][0]
+
+    def none_returned(w):
+        req = next(r for r in w["requests"] if r["asked_logprobs"])
+        req["token_logprobs"] = []
+    name, failed = run(lp, none_returned)
+    assert failed[name][0].endswith("0 token_logprobs for the baseline's 48")
+
+    hs = lambda s: s.expect.hidden_states_within is not None  # noqa: E731
+
+    def hidden(change_row):
+        def change(w):
+            req = next(r for r in w["requests"] if r.get("asked_hidden_states"))
+            change_row(req["hidden_states"])
+        return change
+
+    name, failed = run(hs, hidden(lambda rows: rows[3].__setitem__(2, 3.0 + 0.02 * 3.0 / 2)))
+    assert failed == {}, "within the tolerance of the row's largest value"
+    name, failed = run(hs, hidden(lambda rows: rows[3].__setitem__(0, 1.0)))
+    assert failed == {name: [f"request 1: hidden states differ from the baseline's at decode step 3 (width 3 vs 3; "
+                             f"beyond {scenarios.HIDDEN_TOL} of the row's largest value)"]}
+    name, failed = run(hs, hidden(lambda rows: rows.pop()))
+    assert failed == {name: ["request 1: hidden states of 46 decode steps for the baseline's 47"]}
+
+
+def test_every_output_scenario_asks_for_what_it_compares():
+    """A scenario that compares logprobs or hidden states runs a workload whose requests ask
+    for them, on an engine (and baseline) that serves hidden states where it compares them."""
+    cfgs = {c.name: c for c in scenarios.configs()}
+    wls = scenarios.workloads()
+    compared = [s for s in scenarios.scenarios() if s.expect.logprobs_within or s.expect.hidden_states_within]
+    assert {s.config for s in compared} == {"eagle3-t4", "standalone-t4-hidden"}
+    for s in compared:
+        reqs = wls[s.workload].requests
+        assert any(r.return_logprob for r in reqs) and not all(r.return_logprob for r in reqs), s.name
+        if s.expect.hidden_states_within:
+            assert any(r.return_hidden_states for r in reqs) and cfgs[s.config].hidden_states
+            assert scenarios.baseline_for(cfgs[s.config], list(cfgs.values()), s.workload).hidden_states
+    floors = [s for s in scenarios.scenarios() if s.expect.min_acceptance_after]
+    assert floors and all(cfgs[s.config].algorithm == "EAGLE3" and s.expect.spec_after_fallback for s in floors)
+
+
+def test_engine_records_what_the_comparisons_read():
+    """engine_worker.record over an SGLang output: the chosen tokens' logprobs, the top 2 per
+    position and their margin, and only the decode steps' hidden-state rows (the prompt's
+    come first, as one list of rows, when the prefill captured them)."""
+    from spectool.harness.verify.engine_worker import engine_kwargs, record
+
+    out = {"output_ids": [5, 6], "meta_info": {
+        "output_token_logprobs": [(-0.01, 5, None), (-0.02, 6, None)],
+        "output_top_logprobs": [[(-0.01, 5, None), (-6.0, 9, None)], [(-7.0, 3, None), (-0.02, 6, None)]],
+        "hidden_states": [[[0.1, 0.2], [0.3, 0.4]], [1.0, 2.0]]}}
+    rec = record(0, out, {"return_logprob": True, "return_hidden_states": True}, False, 0.0)
+    assert rec["asked_logprobs"] and rec["token_logprobs"] == [-0.01, -0.02]
+    assert rec["top_logprobs"] == [[-0.01, -6.0], [-0.02, -7.0]] and rec["top2_margins"] == [5.99, 6.98]
+    assert rec["asked_hidden_states"] and rec["hidden_states"] == [[1.0, 2.0]]
+    plain = record(1, out, {}, True, 0.0)
+    assert plain["asked_logprobs"] is False and "token_logprobs" in plain and "hidden_states" not in plain
+    assert "token_logprobs" not in record(2, out, {}, False, 0.0)
+    job = {"config": {"name": "x", "cuda_graph": True, "chunked_prefill": None, "algorithm": None, "hidden_states": True},
+           "target": "t", "eagle3_draft": "d"}
+    assert engine_kwargs(job)["enable_return_hidden_states"] is True
+    job["config"].update(algorithm="EAGLE3", threshold=None)
+    kw = engine_kwargs(job)
+    assert kw["speculative_draft_model_path"] == "d" and "speculative_draft_load_format" not in kw, "the trained head"
+
+
+def test_recording_keeps_what_the_golden_file_holds(tmp_path):
+    """--record adds the workloads a golden file lacks; a workload it holds whose baseline now
+    decodes other tokens fails the run by name (plain decoding changed), the file is rewritten
+    all the same."""
+    _evaluate(_engine_results(), tmp_path, record=True)
+    path = tmp_path / "0.5.12/sm90/golden.json"
+    data = json.loads(path.read_text())
+    del data["workloads"]["outputs"]
+    path.write_text(json.dumps(data))
+    report = _evaluate(_engine_results(), tmp_path, record=True)
+    assert report["ok"] and "outputs" in json.loads(path.read_text())["workloads"]
+    results = _engine_results()
+    for res in results.values():
+        if "bs1" in res["workloads"]:
+            res["workloads"]["bs1"]["requests"][0]["output_ids"][0] += 1
+    report = _evaluate(results, tmp_path, record=True)
+    assert not report["ok"] and len(report["golden_problems"]) == 1 and "bs1" in report["golden_problems"][0]

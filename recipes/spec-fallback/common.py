@@ -4,7 +4,7 @@ target step and draft KV sync that both eras share.
 Inserted into sglang/srt/speculative/eagle_worker_v2.py of every supported release: the
 SpecFallbackState dataclass at module level, the EAGLEWorkerV2 methods below in source order,
 and the hooks into __init__, forward_batch_generation and on_verify_complete_cpu. The decision
-depends only on the batch (size, grammar, logprob and hidden-state flags), which every
+depends only on the batch (its size, and per era which requests it serves), which every
 tensor-parallel rank receives identically, so all ranks take the same branch; the hysteresis
 state is updated from the same inputs on every rank. The era-specific half (how one plain
 decode step is returned, what is captured at start-up) is v0_5_12/worker.py or seed/worker.py.
@@ -175,6 +175,7 @@ class EAGLEWorkerV2:
         )
         if state.threshold is None:
             return
+        self._spec_fallback_refuse_unsupported_models()
         self._spec_fallback_build(server_args)
         # StandaloneWorkerV2 sets no tp_rank of its own: the rank comes from its target
         # worker, which every release gives one.
@@ -201,23 +202,55 @@ class EAGLEWorkerV2:
         finally:
             runner.init_new_workspace = backup_init
 
-    def _spec_fallback_capture(self, what, otherwise, build):
-        """build() (a CUDA graph capture), or None with a warning saying what runs instead:
-        a failed capture must not stop the server, the eager step is slower but correct."""
+    def _spec_fallback_refuse_unsupported_models(self):
+        """Stop at start-up on models the fallback step cannot serve, saying why: a hybrid
+        linear-attention target (GDN or Mamba layers), whose recurrent state the speculative
+        path updates after verify and the scheduler then tracks, which a plain fallback step
+        does not do; and a NEXTN/MTP draft (the target's own next-token layers), which is
+        not an EAGLE head the draft sync can keep in step. Every rank loads the same models,
+        so every rank stops with the same message."""
+        mr = self._target_worker.model_runner
+        if (
+            getattr(mr, "hybrid_gdn_config", None) is not None
+            or getattr(mr, "mamba2_config", None) is not None
+        ):
+            raise ValueError(
+                "--speculative-disable-batch-size-threshold does not support hybrid "
+                "linear-attention targets (GDN or Mamba layers, e.g. Qwen3-Next, Nemotron-H): "
+                "a fallback step would not update the recurrent state that the speculative "
+                "path updates after each verify. Serve this model without the flag."
+            )
+        draft = type(self.draft_worker.draft_runner.model).__name__
+        if draft.endswith(("NextN", "MTP")):
+            raise ValueError(
+                "--speculative-disable-batch-size-threshold does not support NEXTN/MTP drafts "
+                f"(the draft model is {draft}, the target's own next-token layers): the "
+                "fallback keeps one-layer EAGLE/EAGLE-3 heads and STANDALONE drafts in sync. "
+                "Serve this model without the flag."
+            )
+
+    def _spec_fallback_capture(self, what, build):
+        """build() (a CUDA graph capture) or, if it fails, an error naming what could not be
+        captured and why: the server stops instead of serving eagerly. Under tensor
+        parallelism a rank that failed alone (out of memory is the likely cause) would leave
+        the others waiting in the capture's collectives; the error ends its scheduler, and
+        SGLang then stops every rank."""
         try:
             return build()
         except Exception as exc:
-            logger.warning("spec-fallback: could not capture %s (%s); %s", what, exc, otherwise)
-            return None
+            raise RuntimeError(
+                f"spec-fallback: could not capture {what} ({type(exc).__name__}: {exc}). "
+                "Free GPU memory (a lower --mem-fraction-static or --cuda-graph-max-bs), or "
+                "start with --disable-cuda-graph, or without "
+                "--speculative-disable-batch-size-threshold."
+            ) from exc
 
-    def _spec_fallback_eligible(self, batch):
-        """The stated rule, for decode steps and prefills alike: batches with grammars, that
-        return logprobs or hidden states stay on the speculative path."""
-        return not (
-            batch.has_grammar
-            or batch.return_logprob
-            or getattr(batch, "return_hidden_states", False)
-        )
+    def _spec_fallback_returns_hidden_states(self, batch):
+        """Whether a request of the batch asked for hidden states. SGLang marks that on the
+        requests (Req.return_hidden_states); the ModelWorkerBatch carries no flag of its own,
+        and its capture_hidden_mode cannot tell, since a speculative decode batch asks for
+        FULL capture whatever its requests want."""
+        return any(req.return_hidden_states for req in batch.reqs or ())
 
     def _spec_fallback_should_run(self, batch):
         """Decide per decode step; identical on every TP rank (depends on the batch only)."""
@@ -254,7 +287,7 @@ class EAGLEWorkerV2:
         if state is not None:
             state.record_verify(num_correct_drafts_per_req)
 
-    def _spec_fallback_target_decode(self, batch, input_ids, new_seq_lens=None):
+    def _spec_fallback_target_decode(self, batch, input_ids, new_seq_lens=None, hidden=False):
         """One plain DECODE step of the target over `input_ids` (one token per request), on
         the fallback's own attention backend and decode graph; the spec path's TARGET_VERIFY
         graph is swapped out for the call, never replayed with wrong shapes.
@@ -263,7 +296,8 @@ class EAGLEWorkerV2:
         over-allocation, exactly where verify would put its first token. Afterwards the batch
         holds its pre-step lengths again and out_cache_loc = those slots, which is what the
         draft extend over the same tokens needs. `new_seq_lens`: the lengths + 1 if the
-        caller has them already (one kernel fewer)."""
+        caller has them already (one kernel fewer); `hidden`: a request asked for hidden
+        states (_spec_fallback_returns_hidden_states)."""
         state = self._spec_fallback
         batch.seq_lens.record_stream(
             torch.get_device_module(self.device).current_stream()
@@ -272,7 +306,7 @@ class EAGLEWorkerV2:
             batch.req_pool_indices, batch.seq_lens
         ].to(torch.int64)
         batch.out_cache_loc = out_cache_loc
-        pre_step = self._spec_fallback_as_decode(batch, input_ids, new_seq_lens)
+        pre_step = self._spec_fallback_as_decode(batch, input_ids, new_seq_lens, hidden)
         mr = self._target_worker.model_runner
         # The model runner's decode graph runner: decode_cuda_graph_runner from 0.5.14.
         graph = "decode_cuda_graph_runner" if hasattr(mr, "decode_cuda_graph_runner") else "graph_runner"
@@ -288,9 +322,10 @@ class EAGLEWorkerV2:
         batch.out_cache_loc = out_cache_loc
         return target_out
 
-    def _spec_fallback_as_decode(self, batch, input_ids, new_seq_lens=None):
+    def _spec_fallback_as_decode(self, batch, input_ids, new_seq_lens=None, hidden=False):
         """Make the batch a plain one-token DECODE batch over `input_ids`: lengths + 1, no
-        spec_info, and the hidden-state capture EAGLE-3's draft needs (none for STANDALONE).
+        spec_info, and the hidden-state capture EAGLE's draft needs, which also serves
+        requests that asked for hidden states (STANDALONE captures them only for those).
         Returns the pre-step (seq_lens, seq_lens_cpu, seq_lens_sum) for the caller to put
         back; out_cache_loc is the caller's. `new_seq_lens` (the lengths + 1, already made by
         the caller for the next draft input) becomes the batch's lengths for the step: nothing
@@ -307,20 +342,30 @@ class EAGLEWorkerV2:
         batch.spec_info = None
         batch.capture_hidden_mode = (
             CaptureHiddenMode.NULL
-            if self.speculative_algorithm.is_standalone()
+            if self.speculative_algorithm.is_standalone() and not hidden
             else CaptureHiddenMode.FULL
         )
         return pre_step
 
-    def _spec_fallback_sync_draft(self, batch, tokens, logits_output, next_draft_input):
+    def _spec_fallback_sync_draft(
+        self, batch, tokens, logits_output, next_draft_input, hidden=False
+    ):
         """Draft KV sync: a one-token draft extend over the tokens the target produced, with
-        its hidden states, filling next_draft_input's topk_p / topk_index / hidden_states."""
+        its hidden states (none for a STANDALONE draft, which reads none), filling
+        next_draft_input's topk_p / topk_index / hidden_states. The target's hidden states
+        stay in the result only when a request asked for them (`hidden`): one row per
+        request, what the target captured (for an EAGLE-3 target its EAGLE-3 features, as on
+        SGLang's own speculative steps)."""
+        draft_hidden = (
+            None
+            if self.speculative_algorithm.is_standalone()
+            else logits_output.hidden_states
+        )
         with (
             self.draft_worker.draft_tp_context(self.draft_worker.draft_runner.tp_group),
             speculative_moe_backend_context(),
             speculative_moe_a2a_backend_context(),
         ):
-            self._spec_fallback_draft_extend(
-                batch, tokens, logits_output.hidden_states, next_draft_input
-            )
-        logits_output.hidden_states = None  # saves a (bs, 3H) device-to-host copy
+            self._spec_fallback_draft_extend(batch, tokens, draft_hidden, next_draft_input)
+        if not hidden:
+            logits_output.hidden_states = None  # no (bs, 3H) device-to-host copy

@@ -81,6 +81,14 @@ def call_validation(self):
     self._validate_speculative_disable_threshold()
 
 
+def reserve_fallback_memory(self, reserved_mem):
+    # The fallback's plain decode CUDA graphs and second attention backend, reserved
+    # as SGLang reserves its own decode graphs' and backend's (spec-fallback logs what
+    # they took at start-up).
+    if self.speculative_disable_batch_size_threshold is not None:
+        reserved_mem += 512 + self.cuda_graph_max_bs * 2
+
+
 class ServerArgs(ServerArgsFields):
     def _validate_speculative_disable_threshold(self):
         """Refuse settings under which the dynamic speculation disable cannot work."""
@@ -159,6 +167,34 @@ class ServerArgs(ServerArgsFields):
             raise ValueError(
                 "--speculative-disable-batch-size-threshold cannot be combined with "
                 "--speculative-adaptive: both swap the worker's runtime state between steps."
+            )
+        if self.enable_two_batch_overlap:
+            raise ValueError(
+                "--speculative-disable-batch-size-threshold cannot be combined with "
+                "--enable-two-batch-overlap: the fallback's plain decode step was not built "
+                "for the two-batch split the scheduler plans for each batch."
+            )
+        if getattr(self, "enable_pdmux", False):
+            raise ValueError(
+                "--speculative-disable-batch-size-threshold cannot be combined with "
+                "--enable-pdmux: the fallback's CUDA graphs are captured for one stream, "
+                "where PD multiplexing runs decode on stream groups of its own."
+            )
+        if self.enable_lora or self.lora_paths:
+            raise ValueError(
+                "--speculative-disable-batch-size-threshold cannot be combined with LoRA "
+                "(--enable-lora, --lora-paths): the fallback's decode graph would replace "
+                "LoRA buffers that the speculative path's graphs captured."
+            )
+        if self.speculative_algorithm == "EAGLE" and self.speculative_draft_model_path in (
+            None,
+            self.model_path,
+        ):
+            raise ValueError(
+                "--speculative-disable-batch-size-threshold does not support NEXTN/MTP "
+                "drafts (the target's own next-token layers, --speculative-algorithm NEXTN, "
+                "or EAGLE without a separate --speculative-draft-model-path): the fallback "
+                "keeps one-layer EAGLE/EAGLE-3 heads and STANDALONE drafts in sync."
             )
         if (
             self.max_running_requests is not None

@@ -68,9 +68,7 @@ class EAGLEWorkerV2:
                 mr.server_args.enable_return_hidden_states = True
             mr.attn_backend = state.attn_backend
             state.graph_runner = self._spec_fallback_capture(
-                "a decode CUDA graph",
-                "fallback steps will run eagerly",
-                lambda: CudaGraphRunner(mr),
+                "a decode CUDA graph", lambda: CudaGraphRunner(mr)
             )
         finally:
             (
@@ -81,6 +79,17 @@ class EAGLEWorkerV2:
         logger.info(
             "spec-fallback: decode CUDA graph captured in %.1f s",
             time.perf_counter() - tic,
+        )
+
+    def _spec_fallback_eligible(self, batch):
+        """Which decode batches fall back in this era: those without grammars, logprobs or
+        hidden states. The others stay on the speculative path: this era's consumers of
+        those outputs (in the padded layout above) were never run against a fallback step,
+        since these releases do not run on the project's GPU image."""
+        return not (
+            batch.has_grammar
+            or batch.return_logprob
+            or self._spec_fallback_returns_hidden_states(batch)
         )
 
     def _spec_fallback_decode(self, batch):

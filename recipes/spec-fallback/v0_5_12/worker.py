@@ -17,8 +17,12 @@ decision and the shared steps are in ../common.py).
 * Result: next_token_ids (bs,), speculative_num_draft_tokens=1 (the 0.5.12 consumer reads
   its stride from the result), accept_lens all 1, an EagleDraftInput with bonus_tokens,
   new_seq_lens and verify_done: exactly what the scheduler and FutureMap read.
-* Batches with grammars, logprobs or hidden-state return stay on the speculative path (the
-  stated rule), as do idle batches.
+* Grammar, logprob and hidden-state requests fall back like the others: the plain decode
+  step serves them as SGLang's decode does (see _spec_fallback_eligible). Idle batches stay
+  on the speculative path.
+* Start-up captures graphs only for the batch sizes a fallback step can have (above
+  threshold - hysteresis), measures the GPU memory the fallback takes and logs it; a capture
+  that fails stops the server with the reason.
 """
 
 import logging
@@ -27,7 +31,6 @@ import time
 import torch
 
 from sglang.srt.distributed.parallel_state import graph_capture
-from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.speculative.draft_utils import DraftBackendFactory
@@ -36,7 +39,7 @@ from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
 )
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.utils.common import fast_topk
+from sglang.srt.utils.common import fast_topk, get_available_gpu_memory
 
 logger = logging.getLogger(__name__)
 
@@ -49,38 +52,72 @@ def draft_prefill_call(SELF, BATCH, HIDDEN, TOKENS, MM):
 class EAGLEWorkerV2:
     def _spec_fallback_build(self, server_args):
         """Start-up: the draft sync's settings, a second target attention backend, and the
-        CUDA graphs of the fallback step (a DECODE graph of the target at one token per
-        request, the draft's one-token extend, the KV-only sync)."""
+        CUDA graphs of the fallback step (_spec_fallback_build_graphs). The GPU memory all of
+        it takes is measured as SGLang measures its own graphs' (free memory before and
+        after), logged, added to the model runner's graph_mem_usage that SGLang's memory
+        report shows, and written to the counters (startup_memory_gib)."""
         state = self._spec_fallback
         mr = self._target_worker.model_runner
+        before = get_available_gpu_memory(self.device, self.gpu_id)
+        tic = time.perf_counter()
         state.attn_backend = self._spec_fallback_plain_attn_backend(mr)
         self._spec_fallback_init_draft_decode(server_args)
         self._spec_fallback_init_draft_kv_only(server_args)
-        if server_args.disable_cuda_graph:
-            return
-        tic = time.perf_counter()
-        saved = (mr.spec_algorithm, mr.server_args.enable_return_hidden_states)
-        try:
-            # Capture as a plain decode model whose graphs also return the EAGLE-3
-            # auxiliary hidden states (capture_hidden_mode FULL), which the draft needs.
-            # The capture mode must equal what fallback steps request, or the runner
-            # recaptures at replay time in spec mode (STANDALONE requests NULL).
-            mr.spec_algorithm = SpeculativeAlgorithm.NONE
-            if not self.speculative_algorithm.is_standalone():
-                mr.server_args.enable_return_hidden_states = True
-            state.graph_runner = self._spec_fallback_capture(
-                "a decode CUDA graph",
-                "fallback steps will run eagerly",
-                lambda: CudaGraphRunner(mr, attn_backend=state.attn_backend),
-            )
-        finally:
-            mr.spec_algorithm, mr.server_args.enable_return_hidden_states = saved
-        self._spec_fallback_build_draft_extend_graph(server_args)
-        self._spec_fallback_build_kv_only_graphs(server_args)
+        graphs = "none (--disable-cuda-graph)"
+        if not server_args.disable_cuda_graph:
+            graphs = self._spec_fallback_build_graphs(server_args)
+        used = before - get_available_gpu_memory(self.device, self.gpu_id)
+        mr.graph_mem_usage += used
+        state.stats["startup_memory_gib"] = round(used, 3)
         logger.info(
-            "spec-fallback: decode, one-token draft-extend and KV-only sync CUDA graphs captured in %.1f s",
+            "spec-fallback: start-up took %.2f GiB of GPU memory and %.1f s (a decode attention "
+            "backend; CUDA graphs: %s)",
+            used,
             time.perf_counter() - tic,
+            graphs,
         )
+
+    def _spec_fallback_build_graphs(self, server_args):
+        """The fallback's CUDA graphs: a DECODE graph of the target at one token per request,
+        the draft's one-token extend, the KV-only sync. Only for the batch sizes a fallback
+        step can have: above threshold - hysteresis (a batch takes the smallest captured
+        size that holds it, so every such batch still finds one). The release's graph
+        runners read their sizes from server_args.cuda_graph_bs, which holds these sizes
+        while they capture. Returns what was captured, for the start-up log."""
+        state = self._spec_fallback
+        mr = self._target_worker.model_runner
+        floor = state.threshold - state.hysteresis
+        sizes = [bs for bs in mr.server_args.cuda_graph_bs if bs > floor]
+        if not sizes:
+            return f"none (no CUDA graph batch size is above {floor} requests)"
+        holders = {id(a): a for a in (mr.server_args, self.draft_worker.draft_runner.server_args)}
+        saved = [(args, args.cuda_graph_bs) for args in holders.values()]
+        try:
+            for args, _ in saved:
+                args.cuda_graph_bs = list(sizes)
+            saved_mode = (mr.spec_algorithm, mr.server_args.enable_return_hidden_states)
+            try:
+                # Capture as a plain decode model whose graphs also return the EAGLE-3
+                # auxiliary hidden states (capture_hidden_mode FULL), which the draft
+                # needs. The capture mode must equal what fallback steps request, or the
+                # runner cannot replay them (STANDALONE requests NULL; FULL only for
+                # requests that want hidden states, which --enable-return-hidden-states
+                # then makes it capture).
+                mr.spec_algorithm = SpeculativeAlgorithm.NONE
+                if not self.speculative_algorithm.is_standalone():
+                    mr.server_args.enable_return_hidden_states = True
+                state.graph_runner = self._spec_fallback_capture(
+                    "a decode CUDA graph",
+                    lambda: CudaGraphRunner(mr, attn_backend=state.attn_backend),
+                )
+            finally:
+                mr.spec_algorithm, mr.server_args.enable_return_hidden_states = saved_mode
+            self._spec_fallback_build_draft_extend_graph(server_args)
+        finally:
+            for args, value in saved:
+                args.cuda_graph_bs = value
+        self._spec_fallback_build_kv_only_graphs(server_args)
+        return f"batch sizes {sizes}"
 
     def _spec_fallback_init_draft_decode(self, server_args):
         """From --speculative-disable-draft-decode-min-bs requests up ('off': never), the
@@ -166,7 +203,7 @@ class EAGLEWorkerV2:
                 )
 
         self._spec_fallback.draft_extend_runner = self._spec_fallback_capture(
-            "a one-token draft-extend CUDA graph", "the draft KV sync will run eagerly", capture
+            "a one-token draft-extend CUDA graph", capture
         )
 
     def _spec_fallback_build_kv_only_graphs(self, server_args):
@@ -216,13 +253,30 @@ class EAGLEWorkerV2:
             return self._spec_fallback_kv_only_queue(graphs, bufs, pd_decode)
 
         state.kv_only_graphs = self._spec_fallback_capture(
-            "the KV-only draft sync's CUDA graphs", "the KV-only sync will run eagerly", capture
+            "the KV-only draft sync's CUDA graphs", capture
         )
 
+    def _spec_fallback_eligible(self, batch):
+        """Every decode batch may fall back: the fallback step is a plain decode step of the
+        target, whose sampling applies grammars (the vocab mask of each request's grammar,
+        which the scheduler brings up to date before a speculative batch with grammars)
+        and computes logprobs, and whose forward returns hidden states, as SGLang's own
+        decode does; _spec_fallback_decode puts them in the speculative result's layout."""
+        return True
+
     def _spec_fallback_decode(self, batch):
-        """One plain decode step in the speculative result format (0.5.12: stride 1)."""
+        """One plain decode step in the speculative result format (0.5.12: stride 1).
+
+        The result is the target's own plain-decode result, so whatever SGLang's decode
+        returns passes through (logprobs, hidden states, routed experts, the indexer's top-k,
+        expert-distribution metrics), with the speculative fields the scheduler reads added:
+        next_token_ids (bs,), speculative_num_draft_tokens=1, accept_lens all 1 and the next
+        draft input. The scheduler reads a speculative result's logprobs per request as a
+        row of accepted tokens, so they become (bs, 1); top-k and token-id logprobs are one
+        entry per request already, as its row-major layout with one token per row wants."""
         device = self.device
         bs = len(batch.seq_lens)
+        hidden = self._spec_fallback_returns_hidden_states(batch)
         # The scheduler plans the next step once verify_done fires (spec v2's
         # prepare_for_decode waits on it for the new lengths), so it is recorded only after
         # they exist. The spec path can only have them after verify; here every request gains
@@ -232,25 +286,26 @@ class EAGLEWorkerV2:
         new_seq_lens = batch.seq_lens + 1
         verify_done = torch.get_device_module(device).Event()
         verify_done.record()
-        target_out = self._spec_fallback_target_decode(
-            batch, batch.spec_info.bonus_tokens, new_seq_lens
+        result = self._spec_fallback_target_decode(
+            batch, batch.spec_info.bonus_tokens, new_seq_lens, hidden
         )
-        logits_output = target_out.logits_output
-        next_token_ids = target_out.next_token_ids.to(torch.int32)
+        logits_output = result.logits_output
+        next_token_ids = result.next_token_ids.to(torch.int32)
         next_draft_input = EagleDraftInput(
             bonus_tokens=next_token_ids,
             new_seq_lens=new_seq_lens,
             verify_done=verify_done,
         )
-        self._spec_fallback_sync_draft(batch, next_token_ids, logits_output, next_draft_input)
-        return GenerationBatchResult(
-            logits_output=logits_output,
-            next_token_ids=next_token_ids,
-            can_run_cuda_graph=target_out.can_run_cuda_graph,
-            speculative_num_draft_tokens=1,
-            next_draft_input=next_draft_input,
-            accept_lens=self._spec_fallback_constant("accept_lens", bs, (), torch.int32, 1),
+        self._spec_fallback_sync_draft(
+            batch, next_token_ids, logits_output, next_draft_input, hidden
         )
+        if batch.return_logprob and logits_output.next_token_logprobs is not None:
+            logits_output.next_token_logprobs = logits_output.next_token_logprobs.reshape(bs, 1)
+        result.next_token_ids = next_token_ids
+        result.speculative_num_draft_tokens = 1
+        result.next_draft_input = next_draft_input
+        result.accept_lens = self._spec_fallback_constant("accept_lens", bs, (), torch.int32, 1)
+        return result
 
     def _spec_fallback_constant(self, name, rows, tail, dtype, value):
         """A (rows, *tail) tensor of `value`: a view of a buffer filled once per engine (made
@@ -580,8 +635,7 @@ class EAGLEWorkerV2:
 
     def _spec_fallback_kv_only_prefill_applies(self, batch, mm_input_embeds):
         """Whether a prefill takes the KV-only draft path: the KV-only sync is on; the batch
-        is a plain text EXTEND that the stated rule lets fall back (_spec_fallback_eligible);
-        and its requests plus the running batch (while the fallback is on: the last decode
+        is a plain text EXTEND; and its requests plus the running batch (while the fallback is on: the last decode
         step's size) are more than the margin above the threshold. Depends on the batch and
         on state every TP rank updates alike. A guess too high (the running requests finished
         meanwhile) costs one speculative step drafting from zeros, never a wrong token, as
@@ -592,7 +646,7 @@ class EAGLEWorkerV2:
             return False
         if any(getattr(batch, "multimodal_inputs", None) or ()):
             return False
-        if batch.forward_mode != ForwardMode.EXTEND or not self._spec_fallback_eligible(batch):
+        if batch.forward_mode != ForwardMode.EXTEND:
             return False
         running = state.stats["last_batch_size"] if state.active else 0
         return len(batch.seq_lens) + running > above

@@ -88,6 +88,10 @@ def check_expectations(expect: dict, window: dict) -> list[str]:
     acc = acceptance(window.get("phases", []))
     if expect.get("min_acceptance") is not None and (acc is None or acc < expect["min_acceptance"]):
         fails.append(f"expected mean acceptance >= {expect['min_acceptance']}, got {acc}")
+    floor = expect.get("min_acceptance_after")
+    if floor is not None and (tr["acceptance_after"] is None or tr["acceptance_after"] < floor):
+        got = "none measured" if tr["acceptance_after"] is None else f"{tr['acceptance_after']:.2f}"
+        fails.append(f"expected acceptance >= {floor} after speculation resumed, got {got}: stale draft KV?")
     if expect.get("resume_acceptance_not_lower"):
         a, b = tr["acceptance_before"], tr["acceptance_after"]
         if a is None or b is None:
@@ -132,6 +136,72 @@ def compare_tokens(baseline: list[dict], candidate: list[dict], prompts: list[li
     if len(baseline) != len(candidate):
         out.mismatches.append({"request": None, "error": f"{len(baseline)} baseline vs {len(candidate)} candidate requests"})
     return out
+
+
+def _far(got: float, want: float, tol: float) -> bool:
+    return abs(got - want) > tol * max(1.0, abs(want))
+
+
+def compare_logprobs(baseline: list[dict], candidate: list[dict], tol: float) -> list[str]:
+    """The logprobs of the candidate's requests that asked for them (`token_logprobs`, and
+    `top_logprobs`: the top 2 per position) against the baseline's (which always returns
+    them), each within `tol` relative to max(1, |baseline|). A request that asked and got
+    none, or a different number, fails too."""
+    fails, asked = [], 0
+    for b, c in zip(baseline, candidate):
+        if not c.get("asked_logprobs"):
+            continue
+        asked += 1
+        i = c.get("index")
+        for key in ("token_logprobs", "top_logprobs"):
+            want, got = b.get(key) or [], c.get(key) or []
+            if len(got) != len(want) or not got:
+                fails.append(f"request {i}: {len(got)} {key} for the baseline's {len(want)}")
+                continue
+            flat = [(pos, g, w) for pos, (gs, ws) in enumerate(zip(got, want))
+                    for g, w in (zip(gs, ws) if isinstance(gs, list) else [(gs, ws)])]
+            bad = [(pos, g, w) for pos, g, w in flat if g is None or w is None or _far(g, w, tol)]
+            if bad:
+                pos, g, w = bad[0]
+                fails.append(f"request {i}: {len(bad)} {key} differ from the baseline's beyond {tol} "
+                             f"(first at token {pos}: {g} vs {w})")
+    if not asked:
+        fails.append("no request asked for logprobs, so none were compared")
+    return fails
+
+
+def compare_hidden_states(baseline: list[dict], candidate: list[dict], tol: float) -> list[str]:
+    """The decode steps' hidden states of the candidate's requests that asked for them against
+    the baseline's (an engine that serves them too), row by row within `tol` relative to the
+    baseline row's largest value. Missing rows fail."""
+    fails, asked = [], 0
+    for b, c in zip(baseline, candidate):
+        if not c.get("asked_hidden_states"):
+            continue
+        asked += 1
+        i, want, got = c.get("index"), b.get("hidden_states") or [], c.get("hidden_states") or []
+        if len(got) != len(want) or not got:
+            fails.append(f"request {i}: hidden states of {len(got)} decode steps for the baseline's {len(want)}")
+            continue
+        for pos, (g, w) in enumerate(zip(got, want)):
+            scale = max(abs(x) for x in w) or 1.0
+            if len(g) != len(w) or max(abs(x - y) for x, y in zip(g, w)) > tol * scale:
+                fails.append(f"request {i}: hidden states differ from the baseline's at decode step {pos} "
+                             f"(width {len(g)} vs {len(w)}; beyond {tol} of the row's largest value)")
+                break
+    if not asked:
+        fails.append("no request asked for hidden states, so none were compared")
+    return fails
+
+
+def compare_outputs(baseline: list[dict], candidate: list[dict], expect: dict) -> list[str]:
+    """The output checks a scenario claims (logprobs_within, hidden_states_within)."""
+    fails = []
+    if expect.get("logprobs_within") is not None:
+        fails += compare_logprobs(baseline, candidate, expect["logprobs_within"])
+    if expect.get("hidden_states_within") is not None:
+        fails += compare_hidden_states(baseline, candidate, expect["hidden_states_within"])
+    return fails
 
 
 def min_margin(requests: list[dict]) -> float | None:

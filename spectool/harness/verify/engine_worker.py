@@ -88,6 +88,8 @@ def engine_kwargs(job: dict) -> dict:
     )
     if not cfg["cuda_graph"]:
         kw["disable_cuda_graph"] = True
+    if cfg.get("hidden_states"):
+        kw["enable_return_hidden_states"] = True
     if cfg["chunked_prefill"]:
         kw["chunked_prefill_size"] = cfg["chunked_prefill"]
     algo = cfg["algorithm"]
@@ -95,7 +97,7 @@ def engine_kwargs(job: dict) -> dict:
         kw.update(speculative_algorithm=algo, speculative_num_steps=3, speculative_eagle_topk=1,
                   speculative_num_draft_tokens=4)
         if algo == "EAGLE3":
-            kw.update(speculative_draft_model_path=job["eagle3_draft"], speculative_draft_load_format="dummy")
+            kw.update(speculative_draft_model_path=job["eagle3_draft"])  # the trained head
         else:
             kw.update(speculative_draft_model_path=job["target"])
         if cfg["threshold"] is not None:
@@ -108,6 +110,39 @@ def engine_kwargs(job: dict) -> dict:
     return kw
 
 
+def decode_rows(hidden_states: list | None) -> list[list[float]]:
+    """The decode steps' rows of a request's returned hidden states: SGLang returns the
+    prompt's rows as one list of rows (when its prefill captured them), then one row per
+    decode step."""
+    return [row for row in hidden_states or [] if row and not isinstance(row[0], list)]
+
+
+def record(i: int, out: dict, req: dict, want_logprobs: bool, t0: float) -> dict:
+    """What the runner compares of one request's output: tokens and speculative counts, and
+    the logprobs and hidden states it returned (the baseline always returns logprobs, for the
+    top-2 margins and for the requests of other engines that ask for them)."""
+    meta = out.get("meta_info", {})
+    rec = {
+        "index": i,
+        "output_ids": list(out.get("output_ids", [])),
+        "spec_verify_ct": meta.get("spec_verify_ct"),
+        "spec_accept_length": meta.get("spec_accept_length"),
+        "completion_tokens": meta.get("completion_tokens"),
+        "finished_at": time.perf_counter() - t0,
+    }
+    if want_logprobs or req.get("return_logprob"):
+        rec["asked_logprobs"] = bool(req.get("return_logprob"))
+        rec["token_logprobs"] = [e[0] for e in meta.get("output_token_logprobs") or []]
+        top = [sorted((p[0] for p in pos if p and p[0] is not None), reverse=True)
+               for pos in meta.get("output_top_logprobs") or []]
+        rec["top_logprobs"] = [vals[:2] for vals in top]
+        rec["top2_margins"] = [vals[0] - vals[1] if len(vals) >= 2 else None for vals in top]
+    if req.get("return_hidden_states"):
+        rec["asked_hidden_states"] = True
+        rec["hidden_states"] = decode_rows(meta.get("hidden_states"))
+    return rec
+
+
 async def _run_workload(engine, wl: dict, want_logprobs: bool) -> list[dict]:
     t0 = time.perf_counter()
 
@@ -116,25 +151,12 @@ async def _run_workload(engine, wl: dict, want_logprobs: bool) -> list[dict]:
             await asyncio.sleep(req["delay"])
         params = {"temperature": 0.0, "max_new_tokens": req["max_new_tokens"], "ignore_eos": True}
         kwargs = {}
-        if want_logprobs:
+        if want_logprobs or req.get("return_logprob"):
             kwargs = dict(return_logprob=True, top_logprobs_num=2)
+        if req.get("return_hidden_states"):
+            kwargs["return_hidden_states"] = True
         out = await engine.async_generate(input_ids=req["prompt"], sampling_params=params, **kwargs)
-        meta = out.get("meta_info", {})
-        rec = {
-            "index": i,
-            "output_ids": list(out.get("output_ids", [])),
-            "spec_verify_ct": meta.get("spec_verify_ct"),
-            "spec_accept_length": meta.get("spec_accept_length"),
-            "completion_tokens": meta.get("completion_tokens"),
-            "finished_at": time.perf_counter() - t0,
-        }
-        if want_logprobs:
-            margins = []
-            for pos in meta.get("output_top_logprobs") or []:
-                vals = sorted((p[0] for p in pos if p and p[0] is not None), reverse=True)
-                margins.append(vals[0] - vals[1] if len(vals) >= 2 else None)
-            rec["top2_margins"] = margins
-        return rec
+        return record(i, out, req, want_logprobs, t0)
 
     return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(wl["requests"]))))
 

@@ -7,9 +7,9 @@ continuation needs attention over the whole context, so a corrupted KV cache (ta
 draft) changes the output or the acceptance.
 
 The checkpoint is written in Hugging Face Llama layout (config.json + model.safetensors),
-so SGLang loads it as ``LlamaForCausalLM``. An EAGLE-3 draft config (one layer, random
-weights via ``speculative_draft_load_format="dummy"``) exercises the auxiliary-hidden-state
-path; the same checkpoint used as a STANDALONE draft gives high acceptance.
+so SGLang loads it as ``LlamaForCausalLM``. The EAGLE-3 engines draft with a head trained
+for it (golden_eagle3.py), so their acceptance shows whether the draft cache was kept in
+sync; the same checkpoint used as a STANDALONE draft gives high acceptance.
 """
 
 from __future__ import annotations
@@ -249,11 +249,14 @@ def write_eagle3_draft(spec: ModelSpec, out: Path) -> Path:
 
 
 def ensure_models(cache: Path, spec: ModelSpec = ModelSpec(), device: str = "cuda", log=print) -> dict:
-    """Target and draft dirs, trained once per spec and cached by its key."""
+    """The target and its trained EAGLE-3 head, each trained once per spec and cached by its
+    key (the committed ones in golden/models are used as they are)."""
+    from .golden_eagle3 import ensure_head
+
     target = cache / f"golden-target-{spec.key()}"
     if not (target / "model.safetensors").exists():
         model, loss, secs = train(spec, device, log=log)
         save(model, spec, target, {"final_loss": loss, "train_seconds": round(secs, 1)})
-    draft = write_eagle3_draft(spec, cache / f"golden-eagle3-{spec.key()}")
+    draft = ensure_head(cache, spec, device=device, log=log)
     meta = json.loads((target / "spectool-model.json").read_text())
     return {"target": str(target), "eagle3_draft": str(draft), "meta": meta}

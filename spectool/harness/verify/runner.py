@@ -240,6 +240,13 @@ def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root
         cross[odata.get("sglang_version", other.parent.parent.name)] = [
             p for w, b in baselines.items() for p in compare.compare_to_golden(odata, w, b["prompts"], b["requests"])]
     if record:
+        # Recording adds workloads the file lacks; the ones it holds must still decode as
+        # recorded (plain decoding did not change), else the run fails, naming them.
+        if gpath.exists():
+            old = json.loads(gpath.read_text())
+            if same_model(gpath, old):
+                golden_problems += [p for w, b in baselines.items() if w in old.get("workloads", {})
+                                    for p in compare.compare_to_golden(old, w, b["prompts"], b["requests"])]
         data = compare.make_golden(sg_version, arch, models["meta"], {"threshold": scenarios.THRESHOLD, "engine": "triton attention, pytorch sampling, greedy"}, baselines)
         gpath.parent.mkdir(parents=True, exist_ok=True)
         gpath.write_text(json.dumps(data, indent=1))
@@ -274,8 +281,9 @@ def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root
         cmp = compare.compare_tokens(basew["requests"], cand["requests"], prompts)
         window = compare.stats_window(cand["stats_before"], cand["stats_after"])
         fails = [] if cmp.ok else [f"{len(cmp.mismatches)} request(s) differ from the no-speculation baseline"]
-        fails += compare.check_expectations(
-            scenarios.expectations(s.expect, recipe_counters=recipe_counters), window)
+        claims = scenarios.expectations(s.expect, recipe_counters=recipe_counters)
+        fails += compare.check_expectations(claims, window)
+        fails += compare.compare_outputs(basew["requests"], cand["requests"], claims)
         tr = compare.transitions(window["phases"])
         # No step counted (the patch without the flag): the counts are unknown, not zero.
         counted = compare.counted_steps(window) > 0
@@ -287,7 +295,7 @@ def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root
             kv_only_prefills=window["draft_kv_only_prefills"],
             acceptance=compare.acceptance(window["phases"]), acceptance_before=tr["acceptance_before"],
             acceptance_after=tr["acceptance_after"], min_baseline_margin=compare.min_margin(basew["requests"]),
-            seconds=cand["seconds"],
+            seconds=cand["seconds"], fallback_memory_gib=cand["stats_after"].get("startup_memory_gib"),
         )
         rows.append(row)
     ok = all(r["ok"] for r in rows) and not engine_errors and not golden_problems
@@ -329,6 +337,10 @@ def print_report(report: dict, console) -> None:
     for r in report["scenarios"]:
         if r.get("skipped"):
             console.print(f"[yellow]{r['scenario']}[/]: skipped: {r['skipped']}")
+    memory = {r["config"]: r["fallback_memory_gib"] for r in report["scenarios"] if r.get("fallback_memory_gib") is not None}
+    if memory:
+        console.print("GPU memory the fallback took at start-up: "
+                      + ", ".join(f"{name} {gib:.2f} GiB" for name, gib in sorted(memory.items())))
     for name, e in report["engine_errors"].items():
         console.print(f"[red]engine {name} failed[/]: {e['error']}\n{e['log_tail']}", markup=False)
     for p in report["golden_problems"]:

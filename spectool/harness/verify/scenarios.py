@@ -1,8 +1,10 @@
 """Scenarios of the golden tests: engine configurations and the workloads run on them.
 
 Every speculative scenario is compared, request by request, with the same workload on a
-no-speculation engine of the same settings (CUDA graphs, chunked prefill). Each scenario
-also states which path it claims to test, checked from the fallback counters.
+no-speculation engine of the same settings (CUDA graphs, chunked prefill, hidden-state
+return): its tokens, and the logprobs and hidden states its requests ask for. Each scenario
+also states which path it claims to test, checked from the fallback counters, and the
+EAGLE-3 ones the acceptance their trained head reaches.
 """
 
 from __future__ import annotations
@@ -13,6 +15,15 @@ from dataclasses import asdict, dataclass, field
 from .golden_model import ModelSpec, copy_prompt
 
 THRESHOLD = 4  # T: the scenarios sit around it (T-1, T, T+1)
+# The EAGLE-3 engines' acceptance floor (tokens per speculative step, bonus included). The
+# trained head drafts the golden prompts' continuation whole (4.0 on CPU, with its draft
+# cache in sync: tests/test_golden_eagle3.py); a random head accepts about 1, one drafting
+# over a prompt whose draft K/V were never synced 1.3 to 2.1.
+HEAD_ACCEPTANCE = 2.5
+# bf16 noise: logprobs and hidden states of a fallback step against plain decoding, relative
+# (logprobs to max(1, |value|), hidden states to the row's largest value).
+LOGPROB_TOL = 0.02
+HIDDEN_TOL = 0.02
 
 
 @dataclass
@@ -20,6 +31,9 @@ class Request:
     prompt: list[int]
     max_new_tokens: int
     delay: float = 0.0  # seconds after the workload starts
+    # What the request asks for besides its tokens (baselines always return logprobs).
+    return_logprob: bool = False
+    return_hidden_states: bool = False
 
 
 @dataclass
@@ -42,11 +56,14 @@ class EngineConfig:
     # are small, so paths chosen by batch size are forced here). Not passed where the switch is
     # upstream's, which has neither these paths nor their flags.
     fallback_args: dict[str, int | None] = field(default_factory=dict)
+    # --enable-return-hidden-states: requests may ask for hidden states (the decode graphs
+    # then capture them, so it is part of the settings a baseline must share).
+    hidden_states: bool = False
 
     @property
     def settings_key(self) -> tuple:
         """Engines with equal keys are comparable: same kernels apart from speculation."""
-        return (self.cuda_graph, self.chunked_prefill)
+        return (self.cuda_graph, self.chunked_prefill, self.hidden_states)
 
 
 @dataclass
@@ -67,6 +84,16 @@ class Expect:
     # workload with no step counted would pass every step claim above vacuously. False for the
     # patch without the flag, whose decision must never run, so the recipe counts nothing.
     counted: bool = True
+    # Mean acceptance of the speculative steps after the last fallback phase, at least this
+    # (None: not claimed). With the trained EAGLE-3 head a draft cache kept in sync accepts
+    # the copy task's drafts whole (4 per step); a random or stale one about 1 to 2.
+    min_acceptance_after: float | None = None
+    # The logprobs (of the token and the top 2) of the requests that ask for them equal the
+    # baseline's within this relative tolerance (bf16 noise); None: not compared.
+    logprobs_within: float | None = None
+    # The hidden states of the requests that ask for them equal the baseline's decode steps'
+    # within this tolerance, relative to the row's largest value; None: not compared.
+    hidden_states_within: float | None = None
 
 
 # The claims checked on the recipe's own counters (not where the switch is upstream's).
@@ -125,6 +152,18 @@ def workloads(spec: ModelSpec = ModelSpec(), seed: int = 1234) -> dict[str, Work
             [Request(copy_prompt(rng, spec, segment=36, repeats=5), 64) for _ in range(T + 2)],
             "long prompts (180 tokens, 3 chunks of 64) through chunked prefill",
         ),
+        # Added after the others, so that their prompts (one random stream) stay as recorded.
+        Workload(
+            "logprobs",
+            [Request(copy_prompt(rng, spec), 48, return_logprob=i in (0, 3)) for i in range(T + 1)],
+            "T+1 requests, two of them asking for logprobs (top 2): the batch falls back all the same",
+        ),
+        Workload(
+            "outputs",
+            [Request(copy_prompt(rng, spec), 48, return_logprob=i in (1, 4), return_hidden_states=True)
+             for i in range(T + 1)],
+            "T+1 requests, all asking for hidden states, two of them for logprobs",
+        ),
     ]
     return {x.name: x for x in w}
 
@@ -149,10 +188,13 @@ KV_ONLY_EACH_STEP = {"speculative_disable_kv_only_steps_per_replay": 1}
 def configs() -> list[EngineConfig]:
     T = THRESHOLD
     return [
-        EngineConfig("base-graph", None, workloads=["bs1", f"bs{T-1}", f"bs{T}", f"bs{T+1}", "bs8", "stagger", "arrive"]),
+        EngineConfig("base-graph", None,
+                     workloads=["bs1", f"bs{T-1}", f"bs{T}", f"bs{T+1}", "bs8", "stagger", "arrive", "logprobs"]),
         EngineConfig("base-eager", None, cuda_graph=False, workloads=[f"bs{T+1}", "stagger"]),
         EngineConfig("base-chunked", None, chunked_prefill=64, workloads=["long"]),
-        EngineConfig("eagle3-t4", "EAGLE3", T, workloads=["bs1", f"bs{T-1}", f"bs{T}", f"bs{T+1}", "stagger", "arrive"],
+        EngineConfig("base-hidden", None, hidden_states=True, workloads=["outputs"]),
+        EngineConfig("eagle3-t4", "EAGLE3", T,
+                     workloads=["bs1", f"bs{T-1}", f"bs{T}", f"bs{T+1}", "stagger", "arrive", "logprobs"],
                      fallback_args=MARGIN_8),
         EngineConfig("eagle3-t0", "EAGLE3", 0, workloads=["bs8", "stagger"],
                      fallback_args={**DRAFT_DECODE, **KV_ONLY_EACH_STEP, **MARGIN_8}),
@@ -162,6 +204,9 @@ def configs() -> list[EngineConfig]:
         EngineConfig("eagle3-t4-kv-only", "EAGLE3", T, workloads=[f"bs{T+1}", "stagger", "arrive"],
                      fallback_args=DRAFT_KV_ONLY),
         EngineConfig("standalone-t4", "STANDALONE", T, workloads=["bs1", "stagger", "arrive"]),
+        # STANDALONE returns the target's final hidden states, as the no-speculation engine does
+        # (an EAGLE-3 target returns its EAGLE-3 features instead, on every kind of step).
+        EngineConfig("standalone-t4-hidden", "STANDALONE", T, hidden_states=True, workloads=["outputs"]),
         # The patch without the flag: what every user who has not opted in runs.
         EngineConfig("eagle3-unset", "EAGLE3", None, workloads=["bs8", "stagger"]),
     ]
@@ -174,27 +219,38 @@ def scenarios() -> list[Scenario]:
                  "threshold 0, draft decode sync (8 requests: within the KV-only margin)"),
         Scenario("eagle3 always-fallback stagger (T=0)", "eagle3-t0", "stagger", Expect("all", kv_only="graph", kv_only_prefill="positive"),
                  "threshold 0: KV-only prefill and sync (CUDA graph) above 8 requests (margin 8), then draft decode"),
-        Scenario("eagle3 bs=1 (always spec)", "eagle3-t4", "bs1", Expect("zero"), "threshold far above the batch"),
-        Scenario(f"eagle3 bs=T-1={T-1}", "eagle3-t4", f"bs{T-1}", Expect("zero"), "below threshold"),
-        Scenario(f"eagle3 bs=T={T}", "eagle3-t4", f"bs{T}", Expect("zero"), "at threshold (drafting stays on)"),
+        Scenario("eagle3 bs=1 (always spec)", "eagle3-t4", "bs1", Expect("zero", min_acceptance=HEAD_ACCEPTANCE),
+                 "threshold far above the batch"),
+        Scenario(f"eagle3 bs=T-1={T-1}", "eagle3-t4", f"bs{T-1}", Expect("zero", min_acceptance=HEAD_ACCEPTANCE),
+                 "below threshold"),
+        Scenario(f"eagle3 bs=T={T}", "eagle3-t4", f"bs{T}", Expect("zero", min_acceptance=HEAD_ACCEPTANCE),
+                 "at threshold (drafting stays on)"),
         Scenario(f"eagle3 bs=T+1={T+1}", "eagle3-t4", f"bs{T+1}", Expect("positive", kv_only="zero"),
                  "above threshold, within the KV-only margin: full draft sync"),
-        Scenario("eagle3 transition down", "eagle3-t4", "stagger", Expect("positive", spec_after_fallback=True),
-                 "batch shrinks below T: speculation resumes mid-request"),
-        Scenario("eagle3 transition up", "eagle3-t4", "arrive", Expect("positive", fallback_after_spec=True, spec_after_fallback=True),
+        Scenario("eagle3 transition down", "eagle3-t4", "stagger",
+                 Expect("positive", spec_after_fallback=True, min_acceptance_after=HEAD_ACCEPTANCE),
+                 "batch shrinks below T: speculation resumes mid-request, drafting from the synced draft KV"),
+        Scenario("eagle3 transition up", "eagle3-t4", "arrive",
+                 Expect("positive", fallback_after_spec=True, spec_after_fallback=True, min_acceptance=HEAD_ACCEPTANCE,
+                        min_acceptance_after=HEAD_ACCEPTANCE),
                  "requests arrive while others decode: fallback starts mid-request, then spec resumes"),
+        Scenario("eagle3 logprob requests fall back", "eagle3-t4", "logprobs", Expect("all", logprobs_within=LOGPROB_TOL),
+                 "T+1 requests, two asking for logprobs: every step falls back, their logprobs are plain decoding's"),
         Scenario("eagle3 no CUDA graph", "eagle3-t4-eager", f"bs{T+1}", Expect("positive"),
                  "eager target and draft, draft decode sync"),
-        Scenario("eagle3 no CUDA graph transition", "eagle3-t4-eager", "stagger", Expect("positive", spec_after_fallback=True),
+        Scenario("eagle3 no CUDA graph transition", "eagle3-t4-eager", "stagger",
+                 Expect("positive", spec_after_fallback=True, min_acceptance_after=HEAD_ACCEPTANCE),
                  "eager, draft decode sync, then speculation resumes"),
         Scenario("eagle3 chunked prefill long prompt", "eagle3-t4-chunked", "long", Expect("positive"), "chunked prefill (64), 180-token prompts"),
         Scenario("eagle3 KV-only draft sync", "eagle3-t4-kv-only", f"bs{T+1}", Expect("positive", kv_only="graph"),
                  "KV-only draft sync above T (margin 0, the default), replayed from its CUDA graph padded to a captured size"),
         Scenario("eagle3 KV-only transition down", "eagle3-t4-kv-only", "stagger",
-                 Expect("positive", spec_after_fallback=True, kv_only="positive", kv_only_prefill="positive"),
+                 Expect("positive", spec_after_fallback=True, kv_only="positive", kv_only_prefill="positive",
+                        min_acceptance_after=HEAD_ACCEPTANCE),
                  "KV-only prefill and sync, then speculation resumes from zero drafts over that draft KV"),
         Scenario("eagle3 KV-only transition up", "eagle3-t4-kv-only", "arrive",
-                 Expect("positive", fallback_after_spec=True, spec_after_fallback=True, kv_only="positive"),
+                 Expect("positive", fallback_after_spec=True, spec_after_fallback=True, kv_only="positive",
+                        min_acceptance_after=HEAD_ACCEPTANCE),
                  "KV-only sync mid-request"),
         Scenario("standalone bs=1 (high acceptance)", "standalone-t4", "bs1", Expect("zero", min_acceptance=2.0), "multi-token accept path"),
         Scenario("standalone transition down", "standalone-t4", "stagger", Expect("positive", spec_after_fallback=True),
@@ -202,6 +258,10 @@ def scenarios() -> list[Scenario]:
         Scenario("standalone spec-fallback-spec", "standalone-t4", "arrive",
                  Expect("positive", fallback_after_spec=True, spec_after_fallback=True, resume_acceptance_not_lower=True),
                  "draft KV kept in sync: acceptance after resume >= before"),
+        Scenario("standalone hidden states and logprobs", "standalone-t4-hidden", "outputs",
+                 Expect("all", logprobs_within=LOGPROB_TOL, hidden_states_within=HIDDEN_TOL),
+                 "T+1 requests asking for hidden states, two for logprobs: every step falls back, their "
+                 "logprobs and hidden states are plain decoding's"),
         Scenario("eagle3 patched, flag unset", "eagle3-unset", "bs8", Expect(counted=False),
                  "the release's own path on every step, prefill included"),
         Scenario("eagle3 patched, flag unset stagger", "eagle3-unset", "stagger", Expect(counted=False),
