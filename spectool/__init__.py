@@ -9,8 +9,13 @@ libcst.
 __version__ = "0.2.0"
 
 _API = {
-    "apply": "api", "check": "api", "status": "api", "revert": "api",
-    "build_plan": "plan", "load_recipes": "recipe", "locate": "source",
+    "apply": "api",
+    "check": "api",
+    "status": "api",
+    "revert": "api",
+    "build_plan": "plan",
+    "load_recipes": "recipe",
+    "locate": "source",
 }
 
 __all__ = ["apply", "check", "status", "revert", "build_plan", "load_recipes", "locate", "__version__"]

@@ -58,8 +58,15 @@ def _integrity(tree: SglangTree, lock: lockfile.Lock | None) -> list[dict]:
             cur = sha256(path.read_bytes()) if path.exists() else None
         except OSError as exc:
             raise SourceError(f"cannot read {path}: {exc.strerror}.") from None
-        state = (FileIntegrity.INTACT if cur == h["after"] else FileIntegrity.ORIGINAL if cur == h["before"]
-                 else FileIntegrity.MISSING if cur is None else FileIntegrity.MODIFIED)
+        state = (
+            FileIntegrity.INTACT
+            if cur == h["after"]
+            else FileIntegrity.ORIGINAL
+            if cur == h["before"]
+            else FileIntegrity.MISSING
+            if cur is None
+            else FileIntegrity.MODIFIED
+        )
         out.append({"file": rel, "state": state, "before": h["before"], "after": h["after"], "current": cur})
     return out
 
@@ -149,7 +156,9 @@ def check(sglang_dir, *, recipes_dir=None, select=None, options=None, version=No
             plan = readback.recall(tree, recipes, options) or build_plan(tree, recipes, options)
     out = Outcome("check", tree, plan, files=files)
     if changed:
-        out.notes.append(f"recipe(s) changed since they were applied: {', '.join(changed)}; planned from the saved originals (apply updates the tree)")
+        out.notes.append(
+            f"recipe(s) changed since they were applied: {', '.join(changed)}; planned from the saved originals (apply updates the tree)"
+        )
     out.ok = plan.ok and not any(f["state"].damaged for f in files)
     if lock and str(tree.version) != lock.sglang_version:
         out.ok = False
@@ -157,8 +166,9 @@ def check(sglang_dir, *, recipes_dir=None, select=None, options=None, version=No
     return out
 
 
-def apply(sglang_dir, *, recipes_dir=None, select=None, options=None, version=None,
-          dry_run=False, force=False) -> Outcome:
+def apply(
+    sglang_dir, *, recipes_dir=None, select=None, options=None, version=None, dry_run=False, force=False
+) -> Outcome:
     """Apply the recipes to the tree: all of them, or (on any drift or conflict) none."""
     from .plan import build_plan
 
@@ -175,10 +185,13 @@ def apply(sglang_dir, *, recipes_dir=None, select=None, options=None, version=No
         _refuse_modified(tree, lock, files, force, "apply")
         changed = _changed_recipes(lock, recipes)
         originals = _originals(tree, lock) if changed else None
-        plan = (None if originals else readback.recall(tree, recipes, options)) or \
-            build_plan(tree, recipes, options, overrides=originals)
+        plan = (None if originals else readback.recall(tree, recipes, options)) or build_plan(
+            tree, recipes, options, overrides=originals
+        )
         if changed:
-            out.notes.append(f"recipe(s) changed since they were applied: {', '.join(changed)}; re-applied from the saved originals")
+            out.notes.append(
+                f"recipe(s) changed since they were applied: {', '.join(changed)}; re-applied from the saved originals"
+            )
         out.plan, out.files = plan, files
         out.ok = plan.ok
         if not plan.ok or dry_run:
@@ -209,8 +222,11 @@ def _new_lock(tree, lock, plan: Plan, files: list[dict], options) -> lockfile.Lo
     """The lockfile after this apply: every locked or changed file with its before and after
     hashes (with --force, a hand-edited file's current bytes become its after), and the
     recipes of this plan merged into those applied before."""
-    new = lockfile.Lock(str(tree.version), spectool_version=__version__,
-                        files={rel: dict(h) for rel, h in (lock.files if lock else {}).items()})
+    new = lockfile.Lock(
+        str(tree.version),
+        spectool_version=__version__,
+        files={rel: dict(h) for rel, h in (lock.files if lock else {}).items()},
+    )
     for f in files:
         if f["current"] is not None and f["current"] != f["after"]:
             new.files[f["file"]]["after"] = f["current"]
@@ -219,8 +235,10 @@ def _new_lock(tree, lock, plan: Plan, files: list[dict], options) -> lockfile.Lo
         entry["after"] = sha256(c.after)
     old = {r["id"]: r for r in (lock.recipes if lock else [])}
     same = ("variant", "content_hash", "options")
-    mine = [old[r["id"]] if r["id"] in old and all(old[r["id"]].get(k) == r[k] for k in same) else r
-            for r in _lock_recipes(plan, options)]
+    mine = [
+        old[r["id"]] if r["id"] in old and all(old[r["id"]].get(k) == r[k] for k in same) else r
+        for r in _lock_recipes(plan, options)
+    ]
     ids = {r["id"] for r in mine}
     new.recipes = [r for r in old.values() if r["id"] not in ids] + mine
     return new
@@ -229,9 +247,15 @@ def _new_lock(tree, lock, plan: Plan, files: list[dict], options) -> lockfile.Lo
 def _lock_recipes(plan: Plan, options) -> list[dict]:
     by_id = {r.id: r for r in plan.recipes}
     return [
-        {"id": r.id, "variant": r.variant, "status": r.status if r.status != Status.WOULD_APPLY else Status.APPLIED,
-         "content_hash": by_id[r.id].content_hash, "options": (options or {}).get(r.id, {})}
-        for r in plan.results if r.status.ok
+        {
+            "id": r.id,
+            "variant": r.variant,
+            "status": r.status if r.status != Status.WOULD_APPLY else Status.APPLIED,
+            "content_hash": by_id[r.id].content_hash,
+            "options": (options or {}).get(r.id, {}),
+        }
+        for r in plan.results
+        if r.status.ok
     ]
 
 
@@ -353,8 +377,10 @@ def _restore_without_lock(tree: SglangTree, rec: lockfile.Record, changes: dict)
     files = []
     for rel in sorted(set(rec.originals) | set(befores)):
         if not lockfile.is_package_file(rel):
-            raise SourceError(f"{lockfile.ORIG_DIR}/{rel} is not a saved original of a file of the sglang package; "
-                              "spectool will not write it. Delete it, then run revert --force again.")
+            raise SourceError(
+                f"{lockfile.ORIG_DIR}/{rel} is not a saved original of a file of the sglang package; "
+                "spectool will not write it. Delete it, then run revert --force again."
+            )
         target = transaction.inside(tree.root, rel, "a saved original")
         orig = lockfile.original_path(tree.dir, rel)
         if not orig.is_file():

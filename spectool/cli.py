@@ -64,19 +64,29 @@ def guarded(fn):
             _fail(exc, as_json)
         except KeyboardInterrupt:
             where = kwargs.get("sglang_dir") or "DIR"
-            click.echo("spectool: interrupted. Writes are all or nothing: one under way when the signal came was "
-                       f"finished first. 'spectool status --sglang-dir {where}' shows the tree's state (and names "
-                       "'spectool recover' if a killed run left anything unfinished).", err=True)
+            click.echo(
+                "spectool: interrupted. Writes are all or nothing: one under way when the signal came was "
+                f"finished first. 'spectool status --sglang-dir {where}' shows the tree's state (and names "
+                "'spectool recover' if a killed run left anything unfinished).",
+                err=True,
+            )
             sys.exit(EXIT_FAILED)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
         except OSError as exc:  # the environment, not spectool: a permission, a full disk, a vanished file
-            _fail(BadInputError(f"cannot access {exc.filename or 'a file'}: {exc.strerror or exc}. Nothing was "
-                                "written unless a note above says so."), as_json)
+            _fail(
+                BadInputError(
+                    f"cannot access {exc.filename or 'a file'}: {exc.strerror or exc}. Nothing was "
+                    "written unless a note above says so."
+                ),
+                as_json,
+            )
         except Exception as exc:  # a bug in spectool: say so, keep the details short
             tb = traceback.extract_tb(exc.__traceback__)[-1]
-            msg = (f"internal error {type(exc).__name__}: {exc} (at {Path(tb.filename).name}:{tb.lineno}). "
-                   "This is a bug in spectool; nothing was written unless a journal says so. Please report it.")
+            msg = (
+                f"internal error {type(exc).__name__}: {exc} (at {Path(tb.filename).name}:{tb.lineno}). "
+                "This is a bug in spectool; nothing was written unless a journal says so. Please report it."
+            )
             if as_json:
                 click.echo(to_json({"ok": False, "error": {"kind": "internal", "message": msg}}))
             else:
@@ -89,11 +99,17 @@ def guarded(fn):
 def exit_codes(ok: str, failed: str, bad_input: str = "") -> str:
     """The 'Exit codes' block of a command's --help, from the constants in spectool.errors.
     `failed` says what exit 1 means for this command; Ctrl-C also exits 1."""
-    rows = [(EXIT_OK, ok), (EXIT_FAILED, failed),
-            (EXIT_BAD_INPUT, "bad input or usage: a one-paragraph error" + (f" ({bad_input})" if bad_input else "")),
-            (EXIT_INTERNAL, "internal error: a bug in spectool, reported in one paragraph")]
-    lines = [line for code, text in rows
-             for line in textwrap.wrap(text, 74, initial_indent=f"{code}  ", subsequent_indent="   ")]
+    rows = [
+        (EXIT_OK, ok),
+        (EXIT_FAILED, failed),
+        (EXIT_BAD_INPUT, "bad input or usage: a one-paragraph error" + (f" ({bad_input})" if bad_input else "")),
+        (EXIT_INTERNAL, "internal error: a bug in spectool, reported in one paragraph"),
+    ]
+    lines = [
+        line
+        for code, text in rows
+        for line in textwrap.wrap(text, 74, initial_indent=f"{code}  ", subsequent_indent="   ")
+    ]
     return "Exit codes:\n\n\b\n" + "\n".join(lines)
 
 
@@ -101,10 +117,19 @@ def recipes_opts(default: str = "the set pinned in spectool.toml; with --recipes
     """--recipes and --recipes-dir, the same on every command that reads recipes."""
 
     def decorate(fn):
-        fn = click.option("--recipes-dir", type=click.Path(file_okay=False), default=None,
-                          help="Where recipes live (default: the shipped ones).")(fn)
-        fn = click.option("--recipes", "select", default="", metavar="IDS",
-                          help=f"Comma-separated recipe ids, with the recipes they require (default: {default}).")(fn)
+        fn = click.option(
+            "--recipes-dir",
+            type=click.Path(file_okay=False),
+            default=None,
+            help="Where recipes live (default: the shipped ones).",
+        )(fn)
+        fn = click.option(
+            "--recipes",
+            "select",
+            default="",
+            metavar="IDS",
+            help=f"Comma-separated recipe ids, with the recipes they require (default: {default}).",
+        )(fn)
         return fn
 
     return decorate
@@ -123,8 +148,12 @@ def _json_opt(fn):
 
 
 def _dir_opt(required=True):
-    return click.option("--sglang-dir", type=click.Path(), required=required,
-                        help="A git checkout of SGLang, a folder holding the sglang package, or the package.")
+    return click.option(
+        "--sglang-dir",
+        type=click.Path(),
+        required=required,
+        help="A git checkout of SGLang, a folder holding the sglang package, or the package.",
+    )
 
 
 def _ids(select: str) -> list[str] | None:
@@ -175,23 +204,32 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]},
-             epilog=exit_codes("ok", "the check failed: drift, conflict, a changed file, a mismatch (each command's "
-                               "--help says which)"))
+@click.group(
+    cls=LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=exit_codes(
+        "ok", "the check failed: drift, conflict, a changed file, a mismatch (each command's --help says which)"
+    ),
+)
 @click.version_option(__version__, prog_name="spectool")
 def main():
     """Declarative, verified patches for SGLang: apply, check, status, revert, recover, upgrade,
     gate, port, fetch, verify, bench. Every command takes --json: one report on stdout (schema_version 1)."""
 
 
-@main.command(epilog=exit_codes(
-    "applied, or every recipe already in place (--dry-run: nothing would change)",
-    "a recipe drifted, conflicts, is unsupported or blocked, or would leave invalid code: nothing "
-    "was written (--dry-run: something would change)",
-    "also: a patched file changed since the apply, without --force; a damaged lockfile"))
+@main.command(
+    epilog=exit_codes(
+        "applied, or every recipe already in place (--dry-run: nothing would change)",
+        "a recipe drifted, conflicts, is unsupported or blocked, or would leave invalid code: nothing "
+        "was written (--dry-run: something would change)",
+        "also: a patched file changed since the apply, without --force; a damaged lockfile",
+    )
+)
 @_dir_opt(required=False)
 @_recipe_opts
-@click.option("--dry-run", is_flag=True, help="Print the unified diff, change nothing (exit 1 if anything would change).")
+@click.option(
+    "--dry-run", is_flag=True, help="Print the unified diff, change nothing (exit 1 if anything would change)."
+)
 @click.option("--force", is_flag=True, help="Apply over files changed since the last apply.")
 @_json_opt
 @guarded
@@ -204,17 +242,21 @@ def apply(sglang_dir, select, recipes_dir, version, dry_run, force, as_json):
 
         sglang_dir = prepare_pinned_tree(progress=not as_json)
     ids, options = selection(select, recipes_dir)
-    out = api.apply(sglang_dir, recipes_dir=recipes_dir, select=ids, options=options, version=version,
-                    dry_run=dry_run, force=force)
+    out = api.apply(
+        sglang_dir, recipes_dir=recipes_dir, select=ids, options=options, version=version, dry_run=dry_run, force=force
+    )
     ok = out.ok and not (dry_run and out.plan is not None and out.plan.changed)
     _emit(out, as_json, show_diff=dry_run, ok=ok)
 
 
-@main.command(epilog=exit_codes(
-    "every recipe would apply or is applied, and every patched file is intact",
-    "a recipe would not apply (drift, conflict, unsupported, blocked, invalid), a patched file "
-    "changed since the apply, or spectool.lock is for another SGLang release",
-    "also: a tree an interrupted run left unfinished (the message names recover), a damaged lockfile"))
+@main.command(
+    epilog=exit_codes(
+        "every recipe would apply or is applied, and every patched file is intact",
+        "a recipe would not apply (drift, conflict, unsupported, blocked, invalid), a patched file "
+        "changed since the apply, or spectool.lock is for another SGLang release",
+        "also: a tree an interrupted run left unfinished (the message names recover), a damaged lockfile",
+    )
+)
 @_dir_opt()
 @_recipe_opts
 @click.option("--against", default=None, help="Fetch this SGLang release and check the recipes against it instead.")
@@ -233,10 +275,13 @@ def check(sglang_dir, select, recipes_dir, version, against, as_json):
     _emit(out, as_json)
 
 
-@main.command(epilog=exit_codes(
-    "every patched file is intact, or nothing is applied",
-    "a patched file changed or is missing, the tree is another SGLang release than the lock's, an "
-    "interrupted run left the tree unfinished (the note names recover), or the lockfile is damaged"))
+@main.command(
+    epilog=exit_codes(
+        "every patched file is intact, or nothing is applied",
+        "a patched file changed or is missing, the tree is another SGLang release than the lock's, an "
+        "interrupted run left the tree unfinished (the note names recover), or the lockfile is damaged",
+    )
+)
 @_dir_opt()
 @_version_opt
 @_json_opt
@@ -249,14 +294,22 @@ def status(sglang_dir, version, as_json):
     _emit(api.status(sglang_dir, version=version), as_json)
 
 
-@main.command(epilog=exit_codes(
-    "restored, or nothing to revert", "interrupted (Ctrl-C; a write under way is finished first)",
-    "also: a patched file changed since the apply, without --force, a saved original is damaged, or the "
-    "lockfile and its copy are both unusable, without --force"))
+@main.command(
+    epilog=exit_codes(
+        "restored, or nothing to revert",
+        "interrupted (Ctrl-C; a write under way is finished first)",
+        "also: a patched file changed since the apply, without --force, a saved original is damaged, or the "
+        "lockfile and its copy are both unusable, without --force",
+    )
+)
 @_dir_opt()
 @_version_opt
-@click.option("--force", is_flag=True, help="Revert even files changed since the apply; with no trustworthy "
-              "lockfile (nor its copy in .spectool), restore the saved originals alone.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Revert even files changed since the apply; with no trustworthy "
+    "lockfile (nor its copy in .spectool), restore the saved originals alone.",
+)
 @_json_opt
 @guarded
 def revert(sglang_dir, version, force, as_json):
@@ -267,9 +320,12 @@ def revert(sglang_dir, version, force, as_json):
     _emit(out, as_json)
 
 
-@main.command(epilog=exit_codes(
-    "nothing was unfinished, or the interrupted apply or revert was finished or rolled back",
-    "the lockfile is still damaged (the note names the revert that repairs it)"))
+@main.command(
+    epilog=exit_codes(
+        "nothing was unfinished, or the interrupted apply or revert was finished or rolled back",
+        "the lockfile is still damaged (the note names the revert that repairs it)",
+    )
+)
 @_dir_opt()
 @_version_opt
 @_json_opt
@@ -294,8 +350,9 @@ def _upgrade(to, recipes_dir, select, as_json, from_version=None) -> tuple[int, 
 
     tree_dir = do_fetch(to, progress=not as_json)
     out = api.check(tree_dir, recipes_dir=recipes_dir, select=select)
-    needs_work = [r for r in out.plan.results
-                  if r.status not in (Status.WOULD_APPLY, Status.ALREADY_APPLIED, Status.UPSTREAMED)]
+    needs_work = [
+        r for r in out.plan.results if r.status not in (Status.WOULD_APPLY, Status.ALREADY_APPLIED, Status.UPSTREAMED)
+    ]
     retire = [r.id for r in out.plan.results if r.status == Status.UPSTREAMED]
     if from_version is None:
         pin = load_pin(required=False)
@@ -315,19 +372,33 @@ def _upgrade(to, recipes_dir, select, as_json, from_version=None) -> tuple[int, 
     print_outcome(out, console)
     if current is not None:
         console.print(f"\nThe variants you run today (SGLang {from_version}) planned on SGLang {to}:")
-        print_outcome(current, console, heading=f"SGLang {to} at {tree_dir}, planned with the variants for {from_version}")
+        print_outcome(
+            current, console, heading=f"SGLang {to} at {tree_dir}, planned with the variants for {from_version}"
+        )
     for rid in retire:
         console.print(f"retire: {rid} is upstream in SGLang {to}; drop it from your pin's recipe set when you upgrade.")
-    console.print(f"upgrade to SGLang {to}: " + ("[green]ready[/]" if not needs_work else
-                  f"[red]{len(needs_work)} recipe(s) need work[/]: " + ", ".join(f"{r.id} ({r.status})" for r in needs_work)))
+    console.print(
+        f"upgrade to SGLang {to}: "
+        + (
+            "[green]ready[/]"
+            if not needs_work
+            else f"[red]{len(needs_work)} recipe(s) need work[/]: "
+            + ", ".join(f"{r.id} ({r.status})" for r in needs_work)
+        )
+    )
     return rc, None
 
 
 _UPGRADE_FAILED = "a recipe needs work on the new release: drift, conflict, unsupported, blocked or invalid"
 
 
-@main.command(epilog=exit_codes("every recipe applies to release TO or is upstream there", _UPGRADE_FAILED,
-                                "also: a release that is not on the index, a failed download"))
+@main.command(
+    epilog=exit_codes(
+        "every recipe applies to release TO or is upstream there",
+        _UPGRADE_FAILED,
+        "also: a release that is not on the index, a failed download",
+    )
+)
 @click.option("--to", "to", required=True, help="The SGLang release to upgrade to.")
 @click.option("--from", "from_version", default=None, help="The release you run today (default: the pin).")
 @recipes_opts(default="every recipe in --recipes-dir or the shipped ones")
@@ -341,14 +412,22 @@ def upgrade(to, from_version, select, recipes_dir, as_json):
     sys.exit(rc)
 
 
-@main.command(epilog=exit_codes("no SGLang requirement in the changed files, or every recipe is ready for "
-                                "each release they pin", _UPGRADE_FAILED,
-                                "also: a requirement that names no release (sglang, sglang<X), a changed file that "
-                                "is not valid TOML, a release that is not on the index"))
+@main.command(
+    epilog=exit_codes(
+        "no SGLang requirement in the changed files, or every recipe is ready for each release they pin",
+        _UPGRADE_FAILED,
+        "also: a requirement that names no release (sglang, sglang<X), a changed file that "
+        "is not valid TOML, a release that is not on the index",
+    )
+)
 @click.argument("files", nargs=-1, type=click.Path())
-@click.option("--from", "from_version", default=None,
-              help="The release you run today (default: the file's pin in git HEAD, else a spectool.lock here or "
-                   "in ./build, else spectool.toml).")
+@click.option(
+    "--from",
+    "from_version",
+    default=None,
+    help="The release you run today (default: the file's pin in git HEAD, else a spectool.lock here or "
+    "in ./build, else spectool.toml).",
+)
 @recipes_opts(default="every recipe in --recipes-dir or the shipped ones")
 @_json_opt
 @guarded
@@ -392,21 +471,41 @@ def gate(files, from_version, select, recipes_dir, as_json):
         results.append(_upgrade(c["version"], recipes_dir, _ids(select), as_json, c["from"]))
     rc = max(code for code, _ in results)
     if as_json:
-        click.echo(to_json({"ok": rc == EXIT_OK, "command": "gate", "notes": notes, "checked": checks,
-                            "upgrades": [payload for _, payload in results]}))
+        click.echo(
+            to_json(
+                {
+                    "ok": rc == EXIT_OK,
+                    "command": "gate",
+                    "notes": notes,
+                    "checked": checks,
+                    "upgrades": [payload for _, payload in results],
+                }
+            )
+        )
     sys.exit(rc)
 
 
-@main.command(epilog=exit_codes(
-    "every operation carried over or re-anchored, and check passes on release TO",
-    "an operation needs a human (nothing written), or check fails on release TO with the new variant",
-    "also: an unknown recipe, a release that is not on the index, variant ranges that are not '>=A,<B'"))
+@main.command(
+    epilog=exit_codes(
+        "every operation carried over or re-anchored, and check passes on release TO",
+        "an operation needs a human (nothing written), or check fails on release TO with the new variant",
+        "also: an unknown recipe, a release that is not on the index, variant ranges that are not '>=A,<B'",
+    )
+)
 @click.argument("recipe")
 @click.option("--to", "to", required=True, help="The SGLang release to port the recipe to (fetched).")
-@click.option("--sglang-dir", type=click.Path(), default=None,
-              help="Use this tree of release TO instead of fetching it (its version must be TO).")
-@click.option("--recipes-dir", type=click.Path(file_okay=False), default=None,
-              help="Where recipes live (default: the shipped ones); the recipe's recipe.yaml there is rewritten.")
+@click.option(
+    "--sglang-dir",
+    type=click.Path(),
+    default=None,
+    help="Use this tree of release TO instead of fetching it (its version must be TO).",
+)
+@click.option(
+    "--recipes-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where recipes live (default: the shipped ones); the recipe's recipe.yaml there is rewritten.",
+)
 @click.option("--dry-run", is_flag=True, help="Report what would be ported and the ranges; write nothing.")
 @_json_opt
 @guarded
@@ -468,14 +567,26 @@ def _print_port(res) -> None:
     moved = sum(o.outcome == "re-anchored" for o in res.ops)
     human = len(res.needs_human)
     verdict = "ported" if res.ok else "needs a human" if human else "check failed"
-    say(f"port {res.recipe} to SGLang {res.version}: {verdict} ({carried} carried over, {moved} re-anchored, "
-        f"{human} need a human)")
+    say(
+        f"port {res.recipe} to SGLang {res.version}: {verdict} ({carried} carried over, {moved} re-anchored, "
+        f"{human} need a human)"
+    )
 
 
-@main.command(epilog=exit_codes("fetched; the path is printed", "interrupted (Ctrl-C)",
-                                "also: a release that is not on the index, a hash mismatch, a failed download"))
+@main.command(
+    epilog=exit_codes(
+        "fetched; the path is printed",
+        "interrupted (Ctrl-C)",
+        "also: a release that is not on the index, a hash mismatch, a failed download",
+    )
+)
 @click.argument("version", required=False)
-@click.option("--dest", type=click.Path(file_okay=False), default=None, help="Copy the unpacked release here (default: print the cache path).")
+@click.option(
+    "--dest",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Copy the unpacked release here (default: print the cache path).",
+)
 @_json_opt
 @guarded
 def fetch(version, dest, as_json):

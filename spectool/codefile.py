@@ -20,7 +20,6 @@ import libcst as cst
 from .cstutil import find_definition
 from .errors import RecipeError
 
-
 MAX_BYTES = 1 << 20
 _QUALNAME_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -49,20 +48,26 @@ def _parse_file(path: Path, mtime_ns: int) -> cst.Module:
             file=str(path),
         ) from None
     except Exception as exc:  # libcst's native parser on input it cannot handle at all
-        raise RecipeError(f"recipe code file {path} cannot be parsed ({type(exc).__name__}: {str(exc)[:200]}). "
-                          "Nothing was changed.", file=str(path)) from None
+        raise RecipeError(
+            f"recipe code file {path} cannot be parsed ({type(exc).__name__}: {str(exc)[:200]}). Nothing was changed.",
+            file=str(path),
+        ) from None
 
 
 def _strip_docstring(stmts):
     stmts = list(stmts)
     if stmts and isinstance(stmts[0], cst.SimpleStatementLine):
         small = stmts[0].body
-        if len(small) == 1 and isinstance(small[0], cst.Expr) and isinstance(small[0].value, (cst.SimpleString, cst.ConcatenatedString)):
+        if (
+            len(small) == 1
+            and isinstance(small[0], cst.Expr)
+            and isinstance(small[0].value, (cst.SimpleString, cst.ConcatenatedString))
+        ):
             stmts = stmts[1:]
     if stmts:
         # The first inserted statement must not carry the blank line that followed the docstring.
         first = stmts[0]
-        lines = [l for l in first.leading_lines if l.comment is not None]
+        lines = [line for line in first.leading_lines if line.comment is not None]
         stmts[0] = first.with_changes(leading_lines=lines)
     return stmts
 
@@ -87,8 +92,10 @@ class CodeRef:
         folder = base.resolve()
         path = (base / file).resolve()
         if folder not in path.parents:
-            raise RecipeError(f"{where}: code file {file!r} (from {text!r}) is outside the recipe's folder {base}; "
-                              "a recipe may only use code files inside its own folder.")
+            raise RecipeError(
+                f"{where}: code file {file!r} (from {text!r}) is outside the recipe's folder {base}; "
+                "a recipe may only use code files inside its own folder."
+            )
         if not path.is_file():
             raise RecipeError(f"{where}: code file {file} (from {text!r}) does not exist in {base}.")
         return cls(recipe_file, path, qual)
@@ -99,9 +106,7 @@ class CodeRef:
     def definition(self):
         path = find_definition(self.module(), self.qualname)
         if path is None:
-            raise RecipeError(
-                f"{self.recipe_file}: {self.file.name} has no definition named {self.qualname!r}."
-            )
+            raise RecipeError(f"{self.recipe_file}: {self.file.name} has no definition named {self.qualname!r}.")
         return path[-1]
 
     def function(self) -> cst.FunctionDef:

@@ -8,7 +8,7 @@ nodes instead of re-walking the whole module.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import libcst as cst
 

@@ -42,9 +42,14 @@ def list_files(project: str = "sglang") -> list[dict]:
         with urllib.request.urlopen(req, timeout=60) as r:
             data = json.load(r)
     except (OSError, ValueError) as exc:
-        raise FetchError(f"cannot read the package index at {url}: {exc}. Set SPECTOOL_INDEX_URL to a mirror.") from None
-    return [{"filename": f["filename"], "url": f["url"], "sha256": f.get("hashes", {}).get("sha256")}
-            for f in data.get("files", []) if not f.get("yanked")]
+        raise FetchError(
+            f"cannot read the package index at {url}: {exc}. Set SPECTOOL_INDEX_URL to a mirror."
+        ) from None
+    return [
+        {"filename": f["filename"], "url": f["url"], "sha256": f.get("hashes", {}).get("sha256")}
+        for f in data.get("files", [])
+        if not f.get("yanked")
+    ]
 
 
 def releases(project: str = "sglang") -> list[str]:
@@ -62,7 +67,11 @@ def releases(project: str = "sglang") -> list[str]:
 
 
 def _choose(files: list[dict], version: str, pinned_file: str | None) -> dict:
-    mine = [f for f in files if f["filename"].startswith(f"sglang-{version}-") or f["filename"] == f"sglang-{version}.tar.gz"]
+    mine = [
+        f
+        for f in files
+        if f["filename"].startswith(f"sglang-{version}-") or f["filename"] == f"sglang-{version}.tar.gz"
+    ]
     if pinned_file:
         for f in mine:
             if f["filename"] == pinned_file:
@@ -121,9 +130,11 @@ def fetch(version: str | None = None, *, dest=None, progress: bool = True) -> Pa
 
 def prepare_pinned_tree(progress: bool = True) -> Path:
     """The pinned release copied to ./build/sglang-VERSION (the README's one-command run)."""
-    pin = load_pin(hint=": pass --sglang-dir DIR, an SGLang tree (a checkout, a site-packages or the package; its "
-                   "version is read from the tree), or pin a release to fetch in spectool.toml ([sglang] version)"
-                   + _installed_hint())
+    pin = load_pin(
+        hint=": pass --sglang-dir DIR, an SGLang tree (a checkout, a site-packages or the package; its "
+        "version is read from the tree), or pin a release to fetch in spectool.toml ([sglang] version)"
+        + _installed_hint()
+    )
     build = pin.path.parent / "build" / f"sglang-{pin.version}"
     if not build.exists():
         fetch(pin.version, dest=build, progress=progress)
@@ -191,7 +202,7 @@ def _unpack(archive: Path, root: Path) -> None:
                     continue
                 rest = "/".join(parts[1:])
                 if rest.startswith(("sglang/", "python/sglang/")) or rest == "PKG-INFO":
-                    m.name = rest[len("python/"):] if rest.startswith("python/") else rest
+                    m.name = rest[len("python/") :] if rest.startswith("python/") else rest
                     members.append(m)
             t.extractall(tmp, members, filter="data")
     shutil.rmtree(root, ignore_errors=True)

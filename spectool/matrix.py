@@ -17,8 +17,14 @@ from .errors import RecipeError
 from .statuses import Status
 
 EXPECTED = {"applies", "upstreamed", "unsupported"}
-_FROM_PLAN = {Status.WOULD_APPLY: "applies", Status.ALREADY_APPLIED: "applies", Status.APPLIED: "applies",
-              Status.UPSTREAMED: "upstreamed", Status.UNSUPPORTED: "unsupported", Status.BLOCKED: "unsupported"}
+_FROM_PLAN = {
+    Status.WOULD_APPLY: "applies",
+    Status.ALREADY_APPLIED: "applies",
+    Status.APPLIED: "applies",
+    Status.UPSTREAMED: "upstreamed",
+    Status.UNSUPPORTED: "unsupported",
+    Status.BLOCKED: "unsupported",
+}
 
 
 def default_path() -> Path:

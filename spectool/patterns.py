@@ -43,7 +43,7 @@ class Pattern:
     wildcards: list[str] = field(default_factory=list)
 
     @classmethod
-    def parse(cls, text: str, *, expression: bool | None = None) -> "Pattern":
+    def parse(cls, text: str, *, expression: bool | None = None) -> Pattern:
         """SyntaxError for anything that is not one statement or expression (null bytes and
         nesting too deep for the parser included)."""
         try:
@@ -80,7 +80,7 @@ def is_ellipsis(node) -> bool:
 
 def _wild_name(node) -> str | None:
     if isinstance(node, ast.Name) and node.id.startswith(WILD):
-        return node.id[len(WILD):]
+        return node.id[len(WILD) :]
     if isinstance(node, ast.Expr):
         return _wild_name(node.value)
     return None

@@ -58,13 +58,20 @@ def load_pin(path: Path | None = None, required: bool = True, hint: str = "") ->
         raise BadInputError(f"{path}: cannot read the pin file: {exc}") from None
     sg = data.get("sglang")
     if not isinstance(sg, dict) or not isinstance(sg.get("version"), str):
-        raise BadInputError(f"{path}: needs an [sglang] table with version = \"X.Y.Z\" (a string).")
+        raise BadInputError(f'{path}: needs an [sglang] table with version = "X.Y.Z" (a string).')
     unknown = set(data) - {"sglang", "recipes", "options", "known"}
     if unknown:
         raise BadInputError(f"{path}: unknown table(s) {sorted(unknown)}; allowed: sglang, recipes, options, known.")
     recipes = data.get("recipes", {}).get("select")
-    return Pin(Path(path), sg["version"], sg.get("file"), sg.get("sha256"), recipes,
-               data.get("options", {}), data.get("known", {}))
+    return Pin(
+        Path(path),
+        sg["version"],
+        sg.get("file"),
+        sg.get("sha256"),
+        recipes,
+        data.get("options", {}),
+        data.get("known", {}),
+    )
 
 
 @dataclass
@@ -75,7 +82,7 @@ class Requirement:
     file: Path
     text: str
     exact: str | None
-    specifier: "SpecifierSet | None" = None
+    specifier: SpecifierSet | None = None
 
 
 def _toml_requirement(path: Path, text: str) -> Requirement | None:
@@ -155,9 +162,13 @@ def previous_pin(path: Path) -> str | None:
     import subprocess
 
     try:
-        r = subprocess.run(["git", "show", f"HEAD:./{path.as_posix()}"] if not path.is_absolute()
-                           else ["git", "-C", str(path.parent), "show", f"HEAD:./{path.name}"],
-                           capture_output=True, timeout=30)
+        r = subprocess.run(
+            ["git", "show", f"HEAD:./{path.as_posix()}"]
+            if not path.is_absolute()
+            else ["git", "-C", str(path.parent), "show", f"HEAD:./{path.name}"],
+            capture_output=True,
+            timeout=30,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if r.returncode != 0:

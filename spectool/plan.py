@@ -11,12 +11,11 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from .errors import DriftError, RecipeError, SpectoolError, SourceError
+from .errors import DriftError, RecipeError, SourceError, SpectoolError
 from .ops import FileState, OpContext, add_import
 from .recipe import Recipe
 from .source import MissingModule, SglangTree
 from .statuses import OpStatus, Status
-
 
 
 def sha256(data: bytes) -> str:
@@ -39,8 +38,14 @@ class FileSet:
                 path = self.tree.file_for(module)
             except MissingModule as exc:
                 if op is not None:
-                    raise op.drift(ctx, None, f"module file missing ({exc.message})",
-                                   ctx.tree.find_definition_elsewhere(op.target.qualname.split(".")[-1] or module.split(".")[-1], "")) from None
+                    raise op.drift(
+                        ctx,
+                        None,
+                        f"module file missing ({exc.message})",
+                        ctx.tree.find_definition_elsewhere(
+                            op.target.qualname.split(".")[-1] or module.split(".")[-1], ""
+                        ),
+                    ) from None
                 raise
             rel = self.tree.relpath(path)
             self.by_module[module] = rel
@@ -52,8 +57,10 @@ class FileSet:
         return self.states[rel]
 
     def snapshot(self) -> dict:
-        return {rel: (st.module, dict(st.owners), {k: list(v) for k, v in st.inserted_at.items()})
-                for rel, st in self.states.items()}
+        return {
+            rel: (st.module, dict(st.owners), {k: list(v) for k, v in st.inserted_at.items()})
+            for rel, st in self.states.items()
+        }
 
     def restore(self, snap: dict) -> None:
         for rel, st in list(self.states.items()):
@@ -93,8 +100,14 @@ class RecipeResult:
     files: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        out = {"id": self.id, "status": self.status, "variant": self.variant, "message": self.message,
-               "operations": self.ops, "files": self.files}
+        out = {
+            "id": self.id,
+            "status": self.status,
+            "variant": self.variant,
+            "message": self.message,
+            "operations": self.ops,
+            "files": self.files,
+        }
         if self.error is not None:
             out["error"] = self.error.to_json()
         return out
@@ -167,8 +180,13 @@ def _ordered_before(recipes: list[Recipe]) -> dict[str, frozenset[str]]:
     return out
 
 
-def build_plan(tree: SglangTree, recipes: list[Recipe], options: dict | None = None,
-               overrides: dict[str, bytes] | None = None, validate: bool = True) -> Plan:
+def build_plan(
+    tree: SglangTree,
+    recipes: list[Recipe],
+    options: dict | None = None,
+    overrides: dict[str, bytes] | None = None,
+    validate: bool = True,
+) -> Plan:
     """Run every recipe against the tree in memory and return what would change.
     `validate=False` skips compiling and pyflakes (for a read-back of an already validated plan)."""
     options = options or {}
@@ -236,8 +254,14 @@ def build_plan(tree: SglangTree, recipes: list[Recipe], options: dict | None = N
         on_disk = (tree.root / rel).read_bytes() if rel in files.overrides else st.original
         if after != on_disk:
             changes.append(FileChange(rel, on_disk, after, st.original))
-    plan = Plan(tree, recipes, results, changes, options,
-                inputs={rel: sha256(st.original) for rel, st in sorted(files.states.items())})
+    plan = Plan(
+        tree,
+        recipes,
+        results,
+        changes,
+        options,
+        inputs={rel: sha256(st.original) for rel, st in sorted(files.states.items())},
+    )
     if validate:
         _validate(plan)
     _name_required_statuses(recipes, by_id)
@@ -269,7 +293,7 @@ def _render(st: FileState, recipe_ids: list[str]) -> bytes:
         data = st.module.bytes
     except UnicodeEncodeError as exc:
         raise RecipeError(
-            f"recipe(s) {', '.join(recipe_ids) or '?'} insert {exc.object[exc.start:exc.end]!r} into {st.relpath}, "
+            f"recipe(s) {', '.join(recipe_ids) or '?'} insert {exc.object[exc.start : exc.end]!r} into {st.relpath}, "
             f"which is encoded as {st.module.encoding} (its coding declaration) and cannot hold it. Use only "
             "characters that encoding has (or escapes in strings) in the recipe's code.",
             file=st.relpath,
@@ -299,8 +323,10 @@ def _check_upstreamed(tree, files, recipe, variant) -> tuple[Status, str]:
 
         pattern = Pattern.parse(variant.upstreamed.anchor, expression=False)
         if not statement_matches(st, path[-1], pattern):
-            return Status.DRIFT, (f"declared upstreamed, but {probe} no longer contains "
-                           f"{variant.upstreamed.anchor.strip().splitlines()[0]!r}: the upstream code changed")
+            return Status.DRIFT, (
+                f"declared upstreamed, but {probe} no longer contains "
+                f"{variant.upstreamed.anchor.strip().splitlines()[0]!r}: the upstream code changed"
+            )
     return Status.UPSTREAMED, note
 
 

@@ -72,8 +72,14 @@ class Change:
     why: str
 
     def to_json(self) -> dict:
-        return {"key": self.key, "old": self.old, "new": self.new, "score": round(self.score, 3),
-                "location": self.location, "why": self.why}
+        return {
+            "key": self.key,
+            "old": self.old,
+            "new": self.new,
+            "score": round(self.score, 3),
+            "location": self.location,
+            "why": self.why,
+        }
 
     def __str__(self) -> str:
         old, new = (x.strip().splitlines()[0] if x.strip() else x for x in (self.old, self.new))
@@ -94,9 +100,15 @@ class OpPort:
     copies: dict[str, str] = field(default_factory=dict)  # new code file (relative) -> its text
 
     def to_json(self) -> dict:
-        return {"operation": self.index, "op": self.kind, "target": self.target, "outcome": self.outcome,
-                "changes": [c.to_json() for c in self.changes], "reason": self.reason,
-                "candidates": self.candidates}
+        return {
+            "operation": self.index,
+            "op": self.kind,
+            "target": self.target,
+            "outcome": self.outcome,
+            "changes": [c.to_json() for c in self.changes],
+            "reason": self.reason,
+            "candidates": self.candidates,
+        }
 
 
 @dataclass
@@ -123,9 +135,17 @@ class PortResult:
 
     def to_json(self) -> dict:
         return {
-            "command": "port", "ok": self.ok, "recipe": self.recipe, "to": self.version,
-            "from_variant": self.source, "covered_by": self.covered_by, "variant": self.variant,
-            "versions": self.versions, "range_changes": self.ranges, "wrote": self.wrote, "notes": self.notes,
+            "command": "port",
+            "ok": self.ok,
+            "recipe": self.recipe,
+            "to": self.version,
+            "from_variant": self.source,
+            "covered_by": self.covered_by,
+            "variant": self.variant,
+            "versions": self.versions,
+            "range_changes": self.ranges,
+            "wrote": self.wrote,
+            "notes": self.notes,
             "carried": [o.to_json() for o in self.ops if o.outcome == CARRIED],
             "reanchored": [o.to_json() for o in self.ops if o.outcome == REANCHORED],
             "needs_human": [o.to_json() for o in self.needs_human],
@@ -198,7 +218,7 @@ def _ratio(a: str, b: str) -> float:
     ratio = difflib.SequenceMatcher(None, a, b).ratio()
     ta, tb = [t for t in re.split(r"[_.]", a) if t], [t for t in re.split(r"[_.]", b) if t]
     short, long_ = sorted((ta, tb), key=len)
-    inside = short and any(long_[i:i + len(short)] == short for i in range(len(long_) - len(short) + 1))
+    inside = short and any(long_[i : i + len(short)] == short for i in range(len(long_) - len(short) + 1))
     return max(ratio, TOKEN_SCORE) if inside else ratio
 
 
@@ -240,8 +260,14 @@ def _modules_defining(tree, qualname: str, skip: str | None) -> list[tuple[str, 
 def _ast_line(module: ast.Module, qualname: str) -> int | None:
     body, node = module.body, None
     for part in qualname.split("."):
-        node = next((n for n in body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                     and n.name == part), None)
+        node = next(
+            (
+                n
+                for n in body
+                if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == part
+            ),
+            None,
+        )
         if node is None:
             return None
         body = node.body
@@ -263,7 +289,7 @@ class _Alt:
 class _Porter:
     """Runs one variant's operations against a tree, re-anchoring what drifted."""
 
-    def __init__(self, recipe, variant, tree, version: Version, scratch: "_ScratchCode"):
+    def __init__(self, recipe, variant, tree, version: Version, scratch: _ScratchCode):
         from .plan import FileSet
 
         self.recipe, self.variant, self.tree, self.version = recipe, variant, tree, version
@@ -357,8 +383,10 @@ class _Porter:
         names = [op.spec.get(k) for k in ("after", "before")] + op.target.qualname.split(".")
         for name in names:
             if name and name in self.adds:
-                return (f"anchored on {name!r}, which operation #{self.adds[name]} adds and which did not port: "
-                        "port that one first")
+                return (
+                    f"anchored on {name!r}, which operation #{self.adds[name]} adds and which did not port: "
+                    "port that one first"
+                )
         return ""
 
     # candidates ------------------------------------------------------------------------------
@@ -392,8 +420,18 @@ class _Porter:
         if isinstance(op, AddArgument):
             flags = [f for s, _ in cstutil.iter_statements(node, [node]) if (f := _flag_of(s))]
             if op.spec["after_flag"] not in flags:
-                return [_Alt("after_flag", op.spec["after_flag"], f, r, f"in {qual}", "flag renamed",
-                             {**spec, "after_flag": f}) for f, r in _close(op.spec["after_flag"], flags)]
+                return [
+                    _Alt(
+                        "after_flag",
+                        op.spec["after_flag"],
+                        f,
+                        r,
+                        f"in {qual}",
+                        "flag renamed",
+                        {**spec, "after_flag": f},
+                    )
+                    for f, r in _close(op.spec["after_flag"], flags)
+                ]
             return []
         if isinstance(op, InsertStatements) or op.kind in ("replace_expr", "wrap_expr"):
             return self._moved_statement(op, spec, st, scope) or self._renamed_parameter(op, spec, st, scope)
@@ -405,8 +443,10 @@ class _Porter:
 
     def _renamed_name(self, spec, key, names, st, scope_node, why) -> list[_Alt]:
         nodes = {(_def_name(s) or _field_name(s)): s for s in cstutil.body_of(scope_node)}
-        return [_Alt(key, spec[key], n, r, self._where(st, nodes.get(n)), why, {**spec, key: n})
-                for n, r in _close(spec[key], names)]
+        return [
+            _Alt(key, spec[key], n, r, self._where(st, nodes.get(n)), why, {**spec, key: n})
+            for n, r in _close(spec[key], names)
+        ]
 
     def _renamed_target(self, op, spec, st) -> list[_Alt]:
         qual = op.target.qualname
@@ -422,7 +462,9 @@ class _Porter:
                 continue
             node = cstutil.find_definition(st.module, n)[-1]
             new = {**spec, "target": f"{op.target.module}:{n}"}
-            out.append(_Alt("target", str(op.target), new["target"], r, self._where(st, node), "definition renamed", new))
+            out.append(
+                _Alt("target", str(op.target), new["target"], r, self._where(st, node), "definition renamed", new)
+            )
         return out
 
     def _moved_module(self, op, spec, skip: str | None = None) -> list[_Alt]:
@@ -432,7 +474,9 @@ class _Porter:
         out = []
         for module, where in _modules_defining(self.tree, qual, skip):
             new = {**spec, "target": f"{module}:{op.target.qualname}" if op.target.qualname else module}
-            out.append(_Alt("target", str(op.target), new["target"], 1.0, where, "definition moved to another module", new))
+            out.append(
+                _Alt("target", str(op.target), new["target"], 1.0, where, "definition moved to another module", new)
+            )
         return out
 
     def _moved_statement(self, op, spec, st, scope) -> list[_Alt]:
@@ -450,8 +494,17 @@ class _Porter:
             new = {**spec, "target": f"{op.target.module}:{name}"}
             trial = self.make(new, 0)
             if self.run(trial, 0, keep=False) is None:
-                out.append(_Alt("target", str(op.target), new["target"], 1.0, self._where(st, stmt),
-                                "the same anchor, moved to another function of the scope", new))
+                out.append(
+                    _Alt(
+                        "target",
+                        str(op.target),
+                        new["target"],
+                        1.0,
+                        self._where(st, stmt),
+                        "the same anchor, moved to another function of the scope",
+                        new,
+                    )
+                )
         return out
 
     def _renamed_method(self, op, spec, st, cls_node) -> list[_Alt]:
@@ -466,8 +519,18 @@ class _Porter:
             new_qual = ".".join(ref.qualname.split(".")[:-1] + [n])
             new = {**spec, "code": f"{rel}:{new_qual}"}
             node = next(s for s in cstutil.body_of(cls_node) if _def_name(s) == n)
-            out.append(_Alt("code", spec["code"], new["code"], r, self._where(st, node),
-                            "method renamed: the code file is copied with the function renamed", new, (rel, text)))
+            out.append(
+                _Alt(
+                    "code",
+                    spec["code"],
+                    new["code"],
+                    r,
+                    self._where(st, node),
+                    "method renamed: the code file is copied with the function renamed",
+                    new,
+                    (rel, text),
+                )
+            )
         return out
 
     def _renamed_parameter(self, op, spec, st, scope) -> list[_Alt]:
@@ -481,8 +544,11 @@ class _Porter:
             return []
         used = {n.id for n in ast.walk(pattern.tree) if isinstance(n, ast.Name) and not n.id.startswith(WILD)}
         try:
-            here = {n.id if isinstance(n, ast.Name) else n.arg for n in ast.walk(ast.parse(textwrap.dedent(st.code(fn))))
-                    if isinstance(n, (ast.Name, ast.arg))}
+            here = {
+                n.id if isinstance(n, ast.Name) else n.arg
+                for n in ast.walk(ast.parse(textwrap.dedent(st.code(fn))))
+                if isinstance(n, (ast.Name, ast.arg))
+            }
         except SyntaxError:
             return []
         missing = sorted(used - here)
@@ -500,8 +566,18 @@ class _Porter:
             if ref is not None and old in cst.Module([]).code_for_node(ref.definition()):
                 rel, text = self._edited_copy(ref, lambda node, p=p: node.visit(_RenameName(old, p)))
                 new["code"], copy = f"{rel}:{ref.qualname}", (rel, text)
-            out.append(_Alt(key, spec[key].strip(), new[key].strip(), _ratio(old, p), self._where(st, fn),
-                            f"parameter renamed: {old} -> {p}", new, copy))
+            out.append(
+                _Alt(
+                    key,
+                    spec[key].strip(),
+                    new[key].strip(),
+                    _ratio(old, p),
+                    self._where(st, fn),
+                    f"parameter renamed: {old} -> {p}",
+                    new,
+                    copy,
+                )
+            )
         return out
 
     def _edited_copy(self, ref, edit) -> tuple[str, str]:
@@ -611,7 +687,7 @@ class _Doc:
     items: list  # the variants' composed mapping nodes
 
     @classmethod
-    def read(cls, path: Path) -> "_Doc":
+    def read(cls, path: Path) -> _Doc:
         text = path.read_text(encoding="utf-8")
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         seq = next(v for k, v in root.value if k.value == "variants")
@@ -621,7 +697,7 @@ class _Doc:
         return next((v for k, v in self.items[i].value if k.value == key), None)
 
     def anchor_of(self, node) -> str | None:
-        m = re.match(r"&([\w-]+)", self.text[node.start_mark.index:])
+        m = re.match(r"&([\w-]+)", self.text[node.start_mark.index :])
         return m.group(1) if m else None
 
 
@@ -657,8 +733,10 @@ def port(recipe_id: str, tree_dir, *, recipes_dir=None, dry_run: bool = False) -
     covering = recipe.variant_for(version)
     if covering is not None and not covering.operations and covering.upstreamed is not None:
         res.covered_by = covering.name
-        res.notes.append(f"variant {covering.name} covers SGLang {version} and says the feature is upstream; "
-                         "port does not re-anchor upstream probes")
+        res.notes.append(
+            f"variant {covering.name} covers SGLang {version} and says the feature is upstream; "
+            "port does not re-anchor upstream probes"
+        )
         res.check = _check(recipe.id, tree, Path(recipes_dir) if recipes_dir else default_recipes_dir())
         return res
     source = covering if covering is not None and covering.operations else nearest_variant(recipe, version)
@@ -666,8 +744,10 @@ def port(recipe_id: str, tree_dir, *, recipes_dir=None, dry_run: bool = False) -
         raise BadInputError(f"recipe {recipe.id!r} has no variant with operations to port from.")
     res.source = source.name
     if covering is not None and covering.unsupported:
-        res.notes.append(f"{covering.name} marked SGLang {version} unsupported: {covering.unsupported.strip()} "
-                         "Review that the ported variant answers this.")
+        res.notes.append(
+            f"{covering.name} marked SGLang {version} unsupported: {covering.unsupported.strip()} "
+            "Review that the ported variant answers this."
+        )
     doc = _Doc.read(recipe.path)
     src_index = recipe.variants.index(source)
     op_nodes = doc.value_node(src_index, "operations").value
@@ -679,8 +759,10 @@ def port(recipe_id: str, tree_dir, *, recipes_dir=None, dry_run: bool = False) -
             res.ops.append(porter.port(i, op, doc.anchor_of(op_nodes[i])))
         if covering is source and all(o.outcome == CARRIED for o in res.ops):
             res.covered_by = source.name
-            res.notes.append(f"variant {source.name} ({source.versions}) covers SGLang {version} and applies "
-                             "unchanged: nothing to write")
+            res.notes.append(
+                f"variant {source.name} ({source.versions}) covers SGLang {version} and applies "
+                "unchanged: nothing to write"
+            )
         elif res.needs_human:
             res.notes.append(f"{len(res.needs_human)} operation(s) need a human: nothing was written")
         else:
@@ -727,8 +809,10 @@ def _new_text(res: PortResult, recipe, doc: _Doc, source, covering, version: Ver
     intervals = {v.name: _interval(v.versions) for v in recipe.variants}
     odd = [f"{n} ({v.versions})" for n, v in ((v.name, v) for v in recipe.variants) if intervals[n] is None]
     if odd:
-        raise BadInputError(f"{recipe.path}: variant range(s) {', '.join(odd)} are not of the form '>=A,<B'; "
-                            "spectool port cannot place a new range beside them. Edit the ranges by hand.")
+        raise BadInputError(
+            f"{recipe.path}: variant range(s) {', '.join(odd)} are not of the form '>=A,<B'; "
+            "spectool port cannot place a new range beside them. Edit the ranges by hand."
+        )
     lo, hi = version, _next_patch(version)
     edits: list[tuple[int, int, str]] = []  # (start, end, text) in doc.text
     extra_blocks: list[dict] = []
@@ -759,11 +843,16 @@ def _new_text(res: PortResult, recipe, doc: _Doc, source, covering, version: Ver
                 names.add(new_name)
             res.ranges.append(f"{covering.name} ({covering.versions}) -> {new_name} ({_spec_text(*first)})")
             if len(parts) == 2:
-                data = yaml.safe_load(doc.text[doc.items[ci].start_mark.index:doc.items[ci].end_mark.index])
+                data = yaml.safe_load(doc.text[doc.items[ci].start_mark.index : doc.items[ci].end_mark.index])
                 name = _renamed_placeholder(covering.name, clo, parts[1][0], names)
                 names.add(name)
-                extra_blocks.append({"name": name, "versions": _spec_text(*parts[1]),
-                                     **{k: v for k, v in data.items() if k not in ("name", "versions")}})
+                extra_blocks.append(
+                    {
+                        "name": name,
+                        "versions": _spec_text(*parts[1]),
+                        **{k: v for k, v in data.items() if k not in ("name", "versions")},
+                    }
+                )
                 res.ranges.append(f"new {name} ({_spec_text(*parts[1])}): the rest of {covering.name}")
     else:
         above = [iv[0] for iv in intervals.values() if iv[0] is not None and iv[0] > version]
@@ -781,10 +870,12 @@ def _new_text(res: PortResult, recipe, doc: _Doc, source, covering, version: Ver
         res.variant = _variant_name(source.name, version, names)
         res.versions = _spec_text(lo, hi)
         moved = [f"#{o.index} {c.key} {c.old} -> {c.new}" for o in res.ops for c in o.changes]
-        block = {"name": res.variant, "versions": res.versions,
-                 "notes": f"The operations of {source.name}" + (", re-anchored: " + "; ".join(moved) if moved else "") + ".",
-                 "operations": [_ALIAS.format(o.alias) if o.outcome == CARRIED and o.alias else o.spec
-                                for o in res.ops]}
+        block = {
+            "name": res.variant,
+            "versions": res.versions,
+            "notes": f"The operations of {source.name}" + (", re-anchored: " + "; ".join(moved) if moved else "") + ".",
+            "operations": [_ALIAS.format(o.alias) if o.outcome == CARRIED and o.alias else o.spec for o in res.ops],
+        }
         extra_blocks.insert(0, block)
     text = doc.text
     for start, end, new in sorted(edits, reverse=True):

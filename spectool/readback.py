@@ -39,8 +39,11 @@ def _engine() -> str:
 
 def _key(tree, recipes, options) -> dict:
     options = options or {}
-    return {"engine": _engine(), "sglang_version": str(tree.version),
-            "recipes": [[r.id, r.content_hash, options.get(r.id, {})] for r in recipes]}
+    return {
+        "engine": _engine(),
+        "sglang_version": str(tree.version),
+        "recipes": [[r.id, r.content_hash, options.get(r.id, {})] for r in recipes],
+    }
 
 
 def _sha256(path: Path) -> str | None:
@@ -55,8 +58,12 @@ def record(tree, recipes, options, plan) -> bytes | None:
     which every recipe is in place; None when it is not such a plan."""
     if plan.changes or not all(r.status in (Status.ALREADY_APPLIED, Status.UPSTREAMED) for r in plan.results):
         return None
-    data = {"schema": SCHEMA, "key": _key(tree, recipes, options), "inputs": plan.inputs,
-            "results": [r.to_json() for r in plan.results]}
+    data = {
+        "schema": SCHEMA,
+        "key": _key(tree, recipes, options),
+        "inputs": plan.inputs,
+        "results": [r.to_json() for r in plan.results],
+    }
     return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
 
 
@@ -71,8 +78,11 @@ def recall(tree, recipes, options):
     except (OSError, ValueError):
         return None
     # JSON turns the options' tuples into lists: compare like with like.
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or \
-            data.get("key") != json.loads(json.dumps(_key(tree, recipes, options))):
+    if (
+        not isinstance(data, dict)
+        or data.get("schema") != SCHEMA
+        or data.get("key") != json.loads(json.dumps(_key(tree, recipes, options)))
+    ):
         return None
     inputs = data.get("inputs") or {}
     # A damaged or foreign record is only a missed shortcut: plan instead.
@@ -81,8 +91,10 @@ def recall(tree, recipes, options):
     if any(_sha256(tree.root / rel) != digest for rel, digest in inputs.items()):
         return None
     try:
-        results = [RecipeResult(r["id"], Status(r["status"]), r["variant"], r["message"], None, r["operations"],
-                                r["files"]) for r in data["results"]]
+        results = [
+            RecipeResult(r["id"], Status(r["status"]), r["variant"], r["message"], None, r["operations"], r["files"])
+            for r in data["results"]
+        ]
     except (KeyError, TypeError, ValueError):
         return None
     if [r.id for r in results] != [r.id for r in recipes]:

@@ -81,8 +81,10 @@ def _expanded_size(node, memo: dict, limit: int) -> int:
     else:
         n = 1
     if n > limit:
-        raise RecipeError(f"expands to more than {limit} YAML nodes once its aliases are resolved "
-                          f"(at line {node.start_mark.line + 1}); a recipe needs far fewer")
+        raise RecipeError(
+            f"expands to more than {limit} YAML nodes once its aliases are resolved "
+            f"(at line {node.start_mark.line + 1}); a recipe needs far fewer"
+        )
     memo[key] = n
     return n
 
@@ -94,8 +96,9 @@ def _construct_mapping(loader, node, deep=False):
         try:
             hash(key)
         except TypeError:
-            raise RecipeError(f"a key at line {key_node.start_mark.line + 1} is a {type(key).__name__}; keys must be "
-                              "plain words") from None
+            raise RecipeError(
+                f"a key at line {key_node.start_mark.line + 1} is a {type(key).__name__}; keys must be plain words"
+            ) from None
         if key in seen:
             raise RecipeError(f"duplicate key {key!r} at line {key_node.start_mark.line + 1}")
         seen.add(key)
@@ -131,14 +134,20 @@ def _check_keys(data: Any, allowed: dict, required: set, where: str) -> None:
     for key, typ in allowed.items():
         if key in data and not _is(data[key], typ):
             got = type(data[key]).__name__
-            hint = " (quote version strings: YAML reads 0.5.10 as a number)" if typ is str and got in ("float", "int") else ""
+            hint = (
+                " (quote version strings: YAML reads 0.5.10 as a number)"
+                if typ is str and got in ("float", "int")
+                else ""
+            )
             raise RecipeError(f"{where}: key {key!r} must be {typ.__name__}, got {got} {_short(data[key])}{hint}.")
         item = LIST_ITEMS.get(key)
         if key in data and item is not None:
             bad = [x for x in data[key] if not _is(x, item)]
             if bad:
-                raise RecipeError(f"{where}: key {key!r} must be a list of {item.__name__}, but holds "
-                                  f"{type(bad[0]).__name__} {_short(bad[0])}.")
+                raise RecipeError(
+                    f"{where}: key {key!r} must be a list of {item.__name__}, but holds "
+                    f"{type(bad[0]).__name__} {_short(bad[0])}."
+                )
 
 
 @dataclass
@@ -344,8 +353,11 @@ def load_recipe(path: Path) -> Recipe:
         if "upstreamed" in vdata:
             _check_keys(vdata["upstreamed"], UPSTREAMED_KEYS, {"note"}, f"{vwhere}.upstreamed")
             probe = vdata["upstreamed"].get("probe")
-            up = Upstreamed(vdata["upstreamed"]["note"], Target.parse(probe, f"{vwhere}.upstreamed.probe") if probe else None,
-                            vdata["upstreamed"].get("anchor"))
+            up = Upstreamed(
+                vdata["upstreamed"]["note"],
+                Target.parse(probe, f"{vwhere}.upstreamed.probe") if probe else None,
+                vdata["upstreamed"].get("anchor"),
+            )
             if up.anchor is not None:
                 from .patterns import Pattern
 
@@ -378,7 +390,11 @@ def load_recipes(directory: Path | None = None, select: list[str] | None = None)
     if not directory.is_dir():
         raise RecipeError(f"recipes directory {directory} does not exist.")
     recipes = {}
-    files = [directory / "recipe.yaml"] if (directory / "recipe.yaml").is_file() else sorted(directory.glob("*/recipe.yaml"))
+    files = (
+        [directory / "recipe.yaml"]
+        if (directory / "recipe.yaml").is_file()
+        else sorted(directory.glob("*/recipe.yaml"))
+    )
     if not files:
         raise RecipeError(f"no recipes in {directory}: expected DIR/recipe.yaml or DIR/*/recipe.yaml.")
     for f in files:

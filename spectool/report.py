@@ -13,11 +13,20 @@ if TYPE_CHECKING:  # pragma: no cover - rich is imported only when a table is pr
 JSON_SCHEMA_VERSION = 1
 
 _STYLE = {
-    Status.APPLIED: "green", Status.WOULD_APPLY: "cyan", Status.ALREADY_APPLIED: "green", Status.UPSTREAMED: "blue",
-    Status.DRIFT: "red", Status.CONFLICT: "red", Status.UNSUPPORTED: "yellow", Status.BLOCKED: "yellow",
+    Status.APPLIED: "green",
+    Status.WOULD_APPLY: "cyan",
+    Status.ALREADY_APPLIED: "green",
+    Status.UPSTREAMED: "blue",
+    Status.DRIFT: "red",
+    Status.CONFLICT: "red",
+    Status.UNSUPPORTED: "yellow",
+    Status.BLOCKED: "yellow",
     Status.INVALID: "red",
-    FileIntegrity.INTACT: "green", FileIntegrity.ORIGINAL: "yellow", FileIntegrity.MODIFIED: "red",
-    FileIntegrity.MISSING: "red", FileIntegrity.REVERTED: "green",
+    FileIntegrity.INTACT: "green",
+    FileIntegrity.ORIGINAL: "yellow",
+    FileIntegrity.MODIFIED: "red",
+    FileIntegrity.MISSING: "red",
+    FileIntegrity.REVERTED: "green",
 }
 
 
@@ -32,7 +41,7 @@ def to_json(payload: dict) -> str:
     return json.dumps({"schema_version": JSON_SCHEMA_VERSION, **payload}, indent=2, sort_keys=True, default=str)
 
 
-def print_outcome(outcome, console: "Console", *, show_diff: bool = False, heading: str | None = None) -> None:
+def print_outcome(outcome, console: Console, *, show_diff: bool = False, heading: str | None = None) -> None:
     """The outcome as tables; `heading` replaces the first line ('SGLang V at DIR')."""
     from rich.table import Table
 

@@ -98,8 +98,9 @@ def _read_version(pkg: Path) -> str | None:
     if (parent.parent / ".git").exists():
         import subprocess
 
-        r = subprocess.run(["git", "-C", str(parent.parent), "describe", "--tags", "--abbrev=0"],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            ["git", "-C", str(parent.parent), "describe", "--tags", "--abbrev=0"], capture_output=True, text=True
+        )
         if r.returncode == 0 and r.stdout.strip():
             return r.stdout.strip().lstrip("v")
     f = pkg / "version.py"
@@ -124,7 +125,7 @@ def locate(directory: str | Path, version: str | None = None) -> SglangTree:
     if not d.is_dir():
         raise SourceError(f"--sglang-dir {d} is not a directory.")
     d = d.resolve()
-    for root, kind in ((d / "python", "checkout"), (d, "package"), (d.parent, "package")):
+    for root, kind in ((d / "python", "checkout"), (d, "package"), (d.parent, "package")):  # noqa: B007
         pkg = root / "sglang"
         if (pkg / "srt").is_dir() and (pkg / "__init__.py").is_file():
             break

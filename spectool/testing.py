@@ -29,7 +29,7 @@ def function_source(path: Path, qualname: str) -> str:
     if node.decorator_list:
         first = node.decorator_list[0]
         lines = src.splitlines()
-        seg = "\n".join(lines[first.lineno - 1: node.end_lineno])
+        seg = "\n".join(lines[first.lineno - 1 : node.end_lineno])
     return textwrap.dedent(seg)
 
 

@@ -57,8 +57,12 @@ def _changed_in_cache(root: Path) -> list[str]:
     """Files of a cached release written after it was unpacked: new files, or files written
     in place (directly, or through a hard link of a test's tree)."""
     fetched = (root / ".spectool-fetched").stat().st_mtime
-    return [str(Path(d, f).relative_to(root)) for d, _, files in os.walk(root) for f in files
-            if os.stat(os.path.join(d, f)).st_mtime > fetched]
+    return [
+        str(Path(d, f).relative_to(root))
+        for d, _, files in os.walk(root)
+        for f in files
+        if os.stat(os.path.join(d, f)).st_mtime > fetched
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -82,9 +86,11 @@ def cached_release(pytestconfig):
 
     yield get
     changed = {v: files for v, root in roots.items() if (files := _changed_in_cache(root))}
-    assert not changed, (f"tests wrote into cached releases (directly or through a hard link): {changed}; "
-                         "write into a tree of sglang_release by replacing files, and delete these releases "
-                         "from the cache")
+    assert not changed, (
+        f"tests wrote into cached releases (directly or through a hard link): {changed}; "
+        "write into a tree of sglang_release by replacing files, and delete these releases "
+        "from the cache"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -145,8 +151,12 @@ class _Prefetch:
                 self.reported.add(version)
                 error = future.exception()
                 count = f"{len(self.reported)} of {len(self.futures)}"
-                _say(self.config, f"  SGLang {version} fetched ({count})" if error is None
-                     else f"  SGLang {version} not fetched: {error}")
+                _say(
+                    self.config,
+                    f"  SGLang {version} fetched ({count})"
+                    if error is None
+                    else f"  SGLang {version} not fetched: {error}",
+                )
 
     def wait(self, versions=None) -> None:
         """Until these releases (default: all) are fetched or failed; a release that failed
@@ -168,11 +178,15 @@ def pytest_collection_finish(session):
 
     if session.config.option.collectonly:
         return
-    missing = [v for v in _named_releases(session.items)
-               if not (cache_dir() / f"sglang-{v}" / ".spectool-fetched").exists()]
+    missing = [
+        v for v in _named_releases(session.items) if not (cache_dir() / f"sglang-{v}" / ".spectool-fetched").exists()
+    ]
     if missing:
-        _say(session.config, f"fetching {len(missing)} SGLang release(s) into {cache_dir()} while the first tests run "
-                             "(first use; cached afterwards)")
+        _say(
+            session.config,
+            f"fetching {len(missing)} SGLang release(s) into {cache_dir()} while the first tests run "
+            "(first use; cached afterwards)",
+        )
         session.config.stash[PREFETCH] = _Prefetch(session.config, missing)
 
 

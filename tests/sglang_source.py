@@ -53,12 +53,26 @@ def release_class(tree: Path, rel: str, qualname: str, namespace: dict | None = 
     `namespace` (the names its methods use), annotations kept as strings as in the release.
     A name only the definition reads and `namespace` lacks becomes Unprovided."""
     path = tree / rel
-    ns = {"dataclasses": dataclasses, "dataclass": dataclasses.dataclass, "field": dataclasses.field,
-          "IntEnum": enum.IntEnum, "Enum": enum.Enum, "auto": enum.auto, "ABC": abc.ABC,
-          "abstractmethod": abc.abstractmethod, "total_ordering": functools.total_ordering,
-          **{name: getattr(typing, name) for name in typing.__all__}, **(namespace or {})}
-    code = compile(function_source(path, qualname), f"{path}:{qualname}", "exec",
-                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    ns = {
+        "dataclasses": dataclasses,
+        "dataclass": dataclasses.dataclass,
+        "field": dataclasses.field,
+        "IntEnum": enum.IntEnum,
+        "Enum": enum.Enum,
+        "auto": enum.auto,
+        "ABC": abc.ABC,
+        "abstractmethod": abc.abstractmethod,
+        "total_ordering": functools.total_ordering,
+        **{name: getattr(typing, name) for name in typing.__all__},
+        **(namespace or {}),
+    }
+    code = compile(
+        function_source(path, qualname),
+        f"{path}:{qualname}",
+        "exec",
+        flags=__future__.annotations.compiler_flag,
+        dont_inherit=True,
+    )
     for _ in range(200):
         try:
             exec(code, ns)
@@ -70,13 +84,13 @@ def release_class(tree: Path, rel: str, qualname: str, namespace: dict | None = 
     raise AssertionError(f"{qualname} of {path} reads too many names at its definition")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def forward_modes(tree: Path) -> tuple[type, type]:
     """The release's (ForwardMode, CaptureHiddenMode) enums."""
     return release_class(tree, FORWARD, "ForwardMode"), release_class(tree, FORWARD, "CaptureHiddenMode")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model_worker_batch_class(tree: Path) -> type:
     return release_class(tree, BATCH, "ModelWorkerBatch")
 
@@ -85,8 +99,11 @@ def model_worker_batch(tree: Path, **values):
     """A real ModelWorkerBatch of the release: `values`, every other field its default or
     None (the fields without a default)."""
     cls = _model_worker_batch_class(tree)
-    required = {f.name: None for f in dataclasses.fields(cls)
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    required = {
+        f.name: None
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
     return cls(**{**required, **values})
 
 
@@ -105,23 +122,34 @@ def request(tree: Path, **values):
     return req
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _req_class(tree: Path) -> tuple[type, frozenset]:
     """The release's Req class, and the arguments its __init__ stores under their own name."""
     path = tree / BATCH
     init = ast.parse(function_source(path, "Req.__init__")).body[0]
     params = {a.arg for a in init.args.args + init.args.kwonlyargs}
-    stored = {t.attr for node in ast.walk(init) if isinstance(node, ast.Assign)
-              for t in node.targets if isinstance(t, ast.Attribute) and isinstance(node.value, ast.Name)
-              and t.attr == node.value.id and t.attr in params}
-    bases = {base.id: release_class(tree, _defined_in(tree, base.id), base.id)
-             for base in _class_node(path, "Req").bases if isinstance(base, ast.Name)}
+    stored = {
+        t.attr
+        for node in ast.walk(init)
+        if isinstance(node, ast.Assign)
+        for t in node.targets
+        if isinstance(t, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and t.attr == node.value.id
+        and t.attr in params
+    }
+    bases = {
+        base.id: release_class(tree, _defined_in(tree, base.id), base.id)
+        for base in _class_node(path, "Req").bases
+        if isinstance(base, ast.Name)
+    }
     return release_class(tree, BATCH, "Req", bases), frozenset(stored)
 
 
 def _class_node(path: Path, name: str) -> ast.ClassDef:
-    return next(n for n in ast.parse(path.read_text(encoding="utf-8")).body
-                if isinstance(n, ast.ClassDef) and n.name == name)
+    return next(
+        n for n in ast.parse(path.read_text(encoding="utf-8")).body if isinstance(n, ast.ClassDef) and n.name == name
+    )
 
 
 def _defined_in(tree: Path, name: str) -> str:
@@ -136,7 +164,7 @@ def _defined_in(tree: Path, name: str) -> str:
     raise KeyError(f"no class {name} in {tree}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def generation_batch_result_class(tree: Path) -> type:
     """The release's GenerationBatchResult dataclass (what a worker step returns)."""
     import torch
@@ -144,7 +172,7 @@ def generation_batch_result_class(tree: Path) -> type:
     return release_class(tree, RESULT, "GenerationBatchResult", {"torch": torch})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def eagle_draft_input_class(tree: Path) -> type:
     """The release's EagleDraftInput dataclass, on its real SpecInput base and V2 mixin."""
     import torch
@@ -153,17 +181,31 @@ def eagle_draft_input_class(tree: Path) -> type:
     base = release_class(tree, SPEC_INFO, "SpecInput", {"SpecInputType": spec_type})
     _, capture = forward_modes(tree)
     mixin = release_class(tree, EAGLE_INFO_V2, "EagleDraftInputV2Mixin", {"torch": torch})
-    return release_class(tree, EAGLE_INFO, "EagleDraftInput", {
-        "SpecInput": base, "SpecInputType": spec_type, "EagleDraftInputV2Mixin": mixin,
-        "CaptureHiddenMode": capture, "torch": torch})
+    return release_class(
+        tree,
+        EAGLE_INFO,
+        "EagleDraftInput",
+        {
+            "SpecInput": base,
+            "SpecInputType": spec_type,
+            "EagleDraftInputV2Mixin": mixin,
+            "CaptureHiddenMode": capture,
+            "torch": torch,
+        },
+    )
 
 
 def server_args_class(tree: Path, namespace: dict) -> type:
     """The release's ServerArgs dataclass, its methods' globals `namespace` (the names they
     read) plus the module's constants; annotations stay strings, as in the release."""
     path = tree / ARGS
-    ns = {"dataclasses": dataclasses, "is_hip": lambda: False, "cached_property": functools.cached_property,
-          **{name: getattr(typing, name) for name in typing.__all__}, **namespace}
+    ns = {
+        "dataclasses": dataclasses,
+        "is_hip": lambda: False,
+        "cached_property": functools.cached_property,
+        **{name: getattr(typing, name) for name in typing.__all__},
+        **namespace,
+    }
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
         if isinstance(node, ast.Assign):  # the CHOICES lists and other constants
             try:
@@ -204,12 +246,19 @@ def disable_flags_parser(tree: Path, cls: type) -> argparse.ArgumentParser:
         if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
             call = stmt.value
             first = call.args[0] if call.args else None
-            if (isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument"
-                    and isinstance(first, ast.Constant) and str(first.value).startswith(PREFIX)):
+            if (
+                isinstance(call.func, ast.Attribute)
+                and call.func.attr == "add_argument"
+                and isinstance(first, ast.Constant)
+                and str(first.value).startswith(PREFIX)
+            ):
                 calls.append(stmt)
     source = "def add(parser):\n" + "".join(f"    {ast.unparse(c)}\n" for c in calls)
-    ns = {"ServerArgs": cls, "argparse": argparse,
-          "int_or_off": load_function(path, "int_or_off", {"argparse": argparse, "Optional": typing.Optional})}
+    ns = {
+        "ServerArgs": cls,
+        "argparse": argparse,
+        "int_or_off": load_function(path, "int_or_off", {"argparse": argparse, "Optional": typing.Optional}),
+    }
     exec(compile(source, f"{path}:ServerArgs.add_cli_args", "exec"), ns)
     parser = argparse.ArgumentParser(prog="sglang serve", exit_on_error=False)
     ns["add"](parser)
@@ -218,12 +267,20 @@ def disable_flags_parser(tree: Path, cls: type) -> argparse.ArgumentParser:
 
 def fallback_state_class(tree: Path) -> type:
     """The patched worker module's SpecFallbackState dataclass."""
-    ns = {"dataclasses": dataclasses, "collections": collections, "threading": threading, "json": json,
-          "os": os, "time": time, "Optional": typing.Optional, "Any": typing.Any}
+    ns = {
+        "dataclasses": dataclasses,
+        "collections": collections,
+        "threading": threading,
+        "json": json,
+        "os": os,
+        "time": time,
+        "Optional": typing.Optional,
+        "Any": typing.Any,
+    }
     return load_function(tree / WORKER, "SpecFallbackState", ns)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def logits_output_class(tree: Path) -> type:
     """The release's LogitsProcessorOutput dataclass (a forward's logits, logprobs, hidden states)."""
     import torch

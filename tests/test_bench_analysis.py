@@ -15,20 +15,36 @@ from spectool.harness.bench.sweep import DEFAULT_C, summarize
 # A sweep whose medians are easy to divide: A0 serves 100 tokens/s per request, EAGLE-3 (A1)
 # 150 up to C=32 and 80 from 64 on, the patch (A2, T=32) 147 and 99 (A2/E 0.98 and 0.99),
 # the always-fallback arm (A4) 97 (A4/A0 0.97). Up to three reps: 1x, 0.99x, 1.01x the median.
-PER_REQUEST = {"A0": lambda C: 100, "A1": lambda C: 150 if C <= 32 else 80,
-               "A2": lambda C: 147 if C <= 32 else 99, "A4": lambda C: 97}
+PER_REQUEST = {
+    "A0": lambda C: 100,
+    "A1": lambda C: 150 if C <= 32 else 80,
+    "A2": lambda C: 147 if C <= 32 else 99,
+    "A4": lambda C: 97,
+}
 SPREAD = (1.0, 0.99, 1.01)
 
 
 # ServerArgs fields as the bench reads them from the SGLang under test (field -> type).
-SERVER_ARGS = {"speculative_disable_draft_decode_min_bs": "Optional[int]",
-               "speculative_disable_kv_only_margin": "Optional[int]",
-               "speculative_disable_kv_only_steps_per_replay": "int", "attention_backend": "Optional[str]"}
+SERVER_ARGS = {
+    "speculative_disable_draft_decode_min_bs": "Optional[int]",
+    "speculative_disable_kv_only_margin": "Optional[int]",
+    "speculative_disable_kv_only_steps_per_replay": "int",
+    "attention_backend": "Optional[str]",
+}
 
 
 def cell(arm, C, tok_s, rep=0, **fields):
-    return {"arm": arm, "C": C, "rep": rep, "acc_len": 3.0, "output_tok_s": tok_s, "tpot_ms": 5.0, "ttft_ms": 100.0,
-            "stagger": False, **fields}
+    return {
+        "arm": arm,
+        "C": C,
+        "rep": rep,
+        "acc_len": 3.0,
+        "output_tok_s": tok_s,
+        "tpot_ms": 5.0,
+        "ttft_ms": 100.0,
+        "stagger": False,
+        **fields,
+    }
 
 
 def _sweep(concurrencies=DEFAULT_C, arms=("A0", "A1", "A2", "A4"), reps=3):
@@ -48,7 +64,10 @@ def _transition(ratios, low=1000.0, high=10000.0, **phase_fields):
     at `ratio` times its reference, the references run before and after at `low` and `high`."""
     refs = {"4": low, "192": high}
     phases = [{"C": C, "output_tok_s": r * refs[str(C)], **phase_fields} for C, r in zip((4, 192, 4, 192, 4), ratios)]
-    return {"phases": phases, "reference_records": {C: [{"output_tok_s": v}, {"output_tok_s": v}] for C, v in refs.items()}}
+    return {
+        "phases": phases,
+        "reference_records": {C: [{"output_tok_s": v}, {"output_tok_s": v}] for C, v in refs.items()},
+    }
 
 
 def _folder(path: Path, cells, threshold=32, transition=None, **report):
@@ -56,8 +75,9 @@ def _folder(path: Path, cells, threshold=32, transition=None, **report):
     path.mkdir(parents=True)
     if cells:
         (path / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cells))
-    (path / "bench-results.json").write_text(json.dumps(
-        {"sglang_version": "0.5.12", "gpu": "NVIDIA H200", "threshold": threshold, **report}))
+    (path / "bench-results.json").write_text(
+        json.dumps({"sglang_version": "0.5.12", "gpu": "NVIDIA H200", "threshold": threshold, **report})
+    )
     if transition:
         (path / "transition.json").write_text(json.dumps(transition))
     return path
@@ -65,8 +85,16 @@ def _folder(path: Path, cells, threshold=32, transition=None, **report):
 
 def test_envelope_and_ratios():
     m = analyze.medians(_sweep())
-    assert m[("A0", 64)] == {"median": 6400, "min": 6336, "max": 6464, "reps": 3, "tpot_ms": 5.0, "ttft_ms": 100.0,
-                             "acceptance": None, "spec_fraction": None}
+    assert m[("A0", 64)] == {
+        "median": 6400,
+        "min": 6336,
+        "max": 6464,
+        "reps": 3,
+        "tpot_ms": 5.0,
+        "ttft_ms": 100.0,
+        "acceptance": None,
+        "spec_fraction": None,
+    }
     env = analyze.envelope(m, DEFAULT_C)
     assert env == {C: (150 if C <= 32 else 100) * C for C in DEFAULT_C}, "E = max(A0, A1)"
     r = analyze.ratios(m, DEFAULT_C)
@@ -75,13 +103,20 @@ def test_envelope_and_ratios():
         assert r[C]["A2/A0"] == pytest.approx(1.47 if C <= 32 else 0.99)
         assert r[C]["A4/A0"] == pytest.approx(0.97) and r[C]["A1/A0"] == pytest.approx(1.5 if C <= 32 else 0.8)
         assert "A3/A1" not in r[C], "no A3 measured"
-    assert analyze.ratios(analyze.medians(_sweep(arms=("A0", "A2"))), [64])[64] == {"E": None, "A2/A0": pytest.approx(0.99)}
+    assert analyze.ratios(analyze.medians(_sweep(arms=("A0", "A2"))), [64])[64] == {
+        "E": None,
+        "A2/A0": pytest.approx(0.99),
+    }
 
 
 def test_medians_keep_one_acceptance():
     """Cells of another acceptance are left out when one is asked for; cells without the field
     count as the one asked for."""
-    cells = _sweep([64], ("A0",)) + [cell("A0", 64, 1.0, acc_len=2.0)] + [{"arm": "A0", "C": 64, "rep": 9, "output_tok_s": 6400}]
+    cells = (
+        _sweep([64], ("A0",))
+        + [cell("A0", 64, 1.0, acc_len=2.0)]
+        + [{"arm": "A0", "C": 64, "rep": 9, "output_tok_s": 6400}]
+    )
     assert analyze.medians(cells, 3.0)[("A0", 64)]["reps"] == 4
     assert (analyze.medians(cells, 2.0)[("A0", 64)]["reps"], analyze.medians(cells, 2.0)[("A0", 64)]["min"]) == (2, 1.0)
     assert analyze.medians(cells)[("A0", 64)]["reps"] == 5
@@ -91,7 +126,12 @@ def test_threshold_rule():
     """EAGLE-3 wins up to C=32 and loses from 64: T=32, and the crossover between 32 and 64
     (more than 25% apart) is to be measured at 40, 48, 56."""
     s = analyze.suggest_threshold(analyze.medians(_sweep()), DEFAULT_C)
-    assert (s["threshold"], s["wins"], s["loses"], s["refine"]) == (32, [1, 2, 4, 8, 16, 32], [64, 128, 256], [40, 48, 56])
+    assert (s["threshold"], s["wins"], s["loses"], s["refine"]) == (
+        32,
+        [1, 2, 4, 8, 16, 32],
+        [64, 128, 256],
+        [40, 48, 56],
+    )
     assert s["why"].startswith("EAGLE-3 is at least as fast as plain decoding up to C=32 and slower above")
 
 
@@ -109,6 +149,7 @@ def test_synthetic_rule_cases():
 def test_the_rule_names_the_request_counts_to_measure_between_its_last_win_and_first_loss():
     """A grid step of more than 25% leaves the crossover unplaced: the rule lists three
     counts between (none once the two are within 25%, or where nothing was lost)."""
+
     def mk(pairs):
         return {(a, C): {"median": v} for C, (x, y) in pairs.items() for a, v in (("A0", x), ("A1", y))}
 
@@ -129,7 +170,9 @@ def test_the_band_measured_and_merged_moves_the_threshold(tmp_path):
     from spectool.harness.bench.sweep import merge
 
     sweep = _folder(tmp_path / "sweep", _sweep())
-    band = [cell("A0", C, 100 * C) for C in (40, 48, 56)] + [cell("A1", C, v * C) for C, v in ((40, 110), (48, 101), (56, 95))]
+    band = [cell("A0", C, 100 * C) for C in (40, 48, 56)] + [
+        cell("A1", C, v * C) for C, v in ((40, 110), (48, 101), (56, 95))
+    ]
     merge(tmp_path / "fine", [sweep, _folder(tmp_path / "band", band)], 3.0)
     m = analyze.load_medians(tmp_path / "fine", 3.0)
     rule = analyze.suggest_threshold(m, sorted({C for _, C in m}))
@@ -140,7 +183,10 @@ def test_summary_files(tmp_path):
     rep = summarize(tmp_path, _sweep(), DEFAULT_C, 32, 3.0, {"A2": _transition([1.0, 0.99, 0.98, 1.0, 0.97])}, {})
     table = (tmp_path / "bench-table.md").read_text()
     assert table.startswith("| C |") and "| A4 TPOT ms | A4 TTFT ms |" in table, "throughput, then latency per arm"
-    assert "| 64 | 6400 (6336-6464) | 5120 (5069-5171) | 6336 (6273-6399) | 6208 (6146-6270) | 6400 | 0.990 | 0.970 | - | 0.00 | 3.00 |" in table
+    assert (
+        "| 64 | 6400 (6336-6464) | 5120 (5069-5171) | 6336 (6273-6399) | 6208 (6146-6270) | 6400 | 0.990 | 0.970 | - | 0.00 | 3.00 |"
+        in table
+    )
     assert (tmp_path / "bench-plot.png").read_bytes()[:4] == b"\x89PNG"
     assert [round(r["ratio"], 3) for r in rep["transition"]["A2"]] == [1.0, 0.99, 0.98, 1.0, 0.97]
     assert "Lowest phase/steady: 0.970" in table
@@ -158,14 +204,17 @@ def test_table_round_trip_and_the_comparison_table(tmp_path):
     m = analyze.medians(_sweep())
     back = medians_from_table(markdown(m, DEFAULT_C, ["A0", "A1", "A2", "A4"]))
     assert {k: (round(v["median"]), round(v["min"]), round(v["max"])) for k, v in back.items()} == {
-        k: (round(v["median"]), round(v["min"]), round(v["max"])) for k, v in m.items()}
+        k: (round(v["median"]), round(v["min"]), round(v["max"])) for k, v in m.items()
+    }
     tables_only = tmp_path / "table"
     tables_only.mkdir()
     (tables_only / "bench-table.md").write_text(markdown(m, DEFAULT_C, ["A0", "A1", "A2", "A4"]))
     assert load_medians(tables_only)[("A1", 256)]["median"] == 80 * 256
     assert load_ratios(tables_only, [64])[64]["A2/E"] == pytest.approx(0.99)
-    rat = {"ours": {64: {"A2/E": 0.976, "A2/A0": 0.976}, 4: {"A2/E": 1.013, "A2/A0": 1.856}},
-           "upstream": {64: {"A2/E": 0.429, "A2/A0": 0.429}}}
+    rat = {
+        "ours": {64: {"A2/E": 0.976, "A2/A0": 0.976}, 4: {"A2/E": 1.013, "A2/A0": 1.856}},
+        "upstream": {64: {"A2/E": 0.429, "A2/A0": 0.429}},
+    }
     table = compare_markdown(rat, [4, 64])
     assert table.splitlines()[0] == "| C | A2/E ours | A2/E upstream | A2 vs A0 ours | A2 vs A0 upstream |"
     assert "| 64 | 0.976 | 0.429 | 0.976 | 0.429 |" in table and "| 4 | 1.013 | - | 1.856 | - |" in table
@@ -175,13 +224,18 @@ def test_runs_of_two_engines_compared_run_by_run():
     """Per C, each side's runs (median run, range, count) and the rank-sum p of the two sets:
     the same five runs on both sides are one distribution (p = 1); five runs all above the
     other five are 2 of the 252 ways to split ten (p = 0.0079)."""
+
     def runs(values, C):
-        return [cell(arm, C, v, source=f"r{i}") for i, a2e in enumerate(values)
-                for arm, v in (("A0", 1000.0), ("A1", 1000.0), ("A2", 1000.0 * a2e))]
+        return [
+            cell(arm, C, v, source=f"r{i}")
+            for i, a2e in enumerate(values)
+            for arm, v in (("A0", 1000.0), ("A1", 1000.0), ("A2", 1000.0 * a2e))
+        ]
 
     same, low, high = [0.98, 0.99, 1.0, 1.01, 1.02], [0.95, 0.96, 0.97, 0.975, 0.978], [1.01, 1.02, 1.03, 1.04, 1.05]
-    md = analyze.compare_runs_markdown({"ours": runs(same, 4) + runs(high, 16), "upstream": runs(same, 4) + runs(low, 16)},
-                                       [4, 8, 16])
+    md = analyze.compare_runs_markdown(
+        {"ours": runs(same, 4) + runs(high, 16), "upstream": runs(same, 4) + runs(low, 16)}, [4, 8, 16]
+    )
     assert "| 4 | 1.000 (0.980-1.020, 5) | 1.000 (0.980-1.020, 5) | 1.00 |" in md
     assert "| 16 | 1.030 (1.010-1.050, 5) | 0.970 (0.950-0.978, 5) | 0.01 |" in md
     assert "| 8 |" not in md, "a C no run measured has no row"
@@ -192,8 +246,12 @@ def test_runs_of_two_engines_compared_run_by_run():
 def test_transition_phases_are_compared_with_their_own_reference(tmp_path):
     """A phase is judged against the same (C, n) run on its own, not against the sweep's
     median at another request count; results without a reference fall back to it."""
-    trans = {"A2": {"phases": [{"C": 4, "output_tok_s": 950.0}, {"C": 192, "output_tok_s": 9000.0}],
-                    "reference": {"4": 1000.0, "192": 10000.0}}}
+    trans = {
+        "A2": {
+            "phases": [{"C": 4, "output_tok_s": 950.0}, {"C": 192, "output_tok_s": 9000.0}],
+            "reference": {"4": 1000.0, "192": 10000.0},
+        }
+    }
     rep = summarize(tmp_path, _sweep(), DEFAULT_C, 32, 3.0, trans, {})
     assert [round(r["ratio"], 3) for r in rep["transition"]["A2"]] == [0.95, 0.9]
     del trans["A2"]["reference"]
@@ -214,10 +272,18 @@ def test_transition_reference_brackets_the_schedule(tmp_path, monkeypatch):
     def command(proc, arm, out, cmd):
         sent.append(cmd)
         if cmd["kind"] == "phases":
-            return {"phases": [{"C": ph["C"], "output_tok_s": 900.0, "ttft_ms": 40.0, "tpot_ms": 2.6,
-                                "host_busy_cpus": 9.0} for ph in cmd["schedule"]]}
-        return {"output_tok_s": 1000.0 if len(sent) < 4 else 1200.0, "ttft_ms": 30.0 if len(sent) < 4 else 32.0,
-                "tpot_ms": 2.5, "host_busy_cpus": 3.0 if len(sent) < 4 else 4.0}
+            return {
+                "phases": [
+                    {"C": ph["C"], "output_tok_s": 900.0, "ttft_ms": 40.0, "tpot_ms": 2.6, "host_busy_cpus": 9.0}
+                    for ph in cmd["schedule"]
+                ]
+            }
+        return {
+            "output_tok_s": 1000.0 if len(sent) < 4 else 1200.0,
+            "ttft_ms": 30.0 if len(sent) < 4 else 32.0,
+            "tpot_ms": 2.5,
+            "host_busy_cpus": 3.0 if len(sent) < 4 else 4.0,
+        }
 
     monkeypatch.setattr(sweep, "_command", command)
     res = sweep._transition(None, "A2", tmp_path, 128, 128)
@@ -228,7 +294,9 @@ def test_transition_reference_brackets_the_schedule(tmp_path, monkeypatch):
     ref_seeds = [c["seed"] for c in sent if c["kind"] == "point"]
     assert len(set(ref_seeds)) == 4 and not phase_seeds & set(ref_seeds)
     assert {C: [r["output_tok_s"] for r in recs] for C, recs in res["reference_records"].items()} == {
-        "4": [1000.0, 1200.0], "192": [1000.0, 1200.0]}
+        "4": [1000.0, 1200.0],
+        "192": [1000.0, 1200.0],
+    }
     rows = summarize(tmp_path, _sweep(), DEFAULT_C, 32, 3.0, {"A2": res}, {})["transition"]["A2"]
     assert {r["C"]: r["steady"] for r in rows} == {4: 1100.0, 192: 1100.0}
     assert [round(r["ratio"], 3) for r in rows] == [0.818] * 5 and rows[0]["reference_runs"] == [1000.0, 1200.0]
@@ -236,7 +304,9 @@ def test_transition_reference_brackets_the_schedule(tmp_path, monkeypatch):
     assert rows[0]["ttft_ms"] == 40.0 and rows[0]["steady_ttft_ms"] == 31.0 and rows[0]["steady_tpot_ms"] == 2.5
     from spectool.harness.bench.analyze import transition_markdown
 
-    assert "| A2 | 1 | 4 | 900 | 1100 (1000 / 1200) | 0.818 | 40 / 31 | 2.60 / 2.50 |" in transition_markdown({"A2": rows})
+    assert "| A2 | 1 | 4 | 900 | 1100 (1000 / 1200) | 0.818 | 40 / 31 | 2.60 / 2.50 |" in transition_markdown(
+        {"A2": rows}
+    )
     # And how busy the host was: a phase beside other work on the host reads slow at C=4.
     assert rows[0]["host_busy_cpus"] == 9.0 and rows[0]["steady_host_busy_cpus"] == 3.5
     assert "| 2.60 / 2.50 | 9.0 / 3.5 |" in transition_markdown({"A2": rows})
@@ -262,8 +332,8 @@ def test_arms_run_in_waves_that_fit_the_gpu():
     """Five 8B-shaped engines do not fit one H200: arms are split into waves of at most
     --max-engines, the goal comparisons (A2 and A4 against A0 and A1) together in the first,
     variants last."""
-    from spectool.harness.bench.sweep import plan_waves, select_arms
     from spectool.errors import BadInputError
+    from spectool.harness.bench.sweep import plan_waves, select_arms
 
     names = lambda waves: [[a.name for a in w] for w in waves]  # noqa: E731
     assert [a.name for a in select_arms(32, 256, None)] == ["A0", "A1", "A2", "A3", "A4"]
@@ -282,32 +352,42 @@ def test_variants_are_arms_with_their_own_server_args():
     """A setting of the fallback is compared as a variant arm: the base arm's engine settings
     plus ServerArgs fields of its own (values as on the command line), in the same rotation;
     bad specs are one-paragraph errors."""
+    from spectool.errors import BadInputError
     from spectool.harness.bench.arms import engine_kwargs
     from spectool.harness.bench.sweep import select_arms
-    from spectool.errors import BadInputError
 
-    arms = select_arms(32, 256, ["A0", "A4"], ["A4D=A4:speculative_disable_draft_decode_min_bs=32;"
-                                               "speculative_disable_kv_only_margin=off"], server_args=SERVER_ARGS)
+    arms = select_arms(
+        32,
+        256,
+        ["A0", "A4"],
+        ["A4D=A4:speculative_disable_draft_decode_min_bs=32;speculative_disable_kv_only_margin=off"],
+        server_args=SERVER_ARGS,
+    )
     a4, a4d = arms[1], arms[2]
     assert a4d.name == "A4D" and a4d.base == "A4" and a4.extra == {}
     assert a4d.extra == {"speculative_disable_draft_decode_min_bs": 32, "speculative_disable_kv_only_margin": None}
     models = {"target": "t", "draft": "d"}
     kw = dict(models=models, max_bs=256, max_total_tokens=1000, port=1)
     assert engine_kwargs(a4d, **kw) == {**engine_kwargs(a4, **kw), **a4d.extra}, "its base's settings, and its own"
-    for bad, needle in (("A4D", "expected NAME=BASE"), ("A4D=A9:X=1", "base arm 'A9'"), ("A4D=A4:X", "not FIELD=VALUE"),
-                        ("A4=A0:speculative_disable_kv_only_margin=1", "already exists"),
-                        ("A 4=A4:speculative_disable_kv_only_margin=1", "arm name"),
-                        ("A4D=A4:SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS=32", "is not a ServerArgs field"),
-                        ("A4D=A4:speculative_disable_kv_only_margn=8",
-                         "did you mean speculative_disable_kv_only_margin"),
-                        ("A4D=A4:speculative_disable_kv_only_margin=eight", "takes a whole number or off")):
+    for bad, needle in (
+        ("A4D", "expected NAME=BASE"),
+        ("A4D=A9:X=1", "base arm 'A9'"),
+        ("A4D=A4:X", "not FIELD=VALUE"),
+        ("A4=A0:speculative_disable_kv_only_margin=1", "already exists"),
+        ("A 4=A4:speculative_disable_kv_only_margin=1", "arm name"),
+        ("A4D=A4:SPECTOOL_FALLBACK_DRAFT_DECODE_MIN_BS=32", "is not a ServerArgs field"),
+        ("A4D=A4:speculative_disable_kv_only_margn=8", "did you mean speculative_disable_kv_only_margin"),
+        ("A4D=A4:speculative_disable_kv_only_margin=eight", "takes a whole number or off"),
+    ):
         with pytest.raises(BadInputError, match=needle):
             select_arms(32, 256, None, [bad], server_args=SERVER_ARGS)
 
 
 def test_variant_columns_in_the_table():
     cells = _sweep()
-    m = analyze.medians(cells + [dict(c, arm="A4D", output_tok_s=c["output_tok_s"] * 1.04) for c in cells if c["arm"] == "A4"])
+    m = analyze.medians(
+        cells + [dict(c, arm="A4D", output_tok_s=c["output_tok_s"] * 1.04) for c in cells if c["arm"] == "A4"]
+    )
     table = analyze.markdown(m, DEFAULT_C, ["A0", "A1", "A2", "A4", "A4D"])
     assert "| A4D/A0 |" in table.splitlines()[0]
     r = analyze.ratios(m, DEFAULT_C)
@@ -319,8 +399,10 @@ def test_an_arm_without_its_fallback_graphs_is_not_timed():
     its log line names it, and the arm is not measured."""
     from spectool.harness.bench.sweep import degraded_engine
 
-    line = ("[2026-11-29 11:41:50] spec-fallback: could not capture a one-token draft-extend CUDA graph (CUDA out of "
-            "memory. Tried to allocate 32.00 MiB.); the draft KV sync will run eagerly")
+    line = (
+        "[2026-11-29 11:41:50] spec-fallback: could not capture a one-token draft-extend CUDA graph (CUDA out of "
+        "memory. Tried to allocate 32.00 MiB.); the draft KV sync will run eagerly"
+    )
     msg = degraded_engine("A4", "Capturing batches\n" + line + "\n")
     assert msg.startswith("bench arm A4 started without its fallback CUDA graphs") and "CUDA out of memory" in msg
     assert "--max-engines" in msg
@@ -345,7 +427,10 @@ def test_an_arm_whose_kv_pool_sglang_shrank_is_not_timed():
     msg = degraded_engine("A4G", SHRUNK_POOL_LOG)
     assert msg.startswith("bench arm A4G's engine got a KV pool of 34,038 tokens, not the 303,104")
     assert "--max-engines" in msg and "--out-len" in msg
-    assert degraded_engine("A0", SHRUNK_POOL_LOG.replace("max_total_tokens=303104 is larger", "max_total_tokens=3 is")) is None
+    assert (
+        degraded_engine("A0", SHRUNK_POOL_LOG.replace("max_total_tokens=303104 is larger", "max_total_tokens=3 is"))
+        is None
+    )
 
 
 def test_plan_resumes_and_places_the_transition_after_the_first_repetition():
@@ -370,8 +455,13 @@ def test_transition_runs_on_a2_and_its_variants_only():
     A2's wave, as a same-run control; `--reps 0` plans the transition alone."""
     from spectool.harness.bench.sweep import plan_steps, select_arms
 
-    arms = select_arms(32, 256, ["A0", "A2"], ["A2X=A2:speculative_disable_kv_only_margin=off",
-                                               "A4M=A4:speculative_disable_kv_only_margin=8"], server_args=SERVER_ARGS)
+    arms = select_arms(
+        32,
+        256,
+        ["A0", "A2"],
+        ["A2X=A2:speculative_disable_kv_only_margin=off", "A4M=A4:speculative_disable_kv_only_margin=8"],
+        server_args=SERVER_ARGS,
+    )
     assert [a.name for a in arms if a.runs_transition()] == ["A2", "A2X"]
     a2x = next(a for a in arms if a.name == "A2X")
     assert a2x.base == "A2" and a2x.extra == {"speculative_disable_kv_only_margin": None}
@@ -383,8 +473,8 @@ def test_transition_control_arms_are_named():
     """--transition-arms A2,A1 adds a control that never switches (A1 speculates at every
     batch), planned in the same wave; an arm named there but not measured is a one-paragraph
     error; the default (A2) in a run without A2 plans no transition and no error."""
-    from spectool.harness.bench.sweep import plan_steps, run, select_arms
     from spectool.errors import BadInputError
+    from spectool.harness.bench.sweep import plan_steps, run, select_arms
 
     arms = select_arms(32, 256, ["A0", "A1", "A2"])
     assert [a.name for a in arms if a.runs_transition(("A2", "A1"))] == ["A1", "A2"]
@@ -400,8 +490,8 @@ def test_a_results_folder_is_never_extended_with_the_other_load(tmp_path):
     GPU probe; a folder of the same kind resumes."""
     from click.testing import CliRunner
 
-    from spectool.harness.bench.sweep import load_cells
     from spectool.cli import main
+    from spectool.harness.bench.sweep import load_cells
 
     old = _folder(tmp_path / "old", _sweep())
     res = CliRunner().invoke(main, ["bench", "--out", str(old), "--load", "staggered"])
@@ -426,9 +516,9 @@ def test_cells_of_another_tensor_parallel_size_never_share_a_table(tmp_path):
     a merge of TP=1 and TP=2 folders. Cells measured at TP=2 carry `tp` and resume at --tp 2."""
     from click.testing import CliRunner
 
-    from spectool.harness.bench.sweep import load_cells
     from spectool.cli import main
     from spectool.errors import BadInputError
+    from spectool.harness.bench.sweep import load_cells
 
     old = _folder(tmp_path / "old", _sweep([64, 128]))
     res = CliRunner().invoke(main, ["bench", "--out", str(old), "--tp", "2"])
@@ -455,16 +545,27 @@ def test_merge_makes_one_sweep_of_runs_split_over_two_gpus(tmp_path):
     from spectool.cli import main
 
     low = _folder(tmp_path / "low", _sweep([1, 2, 4]))
-    high = _folder(tmp_path / "high", _sweep([8, 16, 32, 64, 128, 256], reps=1),
-                   transition={"A1": _transition([1.0] * 5), "A2": _transition([0.99] * 5)})
-    again = _folder(tmp_path / "again", [cell(a, C, v * C) for C in (64, 128, 256) for a, v in (("A0", 102), ("A2", 100), ("A4", 99))])
+    high = _folder(
+        tmp_path / "high",
+        _sweep([8, 16, 32, 64, 128, 256], reps=1),
+        transition={"A1": _transition([1.0] * 5), "A2": _transition([0.99] * 5)},
+    )
+    again = _folder(
+        tmp_path / "again",
+        [cell(a, C, v * C) for C in (64, 128, 256) for a, v in (("A0", 102), ("A2", 100), ("A4", 99))],
+    )
     out = tmp_path / "merged"
-    r = CliRunner().invoke(main, ["bench", "--out", str(out), "--merge", str(low), "--merge", str(high),
-                                  "--merge", str(again)])
+    r = CliRunner().invoke(
+        main, ["bench", "--out", str(out), "--merge", str(low), "--merge", str(high), "--merge", str(again)]
+    )
     assert r.exit_code == 0, r.output
     cells = analyze.read_cells(out / "cells.jsonl")
     parts = [analyze.read_cells(p / "cells.jsonl") for p in (low, high, again)]
-    assert len(cells) == sum(map(len, parts)) == 36 + 24 + 9 and {c["source"] for c in cells} == {"low", "high", "again"}
+    assert len(cells) == sum(map(len, parts)) == 36 + 24 + 9 and {c["source"] for c in cells} == {
+        "low",
+        "high",
+        "again",
+    }
     m, m_low = analyze.medians(cells), analyze.medians(parts[0])
     assert sorted({C for _, C in m}) == DEFAULT_C
     assert m[("A2", 4)] == m_low[("A2", 4)], "a C measured in one run only keeps that run's median"
@@ -510,21 +611,26 @@ def test_damaged_results_files_are_named_not_tracebacks(tmp_path):
 
     from click.testing import CliRunner
 
-    from spectool.harness.bench.sweep import load_cells
     from spectool.cli import main
     from spectool.errors import BadInputError
+    from spectool.harness.bench.sweep import load_cells
 
     src = _folder(tmp_path / "src", _sweep([4, 64, 256]), transition={"A2": _transition([1.0] * 5)})  # 36 cells
-    cases = [("cells.jsonl", '{"arm": "A0", "C": 64, ', "cells.jsonl, line 37: not valid JSON"),
-             ("cells.jsonl", "[1, 2]", "cells.jsonl, line 37: a cell is a JSON object, not list"),
-             ("transition.json", "{not json", "transition.json: not valid JSON"),
-             ("bench-results.json", '{"threshold": ', "bench-results.json: not valid JSON")]
+    cases = [
+        ("cells.jsonl", '{"arm": "A0", "C": 64, ', "cells.jsonl, line 37: not valid JSON"),
+        ("cells.jsonl", "[1, 2]", "cells.jsonl, line 37: a cell is a JSON object, not list"),
+        ("transition.json", "{not json", "transition.json: not valid JSON"),
+        ("bench-results.json", '{"threshold": ', "bench-results.json: not valid JSON"),
+    ]
     for i, (name, damage, needle) in enumerate(cases):
         run = tmp_path / f"run{i}"
         shutil.copytree(src, run)
         f = run / name
         f.write_text(f.read_text() + damage + "\n" if name == "cells.jsonl" else damage)
-        for args in (["--out", str(tmp_path / f"m{i}"), "--merge", str(run)], ["--suggest-threshold", "--out", str(run)]):
+        for args in (
+            ["--out", str(tmp_path / f"m{i}"), "--merge", str(run)],
+            ["--suggest-threshold", "--out", str(run)],
+        ):
             if name != "cells.jsonl" and "--suggest-threshold" in args:
                 continue  # the threshold is read from the cells alone
             r = CliRunner().invoke(main, ["bench", *args])
@@ -541,8 +647,11 @@ def test_merge_lists_each_runs_transition_beside_the_others(tmp_path):
     the lowest phase of each; runs without host readings leave that column out."""
     from spectool.harness.bench.sweep import merge
 
-    sweep = _folder(tmp_path / "sweep", _sweep([4, 64]), transition={
-        "A1": _transition([1.0, 0.997, 1.01, 1.0, 1.02]), "A2": _transition([0.968, 1.0, 0.99, 1.0, 0.98])})
+    sweep = _folder(
+        tmp_path / "sweep",
+        _sweep([4, 64]),
+        transition={"A1": _transition([1.0, 0.997, 1.01, 1.0, 1.02]), "A2": _transition([0.968, 1.0, 0.99, 1.0, 0.98])},
+    )
     alone = _folder(tmp_path / "alone", [], transition={"A2": _transition([1.05, 1.01, 1.008, 1.02, 1.03])})
     report = merge(tmp_path / "m", [sweep, alone], 3.0)
     trans = report["transition"]
@@ -564,12 +673,15 @@ def test_ratio_intervals_resample_each_arms_reps():
     """Bootstrap intervals of the ratios: a point where every rep agrees, an interval around
     the median ratio where they spread, the same numbers for the same seed, and nothing for
     an arm with fewer than three reps."""
+
     def cells(arm, C, values):
         return [{"arm": arm, "C": C, "rep": i, "output_tok_s": v} for i, v in enumerate(values)]
 
     flat = cells("A0", 64, [100] * 4) + cells("A4", 64, [97] * 4)
     assert analyze.ratio_intervals(flat, [64])[64]["A4/A0"] == [0.97, 0.97]
-    spread = cells("A0", 64, [100, 101, 99, 100, 102]) + cells("A4", 64, [90, 95, 97, 99, 100]) + cells("A2", 64, [98, 99])
+    spread = (
+        cells("A0", 64, [100, 101, 99, 100, 102]) + cells("A4", 64, [90, 95, 97, 99, 100]) + cells("A2", 64, [98, 99])
+    )
     iv = analyze.ratio_intervals(spread, [64])
     lo, hi = iv[64]["A4/A0"]
     point = analyze.ratios(analyze.medians(spread), [64])[64]["A4/A0"]
@@ -584,6 +696,7 @@ def test_ratio_intervals_of_variants_at_one_acceptance():
     """A variant arm gets its interval against A0 like A4; cells of another acceptance are
     left out of the resampling, and an interval does not depend on which other C the report
     holds (each C draws from its own seed)."""
+
     def cells(arm, values, acc=3.0, C=64):
         return [{"arm": arm, "C": C, "rep": i, "acc_len": acc, "output_tok_s": v} for i, v in enumerate(values)]
 
@@ -601,9 +714,13 @@ def test_per_run_ratios_take_each_runs_own_medians():
     """Two runs whose A0 differ by 10%: pooled cell by cell, A2's and A0's medians come from
     different runs and the ratio lands near neither run's; per run, each run's A2/A0 is its
     own (0.99 and 0.97), and the median run sits between them. One run has no per-run table."""
+
     def cells(src, a0, a2):
-        return [{"arm": arm, "C": 64, "rep": i, "output_tok_s": v * (1 + 0.001 * i), "source": src}
-                for arm, v in (("A0", a0), ("A2", a2)) for i in range(3)]
+        return [
+            {"arm": arm, "C": 64, "rep": i, "output_tok_s": v * (1 + 0.001 * i), "source": src}
+            for arm, v in (("A0", a0), ("A2", a2))
+            for i in range(3)
+        ]
 
     pooled = cells("run1", 10000, 9900) + cells("run2", 9000, 8730) + cells("run3", 9500, 9310)
     per = analyze.per_run_ratios(pooled, [64])
@@ -622,8 +739,10 @@ def test_a_merge_reports_each_runs_ratio_and_its_sign_test(tmp_path):
     0.985, 0.975, 0.960 against 0.98: 1 of 3, p = 7/8)."""
     from spectool.harness.bench.sweep import merge
 
-    runs = [_folder(tmp_path / f"r{i}", [cell("A0", 64, 10000.0), cell("A2", 64, a2), cell("A4", 64, a4)])
-            for i, (a2, a4) in enumerate(((9900.0, 9850.0), (9700.0, 9750.0), (9800.0, 9600.0)))]
+    runs = [
+        _folder(tmp_path / f"r{i}", [cell("A0", 64, 10000.0), cell("A2", 64, a2), cell("A4", 64, a4)])
+        for i, (a2, a4) in enumerate(((9900.0, 9850.0), (9700.0, 9750.0), (9800.0, 9600.0)))
+    ]
     report = merge(tmp_path / "pooled", runs, 3.0)
     per = report["per_run_ratios"]["64"]
     assert {k: round(v, 3) for k, v in per["A2/A0"]["runs"].items()} == {"r0": 0.99, "r1": 0.97, "r2": 0.98}
@@ -656,8 +775,11 @@ def test_fresh_engines_start_engines_for_every_repetition():
 def test_per_run_ratios_count_each_fresh_engine_set_as_a_run():
     """Cells of one run measured with --fresh-engines carry their engine set: each repetition
     is a run of its own in the per-run table, and merged folders keep them apart by source."""
-    cells = [{"arm": arm, "C": 64, "rep": r, "output_tok_s": v * f, "engines": f"rep{r}"}
-             for r, f in enumerate((1.0, 0.98, 1.01)) for arm, v in (("A0", 10000), ("A4", 9800 if r else 9700))]
+    cells = [
+        {"arm": arm, "C": 64, "rep": r, "output_tok_s": v * f, "engines": f"rep{r}"}
+        for r, f in enumerate((1.0, 0.98, 1.01))
+        for arm, v in (("A0", 10000), ("A4", 9800 if r else 9700))
+    ]
     per = analyze.per_run_ratios(cells, [64])[64]["A4/A0"]
     assert sorted(per["runs"]) == ["rep0", "rep1", "rep2"] and round(per["median"], 3) == 0.98
     merged = cells + [{**c, "source": "other"} for c in cells]
@@ -670,8 +792,11 @@ def test_the_sign_test_says_when_a_median_run_clears_its_goal_beyond_noise():
     assert analyze.sign_test_above([0.970, 0.986, 0.986, 0.983], 0.98) == (3, 4, 5 / 16)
     assert analyze.sign_test_above([0.99] * 7 + [0.97], 0.98)[2] == 9 / 256
     assert analyze.sign_test_above([0.981] * 5, 0.98) == (5, 5, 1 / 32)
-    cells = [{"arm": arm, "C": 64, "rep": 0, "output_tok_s": v, "source": src}
-             for src, a4 in (("r1", 9850), ("r2", 9700)) for arm, v in (("A0", 10000), ("A2", 9900), ("A4", a4))]
+    cells = [
+        {"arm": arm, "C": 64, "rep": 0, "output_tok_s": v, "source": src}
+        for src, a4 in (("r1", 9850), ("r2", 9700))
+        for arm, v in (("A0", 10000), ("A2", 9900), ("A4", a4))
+    ]
     per = analyze.per_run_ratios(cells, [64])[64]
     assert per["A4/A0"]["at_or_above"] == 1 and per["A4/A0"]["p_above"] == 0.75 and "goal" not in per["A2/A0"]
     md = analyze.per_run_markdown({64: per}, [64])
@@ -687,18 +812,33 @@ def test_a_merge_divides_each_ratio_within_the_runs_that_measured_both_sides(tmp
     second. The arm columns still pool every run's reps."""
     from spectool.harness.bench.sweep import merge
 
-    first = _folder(tmp_path / "a0a1a2", [cell(arm, C, v * C / 4, rep) for rep in range(2) for C in (1, 4)
-                                          for arm, v in (("A0", 800.0), ("A1", 1400.0), ("A2", 1436.0))])
-    second = _folder(tmp_path / "a1a3", [cell(arm, C, v * C / 4, rep) for rep in range(4) for C in (1, 4)
-                                         for arm, v in (("A1", 1540.0), ("A3", 1555.4))])
+    first = _folder(
+        tmp_path / "a0a1a2",
+        [
+            cell(arm, C, v * C / 4, rep)
+            for rep in range(2)
+            for C in (1, 4)
+            for arm, v in (("A0", 800.0), ("A1", 1400.0), ("A2", 1436.0))
+        ],
+    )
+    second = _folder(
+        tmp_path / "a1a3",
+        [
+            cell(arm, C, v * C / 4, rep)
+            for rep in range(4)
+            for C in (1, 4)
+            for arm, v in (("A1", 1540.0), ("A3", 1555.4))
+        ],
+    )
     alone = {src: analyze.ratios(analyze.load_medians(src), [1, 4]) for src in (first, second)}
     report = merge(tmp_path / "pooled", [first, second], 3.0)
     for C in ("1", "4"):
         assert report["ratios"][C]["A2/E"] == pytest.approx(alone[first][int(C)]["A2/E"]) == pytest.approx(1436 / 1400)
         assert report["ratios"][C]["A3/A1"] == pytest.approx(alone[second][int(C)]["A3/A1"]) == pytest.approx(1.01)
     assert report["cells"]["A1@4"]["reps"] == 6 and report["cells"]["A1@4"]["median"] == 1540.0
-    row = next(line for line in (tmp_path / "pooled" / "bench-table.md").read_text().splitlines()
-               if line.startswith("| 4 |"))
+    row = next(
+        line for line in (tmp_path / "pooled" / "bench-table.md").read_text().splitlines() if line.startswith("| 4 |")
+    )
     assert "| 1.026 |" in row and "| 0.932 |" not in row
 
 
@@ -729,7 +869,19 @@ def test_plots_label_the_measured_concurrencies_even_in_a_band_without_a_power_o
     # Beside the sweep the band's labels would print over each other: 40 keeps one, 48 and
     # 56 a bare tick, and every power of two its label.
     assert analyze.tick_labels([1, 2, 4, 8, 16, 32, 40, 48, 56, 64, 128, 256]) == [
-        "1", "2", "4", "8", "16", "32", "40", "", "", "64", "128", "256"]
+        "1",
+        "2",
+        "4",
+        "8",
+        "16",
+        "32",
+        "40",
+        "",
+        "",
+        "64",
+        "128",
+        "256",
+    ]
     m = analyze.medians(_sweep([40, 48, 56], ("A0", "A1", "A2")))
     analyze.plot(m, [40, 48, 56], {"A0": "no speculation", "A2": "patched"}, tmp_path / "band.png", "band")
     assert (tmp_path / "band.png").stat().st_size > 0

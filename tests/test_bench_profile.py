@@ -33,7 +33,7 @@ def test_busy_idle_and_tops(tmp_path):
     assert r["kernels_per_step"] == 3 and r["graph_launches_per_step"] == 1
     assert r["top_kernels_ms_per_step"][0] == ("gemm_bf16", 3.0)
     # Host ops inside the window only (the first step's aten::index starts before the first kernel).
-    (name, ms), = r["top_host_ms_per_step"]
+    ((name, ms),) = r["top_host_ms_per_step"]
     assert name == "aten::index" and abs(ms - 0.35) < 1e-9
     md = profile.markdown({("A4", 64): r, ("A0", 64): {"error": "no trace written"}})
     assert "| A4 | 64 | 9.50 | 4.00 | 5.50 |" in md and "no trace written" in md
@@ -47,8 +47,9 @@ def test_kernel_diff_names_what_the_fallback_adds():
     """A4 against A0 at one C: the kernel only A4 launches comes first, with 0 for A0, and the
     markdown carries the difference table with the busy-time and kernel-count deltas."""
     base_ev = _trace()["traceEvents"]
-    extra = [{"ph": "X", "cat": "kernel", "name": "draft_kv_store", "ts": s * 10_000 + 8000, "dur": 400}
-             for s in range(2)]
+    extra = [
+        {"ph": "X", "cat": "kernel", "name": "draft_kv_store", "ts": s * 10_000 + 8000, "dur": 400} for s in range(2)
+    ]
     slower = [dict(e, dur=e["dur"] + 100) if e.get("name") == "attention" else e for e in base_ev]
     a0 = profile.summarize(base_ev, steps=2)
     a4 = profile.summarize(slower + extra, steps=2)
@@ -84,30 +85,79 @@ def _frames_trace(extra_host_us: int):
     takes longer than the GPU's 3 ms, the GPU waits for it."""
     ev, corr, t = [], 0, 0
     tid = 7
-    py = lambda name, ts, dur: {"ph": "X", "cat": "python_function", "name": name, "ts": ts, "dur": dur, "tid": tid}
-    for step in range(2):
+
+    def py(name, ts, dur):
+        return {"ph": "X", "cat": "python_function", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+    for _step in range(2):
         corr += 1
         host = 2900 + extra_host_us
         ev.append(py("sglang/srt/managers/scheduler.py(900): event_loop_overlap", t, 100 + host + 50))
         ev.append(py("sglang/srt/managers/scheduler.py(2996): run_batch", t + 10, 90))
-        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": t + 90, "dur": 5, "tid": tid,
-                   "args": {"correlation": corr}})
-        ev.append({"ph": "X", "cat": "kernel", "name": "decode_graph_gemm", "ts": t + 100, "dur": 3000,
-                   "args": {"correlation": corr}})
+        ev.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaGraphLaunch",
+                "ts": t + 90,
+                "dur": 5,
+                "tid": tid,
+                "args": {"correlation": corr},
+            }
+        )
+        ev.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "decode_graph_gemm",
+                "ts": t + 100,
+                "dur": 3000,
+                "args": {"correlation": corr},
+            }
+        )
         gpu_end = t + 3100
-        ev.append(py("sglang/srt/managers/scheduler_output_processor_mixin.py(400): process_batch_result", t + 100, 2900))
+        ev.append(
+            py("sglang/srt/managers/scheduler_output_processor_mixin.py(400): process_batch_result", t + 100, 2900)
+        )
         if extra_host_us:
             ev.append(py("sglang/srt/managers/schedule_batch.py(2286): prepare_for_decode", t + 3000, extra_host_us))
-            ev.append(py("sglang/srt/speculative/eagle_info_v2.py(89): prepare_for_decode", t + 3010, extra_host_us - 20))
-            ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::_local_scalar_dense", "ts": t + 3020,
-                       "dur": extra_host_us - 40, "tid": tid})
+            ev.append(
+                py("sglang/srt/speculative/eagle_info_v2.py(89): prepare_for_decode", t + 3010, extra_host_us - 20)
+            )
+            ev.append(
+                {
+                    "ph": "X",
+                    "cat": "cpu_op",
+                    "name": "aten::_local_scalar_dense",
+                    "ts": t + 3020,
+                    "dur": extra_host_us - 40,
+                    "tid": tid,
+                }
+            )
         t += 100 + host
     # A queued copy: launched early, started after a gap (waits on another stream).
     corr += 1
-    ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 50, "dur": 3, "tid": tid,
-               "args": {"correlation": corr}})
-    ev.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH", "ts": gpu_end + 50, "dur": 10,
-               "args": {"correlation": corr}})
+    ev.append(
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaMemcpyAsync",
+            "ts": 50,
+            "dur": 3,
+            "tid": tid,
+            "args": {"correlation": corr},
+        }
+    )
+    ev.append(
+        {
+            "ph": "X",
+            "cat": "gpu_memcpy",
+            "name": "Memcpy DtoH",
+            "ts": gpu_end + 50,
+            "dur": 10,
+            "args": {"correlation": corr},
+        }
+    )
     return ev
 
 
@@ -120,8 +170,7 @@ def test_idle_gaps_name_where_the_host_was_when_the_gpu_ran_dry():
     assert "host" not in fast["idle_by_kind_ms_per_step"]
     # Slow arm: the GPU ran dry at 3100 and the next launch came at 3590 (gap 500 us, step 2).
     (where, ms, n), *_ = slow["idle_where_ms_per_step"]
-    assert where == ("host: eagle_info_v2.py:prepare_for_decode < prepare_for_decode "
-                     "[aten::_local_scalar_dense]")
+    assert where == ("host: eagle_info_v2.py:prepare_for_decode < prepare_for_decode [aten::_local_scalar_dense]")
     assert abs(ms - 0.25) < 1e-9 and n == 0.5
     # The copy was launched at 50 but ran after the last graph: queued, at its launch.
     queued = [(w, ms) for w, ms, _ in slow["idle_where_ms_per_step"] if w.startswith("queued")]
@@ -130,15 +179,19 @@ def test_idle_gaps_name_where_the_host_was_when_the_gpu_ran_dry():
     assert "idle_where" not in profile.summarize(_trace()["traceEvents"], steps=2)
     md = profile.markdown({("A0", 64): fast, ("A4", 64): slow})
     assert "A4 against A0 at C=64: +0.250 ms GPU idle per step" in md
-    assert ("| `host: eagle_info_v2.py:prepare_for_decode < prepare_for_decode [aten::_local_scalar_dense]` "
-            "| 0.000 | 0.250 | +0.250 |") in md
+    assert (
+        "| `host: eagle_info_v2.py:prepare_for_decode < prepare_for_decode [aten::_local_scalar_dense]` "
+        "| 0.000 | 0.250 | +0.250 |"
+    ) in md
 
 
 def test_excerpt_keeps_the_middle_steps_whole():
     """The middle of the profiled window, every event overlapping it, thread names, and no
     flow arrows (the viewer's links; the correlation ids are in the events' args)."""
-    ev = _frames_trace(500) + [{"ph": "s", "cat": "ac2g", "name": "ac2g", "ts": 3000, "id": 1},
-                               {"ph": "M", "name": "thread_name", "tid": 7, "args": {"name": "scheduler"}}]
+    ev = _frames_trace(500) + [
+        {"ph": "s", "cat": "ac2g", "name": "ac2g", "ts": 3000, "id": 1},
+        {"ph": "M", "name": "thread_name", "tid": 7, "args": {"name": "scheduler"}},
+    ]
     cut = profile.excerpt(ev, steps=2, keep=1)
     assert not [e for e in cut if e.get("ph") == "s"] and [e for e in cut if e.get("ph") == "M"]
     # GPU window 100..7060 (the queued copy ends it): the middle half is 1840..5320.
@@ -150,6 +203,7 @@ def test_excerpt_keeps_the_middle_steps_whole():
 
 def test_a_lockstep_profile_has_waves_for_the_warmup_the_steps_and_one_more():
     from spectool.harness.bench.sweep import _profile_requests, _requests_for
+
     assert _profile_requests(64, "lockstep", steps=260, out_len=128) == 64 * 6  # 2 + 3 + 1 waves
     assert _profile_requests(64, "wave", steps=30, out_len=1024) == 64
     assert _profile_requests(64, "staggered", steps=30, out_len=128) == _requests_for(64, "staggered")
@@ -188,8 +242,12 @@ def test_step_anatomy_takes_a_decode_step_apart_between_two_forwards():
     assert (a0["between_busy_ms"], a4["between_busy_ms"]) == (0.02, 0.056)
     assert a4["between_by_kernel"] == {COPY: 8, INDEX: 2, "fill": 4} and a0["between_by_kernel"] == {COPY: 1, "fill": 4}
     assert "anatomy" not in profile.summarize(a4_ev[:3], steps=1), "one annotated step has no interval"
-    md = profile.markdown({("A0", 64, 1): profile.summarize(_decode_steps([COPY] + ["fill"] * 4), steps=4),
-                           ("A4", 64, 1): profile.summarize(a4_ev, steps=4)})
+    md = profile.markdown(
+        {
+            ("A0", 64, 1): profile.summarize(_decode_steps([COPY] + ["fill"] * 4), steps=4),
+            ("A4", 64, 1): profile.summarize(a4_ev, steps=4),
+        }
+    )
     assert "| A0 | 64 (wave 2) | 3 | 5.000 | 5.070 (5.070) | 0.070 | 5 | 0.020 |" in md
     assert "A4 against A0 at C=64 (wave 2): the kernels between two forwards that differ" in md
     assert f"| `{COPY}` | 1.00 | 8.00 |" in md and f"| `{INDEX}` | 0.00 | 2.00 |" in md
@@ -221,10 +279,12 @@ def test_the_engines_of_a_bench_and_a_profile_share_one_kv_pool_size():
     import inspect
 
     from spectool.harness.bench import sweep
+
     assert sweep.kv_pool_tokens(64, 128, 128) == 64 * (128 + 128 + 16) + 4096
     assert isinstance(sweep.kv_pool_tokens(1, 1, 1), int)
     assert inspect.isgeneratorfunction(sweep._engines.__wrapped__)
     assert isinstance(sweep._engines([], None, {}, 1, 1), contextlib.AbstractContextManager)
     src = inspect.getsource(sweep)
     assert src.count("kv_pool_tokens(max_bs, prompt_len, out_len)") == 2 and "+ 16) + 4096" not in src.replace(
-        inspect.getsource(sweep.kv_pool_tokens), "")
+        inspect.getsource(sweep.kv_pool_tokens), ""
+    )

@@ -82,7 +82,8 @@ def _server_args() -> str:
     for arm in arms(threshold=4):
         fields |= set(engine_kwargs(arm, {"target": "t", "draft": "d"}, max_bs=8, max_total_tokens=1, port=1))
     return "import dataclasses\n\n\n@dataclasses.dataclass\nclass ServerArgs:\n" + "".join(
-        f"    {name}: object = None\n" for name in sorted(fields))
+        f"    {name}: object = None\n" for name in sorted(fields)
+    )
 
 
 @pytest.fixture
@@ -104,8 +105,16 @@ def stub_engines(tmp_path, monkeypatch):
 
 def test_a_sweep_starts_its_engines_measures_every_cell_and_resumes(tmp_path, stub_engines):
     out = tmp_path / "bench"
-    kw = dict(threshold=4, concurrencies=(1, 8), prompt_len=4, out_len=8, transition=False, budget_s=120,
-              arm_names=["A0", "A1", "A2"], port_base=27000)
+    kw = dict(
+        threshold=4,
+        concurrencies=(1, 8),
+        prompt_len=4,
+        out_len=8,
+        transition=False,
+        budget_s=120,
+        arm_names=["A0", "A1", "A2"],
+        port_base=27000,
+    )
     sweep.run(out, reps=1, **kw)
     engines = [json.loads(line) for line in stub_engines.read_text().splitlines()]
     assert len(engines) == 3, "one engine per arm"
@@ -128,8 +137,17 @@ def test_max_batch_sizes_the_engines_for_the_full_sweep_while_measuring_some_of_
     """--max-batch: a run of C=1 alone on engines shaped as a sweep up to 8 (graphs, running
     requests, KV pool), recorded in each cell; below the largest C it is refused before any
     engine starts. A profile sizes its engines the same way."""
-    kw = dict(threshold=4, concurrencies=(1,), prompt_len=4, out_len=8, transition=False, budget_s=120,
-              arm_names=["A0", "A2"], port_base=27200, reps=1)
+    kw = dict(
+        threshold=4,
+        concurrencies=(1,),
+        prompt_len=4,
+        out_len=8,
+        transition=False,
+        budget_s=120,
+        arm_names=["A0", "A2"],
+        port_base=27200,
+        reps=1,
+    )
     sweep.run(tmp_path / "sized", max_batch=8, **kw)
     engines = [json.loads(line) for line in stub_engines.read_text().splitlines()]
     assert {e["cuda_graph_max_bs"] for e in engines} == {8} and {e["max_running_requests"] for e in engines} == {8}
@@ -140,8 +158,17 @@ def test_max_batch_sizes_the_engines_for_the_full_sweep_while_measuring_some_of_
         sweep.run(tmp_path / "small", max_batch=4, **{**kw, "concurrencies": (1, 8)})
     assert len(stub_engines.read_text().splitlines()) == 2, "the refused run started no engine"
     assert not (tmp_path / "small").exists()
-    sweep.profile(tmp_path / "profile", threshold=4, concurrencies=[4], arm_names=["A0"], steps=4, out_len=8,
-                  prompt_len=4, port_base=27300, max_batch=8)
+    sweep.profile(
+        tmp_path / "profile",
+        threshold=4,
+        concurrencies=[4],
+        arm_names=["A0"],
+        steps=4,
+        out_len=8,
+        prompt_len=4,
+        port_base=27300,
+        max_batch=8,
+    )
     profiled = json.loads(stub_engines.read_text().splitlines()[-1])
     assert profiled["cuda_graph_max_bs"] == 8 and profiled["max_total_tokens"] == sweep.kv_pool_tokens(8, 4, 8)
 
@@ -151,14 +178,23 @@ def test_a_profile_reduces_each_trace_and_keeps_an_excerpt(tmp_path, stub_engine
     two-step excerpt kept beside profile.md without flow arrows, and every arm diffed
     against A0."""
     out = tmp_path / "profile"
-    rows = sweep.profile(out, threshold=4, concurrencies=[8, 8], arm_names=["A0", "A2"], steps=10, out_len=8,
-                         prompt_len=4, port_base=27500)
+    rows = sweep.profile(
+        out,
+        threshold=4,
+        concurrencies=[8, 8],
+        arm_names=["A0", "A2"],
+        steps=10,
+        out_len=8,
+        prompt_len=4,
+        port_base=27500,
+    )
     assert set(rows) == {"A0@8", "A2@8", "A0@8#2", "A2@8#2"}
     anatomy = rows["A2@8#2"]["anatomy"]
     assert anatomy["steps"] == 9 and anatomy["between_kernels"] == 3 and abs(anatomy["forward_ms"] - 5.0) < 1e-9
     excerpts = sorted(p.name for p in (out / "excerpts").iterdir())
     assert excerpts == ["A0-C8-2.trace.json.gz", "A0-C8.trace.json.gz", "A2-C8-2.trace.json.gz", "A2-C8.trace.json.gz"]
     from spectool.harness.bench import profile as prof
+
     cut = prof.load_events(out / "excerpts" / "A2-C8.trace.json.gz")
     assert cut and not [e for e in cut if e.get("ph") == "s"]
     md = (out / "profile.md").read_text()
@@ -166,7 +202,8 @@ def test_a_profile_reduces_each_trace_and_keeps_an_excerpt(tmp_path, stub_engine
 
 
 def test_an_engine_that_dies_mid_profile_is_named_with_its_error_and_the_traces_before_are_kept(
-        tmp_path, stub_engines, monkeypatch):
+    tmp_path, stub_engines, monkeypatch
+):
     """A profile on the H200 once ran a third arm's engine out of GPU memory at its last
     C (three engines with KV pools for 256 requests of 1152 tokens on one GPU), after seven
     minutes: it said only "bench engine exited with -9 during profile", and profile.md was
@@ -177,8 +214,16 @@ def test_an_engine_that_dies_mid_profile_is_named_with_its_error_and_the_traces_
     monkeypatch.setenv("STUB_SPEC_OOM_AT_PROFILE", "2")
     out = tmp_path / "profile"
     with pytest.raises(BadInputError) as err:
-        sweep.profile(out, threshold=4, concurrencies=[8, 8], arm_names=["A0", "A2"], steps=10, out_len=8,
-                      prompt_len=4, port_base=27700)
+        sweep.profile(
+            out,
+            threshold=4,
+            concurrencies=[8, 8],
+            arm_names=["A0", "A2"],
+            steps=10,
+            out_len=8,
+            prompt_len=4,
+            port_base=27700,
+        )
     msg = str(err.value)
     assert "bench arm A2's engine exited with 1 during profile at C=8" in msg
     assert "torch.OutOfMemoryError: CUDA out of memory" in msg and "fewer arms at once" in msg
@@ -211,8 +256,10 @@ def test_an_engine_death_is_read_from_its_log(tmp_path):
     log = tmp_path / "A4G.log"
     log.write_text(OOM_LOG)
     msg = sweep.engine_failure("A4G", -9, "profile at C=256", log)
-    assert msg.startswith("bench arm A4G's engine exited with -9 during profile at C=256: torch.OutOfMemoryError: "
-                          "CUDA out of memory. Tried to allocate 224.00 MiB.")
+    assert msg.startswith(
+        "bench arm A4G's engine exited with -9 during profile at C=256: torch.OutOfMemoryError: "
+        "CUDA out of memory. Tried to allocate 224.00 MiB."
+    )
     assert "fewer arms at once" in msg and "\n" not in msg and f"Its log: {log}." in msg
     log.write_text("[x] loading weights\n[x] ready\n")
     quiet = sweep.engine_failure("A0", 1, "its start", log)

@@ -76,7 +76,6 @@ class TimedEngine:
         return chunks()
 
 
-
 def test_closed_loop_keeps_c_in_flight_and_measures_the_rate():
     eng = TimedEngine()
     loop = _loop()
@@ -195,7 +194,12 @@ class BatchEngine:
     async def async_generate(self, input_ids, sampling_params, stream=False):
         assert stream, "the worker streams: the first token and the finished request"
         loop = asyncio.get_running_loop()
-        req = {"want": sampling_params["max_new_tokens"], "got": 0, "first": loop.create_future(), "fut": loop.create_future()}
+        req = {
+            "want": sampling_params["max_new_tokens"],
+            "got": 0,
+            "first": loop.create_future(),
+            "fut": loop.create_future(),
+        }
         self.waiting.append(req)
         if self.task is None or self.task.done():
             self.task = asyncio.ensure_future(self._serve())
@@ -260,8 +264,19 @@ def test_a_staggered_cell_measures_about_two_request_lifetimes():
 
     out_len, step = 40, 0.002
     for C in (16, 64):
-        res = _run(worker.closed_loop(BatchEngine(step=step), C, _requests_for(C, "staggered"), 4, out_len, 0, 1000,
-                                      stagger=True, min_window_s=0.05))
+        res = _run(
+            worker.closed_loop(
+                BatchEngine(step=step),
+                C,
+                _requests_for(C, "staggered"),
+                4,
+                out_len,
+                0,
+                1000,
+                stagger=True,
+                min_window_s=0.05,
+            )
+        )
         lifetimes = res["window_s"] / (out_len * step)
         assert 1.8 < lifetimes < 4, (C, lifetimes)
 

@@ -82,10 +82,13 @@ def test_drift_exit_1_with_candidates(tmp_path):
     assert err["operation"] == 1 and err["op"] == "add_method" and any("WorkerV2" in c for c in err["candidates"])
 
 
-@pytest.mark.parametrize("make,needle", [
-    (lambda p: p / "nothing-here", "is not a directory"),
-    (lambda p: (p / "empty").mkdir() or p / "empty", "does not hold SGLang"),
-])
+@pytest.mark.parametrize(
+    "make,needle",
+    [
+        (lambda p: p / "nothing-here", "is not a directory"),
+        (lambda p: (p / "empty").mkdir() or p / "empty", "does not hold SGLang"),
+    ],
+)
 def test_bad_directory_exit_2(tmp_path, make, needle):
     r = run("check", "--sglang-dir", make(tmp_path), "--recipes-dir", RECIPES)
     assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output
@@ -126,20 +129,25 @@ def test_unknown_version(tmp_path):
 
 
 def test_select_unknown_recipe(tmp_path):
-    r = run("check", "--sglang-dir", _tree(tmp_path), "--recipes-dir", str(FIXTURES / "add_method"), "--recipes", "nope")
+    r = run(
+        "check", "--sglang-dir", _tree(tmp_path), "--recipes-dir", str(FIXTURES / "add_method"), "--recipes", "nope"
+    )
     assert r.exit_code == 2 and "unknown recipe id" in r.output
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--arms", "A0,A9"], "unknown arm(s) ['A9']"),
-    (["--acc-len", "high"], "expected numbers such as 3.0"),
-    (["--concurrency", "64,abc"], "expected request counts of 1 or more"),
-    (["--concurrency", "0,64"], "expected request counts of 1 or more"),
-    (["--out-len", "1"], "1 is not in the range x>=2"),
-    (["--max-engines", "0"], "0 is not in the range x>=1"),
-    (["--variant", "A4D=A9:X=1"], "base arm 'A9' is not one of"),
-    (["--profile", "30"], "more than --max-engines 4"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--arms", "A0,A9"], "unknown arm(s) ['A9']"),
+        (["--acc-len", "high"], "expected numbers such as 3.0"),
+        (["--concurrency", "64,abc"], "expected request counts of 1 or more"),
+        (["--concurrency", "0,64"], "expected request counts of 1 or more"),
+        (["--out-len", "1"], "1 is not in the range x>=2"),
+        (["--max-engines", "0"], "0 is not in the range x>=1"),
+        (["--variant", "A4D=A9:X=1"], "base arm 'A9' is not one of"),
+        (["--profile", "30"], "more than --max-engines 4"),
+    ],
+)
 def test_bench_bad_input_is_one_paragraph_exit_2(tmp_path, args, needle):
     """Checked before any GPU probe, so the message is the same on a laptop and on the H200."""
     r = run("bench", "--out", tmp_path / "b", *args)
@@ -151,9 +159,17 @@ def test_bench_suggest_threshold_per_acceptance(tmp_path):
     for acc, loses_from in ((2.0, 16), (3.0, 64)):
         folder = tmp_path / f"acc-{acc:g}"
         folder.mkdir()
-        cells = [{"arm": arm, "C": C, "rep": 0, "acc_len": acc,
-                  "output_tok_s": (100 * C if arm == "A0" else (150 * C if C < loses_from else 50 * C))}
-                 for arm in ("A0", "A1") for C in (1, 4, 16, 64, 256)]
+        cells = [
+            {
+                "arm": arm,
+                "C": C,
+                "rep": 0,
+                "acc_len": acc,
+                "output_tok_s": (100 * C if arm == "A0" else (150 * C if C < loses_from else 50 * C)),
+            }
+            for arm in ("A0", "A1")
+            for C in (1, 4, 16, 64, 256)
+        ]
         (folder / "cells.jsonl").write_text("\n".join(json.dumps(c) for c in cells))
     r = run("bench", "--out", tmp_path, "--acc-len", "2.0,3.0", "--suggest-threshold", "--concurrency", "1,4,16,64,256")
     assert r.exit_code == 0, r.output
@@ -161,8 +177,10 @@ def test_bench_suggest_threshold_per_acceptance(tmp_path):
     # Without --concurrency, every C the folder measured counts (finer points merged in);
     # a grid step of more than 25% around the crossover names the counts to measure.
     folder = tmp_path / "acc-3"
-    extra = [{"arm": arm, "C": 32, "rep": 0, "acc_len": 3.0, "output_tok_s": 100 * 32 if arm == "A0" else 150 * 32}
-             for arm in ("A0", "A1")]
+    extra = [
+        {"arm": arm, "C": 32, "rep": 0, "acc_len": 3.0, "output_tok_s": 100 * 32 if arm == "A0" else 150 * 32}
+        for arm in ("A0", "A1")
+    ]
     with (folder / "cells.jsonl").open("a") as f:
         f.write("\n" + "\n".join(json.dumps(c) for c in extra))
     r = run("bench", "--out", folder, "--suggest-threshold")
@@ -174,11 +192,14 @@ def test_bench_suggest_threshold_per_acceptance(tmp_path):
     assert r.exit_code == 2 and "has no cells.jsonl" in r.output and "Traceback" not in r.output
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--tp", "4"], "2 attention heads, which TP=4 cannot split"),
-    (["--tp", "2", "--record"], "record at --tp 1"),
-    (["--only", "eagle3-t4,eagle3-kv"], "no engine config named eagle3-kv; the configs are base-graph"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--tp", "4"], "2 attention heads, which TP=4 cannot split"),
+        (["--tp", "2", "--record"], "record at --tp 1"),
+        (["--only", "eagle3-t4,eagle3-kv"], "no engine config named eagle3-kv; the configs are base-graph"),
+    ],
+)
 def test_verify_bad_input_is_one_paragraph_exit_2(tmp_path, args, needle):
     """Refused before any tree or GPU is looked at: a TP the golden model cannot be split for,
     recording golden files with the TP>1 model (their tokens would not be the TP=1 ones), an
@@ -196,8 +217,10 @@ def test_importing_the_cli_loads_neither_harness_nor_libcst_nor_rich():
     import subprocess
     import sys
 
-    code = ("import spectool.cli, sys; "
-            "print(sorted(m for m in sys.modules if m.startswith(('spectool.harness', 'libcst', 'rich'))))")
+    code = (
+        "import spectool.cli, sys; "
+        "print(sorted(m for m in sys.modules if m.startswith(('spectool.harness', 'libcst', 'rich'))))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]", r.stdout
 
@@ -216,7 +239,7 @@ def test_every_command_states_its_exit_codes_and_takes_json(command):
     from spectool.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERNAL, EXIT_OK
 
     text = _help(command)
-    block = text[text.index("Exit codes:"):]
+    block = text[text.index("Exit codes:") :]
     lines = [line.strip() for line in block.splitlines()[1:] if line.strip()]
     codes = [int(line.split()[0]) for line in lines if line.split()[0].isdigit()]
     assert codes == [EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL], block

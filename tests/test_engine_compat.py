@@ -15,8 +15,12 @@ def _fields(tree):
     return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
 
 
-KW = {"cuda_graph_max_bs": 32, "disable_piecewise_cuda_graph": True, "attention_backend": "triton",
-      "speculative_disable_batch_size_threshold": 4}
+KW = {
+    "cuda_graph_max_bs": 32,
+    "disable_piecewise_cuda_graph": True,
+    "attention_backend": "triton",
+    "speculative_disable_batch_size_threshold": 4,
+}
 
 
 def test_0512_names_pass_through(patched_release):
@@ -25,8 +29,12 @@ def test_0512_names_pass_through(patched_release):
 
 def test_0517_names_are_mapped(patched_release):
     out = adapt(KW, _fields(patched_release("0.5.17")))
-    assert out == {"cuda_graph_max_bs_decode": 32, "cuda_graph_backend_prefill": "disabled",
-                   "attention_backend": "triton", "speculative_disable_batch_size_threshold": 4}
+    assert out == {
+        "cuda_graph_max_bs_decode": 32,
+        "cuda_graph_backend_prefill": "disabled",
+        "attention_backend": "triton",
+        "speculative_disable_batch_size_threshold": 4,
+    }
 
 
 def test_unknown_argument_is_an_error(cached_release):
@@ -65,22 +73,33 @@ def test_server_arg_types_are_read_from_the_tree(cached_release, patched_release
     assert types["cuda_graph_max_bs_decode"] in ("int", "Optional[int]")
 
 
-@pytest.mark.parametrize("text,annotation,value", [
-    ("8", "Optional[int]", 8), ("off", "Optional[int]", None), ("None", "Optional[int]", None),
-    ("0.5", "float", 0.5), ("true", "bool", True), ("0", "bool", False), ("fa3", "str", "fa3"),
-    ("off", "str", "off"),
-])
+@pytest.mark.parametrize(
+    "text,annotation,value",
+    [
+        ("8", "Optional[int]", 8),
+        ("off", "Optional[int]", None),
+        ("None", "Optional[int]", None),
+        ("0.5", "float", 0.5),
+        ("true", "bool", True),
+        ("0", "bool", False),
+        ("fa3", "str", "fa3"),
+        ("off", "str", "off"),
+    ],
+)
 def test_a_variant_value_is_read_as_its_fields_type(text, annotation, value):
     from spectool.harness.engine_compat import server_arg_value
 
     assert server_arg_value("f", text, annotation) == value
 
 
-@pytest.mark.parametrize("text,annotation,needle", [
-    ("eight", "Optional[int]", "f (Optional[int]) takes a whole number or off, not 'eight'"),
-    ("off", "int", "f (int) takes a whole number, not 'off'"),
-    ("yes", "bool", "f (bool) takes true or false, not 'yes'"),
-])
+@pytest.mark.parametrize(
+    "text,annotation,needle",
+    [
+        ("eight", "Optional[int]", "f (Optional[int]) takes a whole number or off, not 'eight'"),
+        ("off", "int", "f (int) takes a whole number, not 'off'"),
+        ("yes", "bool", "f (bool) takes true or false, not 'yes'"),
+    ],
+)
 def test_a_variant_value_its_field_cannot_take_is_refused(text, annotation, needle):
     import re
 

@@ -53,9 +53,13 @@ def bind(path, ns, worker, *names):
 def _types(tree):
     """The release's own data types that a decode step reads and returns."""
     forward_mode, capture = forward_modes(tree)
-    return {"ForwardMode": forward_mode, "CaptureHiddenMode": capture,
-            "GenerationBatchResult": generation_batch_result_class(tree),
-            "EagleDraftInput": eagle_draft_input_class(tree), "LogitsProcessorOutput": logits_output_class(tree)}
+    return {
+        "ForwardMode": forward_mode,
+        "CaptureHiddenMode": capture,
+        "GenerationBatchResult": generation_batch_result_class(tree),
+        "EagleDraftInput": eagle_draft_input_class(tree),
+        "LogitsProcessorOutput": logits_output_class(tree),
+    }
 
 
 def _step_worker(tree, version, torch, types, target_forward, algorithm="EAGLE3", ndt=4):
@@ -63,20 +67,28 @@ def _step_worker(tree, version, torch, types, target_forward, algorithm="EAGLE3"
     returns (worker, the step function, the target's model runner, what the draft saw)."""
     path = tree / WORKER
     events = SimpleNamespace(Event=lambda: SimpleNamespace(record=lambda: None), current_stream=lambda: None)
-    fake_torch = SimpleNamespace(**{k: getattr(torch, k) for k in ("int32", "int64", "ones", "full", "softmax")},
-                                 get_device_module=lambda device: events)
-    ns = {"torch": fake_torch, **types,
-          "speculative_moe_backend_context": _null, "speculative_moe_a2a_backend_context": _null}
+    fake_torch = SimpleNamespace(
+        **{k: getattr(torch, k) for k in ("int32", "int64", "ones", "full", "softmax")},
+        get_device_module=lambda device: events,
+    )
+    ns = {
+        "torch": fake_torch,
+        **types,
+        "speculative_moe_backend_context": _null,
+        "speculative_moe_a2a_backend_context": _null,
+    }
     decode = load_function(path, "EAGLEWorkerV2._spec_fallback_decode", ns)
     mr = SimpleNamespace(attn_backend="spec-backend", graph_runner="verify-graph")
     draft = {}
     worker = SimpleNamespace(
-        device="cpu", speculative_num_draft_tokens=ndt,
+        device="cpu",
+        speculative_num_draft_tokens=ndt,
         req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(100).reshape(5, 20).to(torch.int32)),
         speculative_algorithm=SimpleNamespace(is_standalone=lambda: algorithm == "STANDALONE"),
         _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
-        _spec_fallback=fallback_state_class(tree)(threshold=0, attn_backend="decode-backend",
-                                                  graph_runner="decode-graph"),
+        _spec_fallback=fallback_state_class(tree)(
+            threshold=0, attn_backend="decode-backend", graph_runner="decode-graph"
+        ),
         draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
         _spec_fallback_draft_extend=lambda *a: draft.setdefault("args", a),
     )
@@ -89,10 +101,16 @@ def _decode_batch(tree, types, bonus, tokens, reqs, **values):
     import torch
 
     return model_worker_batch(
-        tree, forward_mode=types["ForwardMode"].DECODE, seq_lens=torch.tensor([3, 5, 10]),
-        seq_lens_cpu=torch.tensor([3, 5, 10]), seq_lens_sum=18, req_pool_indices=torch.tensor([0, 2, 4]),
+        tree,
+        forward_mode=types["ForwardMode"].DECODE,
+        seq_lens=torch.tensor([3, 5, 10]),
+        seq_lens_cpu=torch.tensor([3, 5, 10]),
+        seq_lens_sum=18,
+        req_pool_indices=torch.tensor([0, 2, 4]),
         spec_info=types["EagleDraftInput"](**{bonus: torch.tensor(tokens, dtype=torch.int32)}),
-        reqs=reqs, **{"return_logprob": False, **values})
+        reqs=reqs,
+        **{"return_logprob": False, **values},
+    )
 
 
 @pytest.mark.parametrize("version", ["0.5.8", "0.5.12"])
@@ -110,17 +128,23 @@ def test_fallback_result_format(version, patched_release, monkeypatch):
     bonus = "verified_id" if seed else "bonus_tokens"
     bs, ndt = 3, 4
     seen = {}
-    moe = {"routed_experts_output": object(), "indexer_topk_output": object(),
-           "expert_distribution_metrics": object()}
+    moe = {"routed_experts_output": object(), "indexer_topk_output": object(), "expert_distribution_metrics": object()}
 
     def target_forward(batch):
-        seen.update(input_ids=batch.input_ids.clone(), seq_lens=batch.seq_lens.clone(),
-                    out_cache_loc=batch.out_cache_loc.clone(), mode=batch.forward_mode,
-                    installed=(mr.attn_backend, mr.graph_runner), capture=batch.capture_hidden_mode)
+        seen.update(
+            input_ids=batch.input_ids.clone(),
+            seq_lens=batch.seq_lens.clone(),
+            out_cache_loc=batch.out_cache_loc.clone(),
+            mode=batch.forward_mode,
+            installed=(mr.attn_backend, mr.graph_runner),
+            capture=batch.capture_hidden_mode,
+        )
         out = types["GenerationBatchResult"](
             logits_output=types["LogitsProcessorOutput"](next_token_logits=None, hidden_states=torch.zeros(bs, 6)),
-            next_token_ids=torch.tensor([7, 8, 9]), can_run_cuda_graph=True,
-            **({} if seed else moe))
+            next_token_ids=torch.tensor([7, 8, 9]),
+            can_run_cuda_graph=True,
+            **({} if seed else moe),
+        )
         seen["target_result"] = out
         return out
 
@@ -154,7 +178,7 @@ def test_fallback_result_format(version, patched_release, monkeypatch):
             assert getattr(res, name) is value, f"{name} passed through"
     ids, acc = res.next_token_ids.tolist(), res.accept_lens.tolist()
     assert len(ids) == bs * stride
-    assert [ids[i * stride: i * stride + acc[i]] for i in range(bs)] == [[7], [8], [9]]
+    assert [ids[i * stride : i * stride + acc[i]] for i in range(bs)] == [[7], [8], [9]]
     if not seed:  # a second step takes its accept_lens from the same buffer, still all 1
         batch.spec_info = types["EagleDraftInput"](bonus_tokens=torch.tensor([4, 5, 6], dtype=torch.int32))
         again = decode(worker, batch)
@@ -185,21 +209,29 @@ def test_fallback_step_serves_hidden_states_and_logprobs(algorithm, patched_rele
         seen["return_logprob"] = batch.return_logprob
         return types["GenerationBatchResult"](
             logits_output=types["LogitsProcessorOutput"](
-                next_token_logits=None, hidden_states=hidden if batch.capture_hidden_mode == capture.FULL else None,
+                next_token_logits=None,
+                hidden_states=hidden if batch.capture_hidden_mode == capture.FULL else None,
                 next_token_logprobs=torch.tensor([-0.5, -0.25, -0.125]) if batch.return_logprob else None,
-                next_token_top_logprobs_val=top_val if batch.return_logprob else None),
-            next_token_ids=torch.tensor([7, 8, 9]), can_run_cuda_graph=True)
+                next_token_top_logprobs_val=top_val if batch.return_logprob else None,
+            ),
+            next_token_ids=torch.tensor([7, 8, 9]),
+            can_run_cuda_graph=True,
+        )
 
     worker, decode, _, draft = _step_worker(tree, "0.5.12", torch, types, target_forward, algorithm)
     for wants_hidden in (True, False):
         reqs = [request(tree, return_hidden_states=wants_hidden and i == 1, return_logprob=True) for i in range(bs)]
-        batch = _decode_batch(tree, types, "bonus_tokens", [1, 2, 3], reqs, return_logprob=True,
-                              top_logprobs_nums=[2, 2, 2])
+        batch = _decode_batch(
+            tree, types, "bonus_tokens", [1, 2, 3], reqs, return_logprob=True, top_logprobs_nums=[2, 2, 2]
+        )
         res = decode(worker, batch)
         assert seen["return_logprob"] is True
         assert res.logits_output.next_token_logprobs.tolist() == [[-0.5], [-0.25], [-0.125]]
         assert [v.tolist() for v in res.logits_output.next_token_top_logprobs_val] == [
-            [-0.5, -2.5], [-0.25, -3.0], [-0.125, -3.5]], "top-k: entry i * 1 + 0 is request i's"
+            [-0.5, -2.5],
+            [-0.25, -3.0],
+            [-0.125, -3.5],
+        ], "top-k: entry i * 1 + 0 is request i's"
         standalone = algorithm == "STANDALONE"
         assert seen["capture"] == (capture.NULL if standalone and not wants_hidden else capture.FULL)
         if wants_hidden:
@@ -226,8 +258,11 @@ def test_hidden_state_requests_are_seen_on_the_real_batch(version, patched_relea
     bind(tree / WORKER, {}, worker, "_spec_fallback_returns_hidden_states", "_spec_fallback_eligible")
 
     def batch(*hidden, **values):
-        return model_worker_batch(tree, reqs=[request(tree, return_hidden_states=h) for h in hidden],
-                                  **{"has_grammar": False, "return_logprob": False, **values})
+        return model_worker_batch(
+            tree,
+            reqs=[request(tree, return_hidden_states=h) for h in hidden],
+            **{"has_grammar": False, "return_logprob": False, **values},
+        )
 
     assert worker._spec_fallback_returns_hidden_states(batch(False, True, False))
     assert not worker._spec_fallback_returns_hidden_states(batch(False, False))
@@ -254,8 +289,9 @@ def test_draft_kv_sync_replays_its_one_token_graph(graph_fits, patched_release):
             seen["prepare"] = (predict.tolist(), n, graph_runner)
             return SimpleNamespace(spec_info=self, batch_size=bs)
 
-    graph_out = SimpleNamespace(topk_p=torch.rand(8, 1), topk_index=torch.arange(8).unsqueeze(1),
-                                hidden_states=torch.rand(8, H))
+    graph_out = SimpleNamespace(
+        topk_p=torch.rand(8, 1), topk_index=torch.arange(8).unsqueeze(1), hidden_states=torch.rand(8, H)
+    )
 
     class Runner:
         def can_run(self, fb):
@@ -271,13 +307,15 @@ def test_draft_kv_sync_replays_its_one_token_graph(graph_fits, patched_release):
         logits[:, 4] = 5.0
         return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
 
-    ns = {"torch": torch, "EagleDraftInput": DraftInput,
-          "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
+    ns = {"torch": torch, "EagleDraftInput": DraftInput, "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
     extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
     runner = Runner()
-    worker = SimpleNamespace(device="cpu", topk=1,
-                             _spec_fallback=fallback_state_class(tree)(draft_extend_runner=runner),
-                             draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=eager_forward)))
+    worker = SimpleNamespace(
+        device="cpu",
+        topk=1,
+        _spec_fallback=fallback_state_class(tree)(draft_extend_runner=runner),
+        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=eager_forward)),
+    )
     bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_next_draft_input", "_spec_fallback_kv_only_flush")
     nxt = SimpleNamespace()
     extend(worker, SimpleNamespace(seq_lens=torch.tensor([3, 5, 10])), torch.tensor([7, 8, 9]), torch.zeros(bs, H), nxt)
@@ -318,6 +356,7 @@ def test_draft_extend_graph_is_captured_at_one_token(version, patched_release):
             if fail:
                 raise RuntimeError("CUDA out of memory. Tried to allocate 32.00 MiB")
             return "one-token-graph"
+
         return runner
 
     @contextlib.contextmanager
@@ -331,12 +370,19 @@ def test_draft_extend_graph_is_captured_at_one_token(version, patched_release):
     for fail in (False, True):
         ns = {"DraftBackendFactory": Factory, "EAGLEDraftExtendCudaGraphRunner": make_runner(fail)}
         build = load_function(path, "EAGLEWorkerV2._spec_fallback_build_draft_extend_graph", ns)
-        worker = SimpleNamespace(topk=1, _override_worker_state=override, _spec_fallback=fallback_state_class(tree)(),
-                                 draft_worker=SimpleNamespace(cuda_graph_runner_for_draft_extend="spec-graph", draft_runner=None))
+        worker = SimpleNamespace(
+            topk=1,
+            _override_worker_state=override,
+            _spec_fallback=fallback_state_class(tree)(),
+            draft_worker=SimpleNamespace(cuda_graph_runner_for_draft_extend="spec-graph", draft_runner=None),
+        )
         bind(path, ns, worker, "_spec_fallback_capture")
         if fail:
-            with pytest.raises(RuntimeError, match=r"could not capture a one-token draft-extend CUDA graph "
-                                                   r"\(RuntimeError: CUDA out of memory\. Tried to allocate 32\.00 MiB\)"):
+            with pytest.raises(
+                RuntimeError,
+                match=r"could not capture a one-token draft-extend CUDA graph "
+                r"\(RuntimeError: CUDA out of memory\. Tried to allocate 32\.00 MiB\)",
+            ):
                 build(worker, server_args(server_args_class(tree, {})))
         else:
             build(worker, server_args(server_args_class(tree, {})))
@@ -345,8 +391,12 @@ def test_draft_extend_graph_is_captured_at_one_token(version, patched_release):
         assert worker._spec_fallback.draft_extend_runner == (None if fail else "one-token-graph")
     # No spec-path draft-extend graph (backend without support, or --disable-cuda-graph): none built.
     seen.clear()
-    worker = SimpleNamespace(topk=1, _override_worker_state=override, _spec_fallback=fallback_state_class(tree)(),
-                             draft_worker=SimpleNamespace(cuda_graph_runner_for_draft_extend=None, draft_runner=None))
+    worker = SimpleNamespace(
+        topk=1,
+        _override_worker_state=override,
+        _spec_fallback=fallback_state_class(tree)(),
+        draft_worker=SimpleNamespace(cuda_graph_runner_for_draft_extend=None, draft_runner=None),
+    )
     build(worker, server_args(server_args_class(tree, {})))
     assert worker._spec_fallback.draft_extend_runner is None and "capture" not in seen
 
@@ -361,12 +411,12 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, patched_rel
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
     tree = patched_release(version)
-    path = tree / WORKER
     bonus = "bonus_tokens" if early_plan else "verified_id"
     order = []
 
     class SeqLens(torch.Tensor):
         """Pre-step lengths that log every `+ k` result they produce (by identity)."""
+
         def __add__(self, k):
             out = torch.Tensor.__add__(self.as_subclass(torch.Tensor), k)
             order.append(("lengths", id(out)))
@@ -378,20 +428,29 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, patched_rel
         order.append("target")
         return types["GenerationBatchResult"](
             logits_output=types["LogitsProcessorOutput"](next_token_logits=None, hidden_states=torch.zeros(2, 4)),
-            next_token_ids=torch.tensor([5, 6]), can_run_cuda_graph=True)
+            next_token_ids=torch.tensor([5, 6]),
+            can_run_cuda_graph=True,
+        )
 
     worker, decode, _, _ = _step_worker(tree, version, torch, types, target_forward)
     worker._spec_fallback_draft_extend = lambda *a: order.append("draft")
     worker.req_to_token_pool.req_to_token = torch.arange(40).reshape(2, 20)
-    events = SimpleNamespace(Event=lambda: SimpleNamespace(record=lambda: order.append("verify_done")),
-                             current_stream=lambda: None)
+    events = SimpleNamespace(
+        Event=lambda: SimpleNamespace(record=lambda: order.append("verify_done")), current_stream=lambda: None
+    )
     decode.__globals__["torch"].get_device_module = lambda device: events
     lens = torch.tensor([3, 7])
     batch = model_worker_batch(
-        tree, forward_mode=types["ForwardMode"].DECODE, seq_lens=lens.clone().as_subclass(SeqLens),
-        seq_lens_cpu=lens.clone(), seq_lens_sum=10, req_pool_indices=torch.tensor([0, 1]),
+        tree,
+        forward_mode=types["ForwardMode"].DECODE,
+        seq_lens=lens.clone().as_subclass(SeqLens),
+        seq_lens_cpu=lens.clone(),
+        seq_lens_sum=10,
+        req_pool_indices=torch.tensor([0, 1]),
         spec_info=types["EagleDraftInput"](**{bonus: torch.tensor([1, 2])}),
-        reqs=[request(tree, return_hidden_states=False)] * 2, return_logprob=False)
+        reqs=[request(tree, return_hidden_states=False)] * 2,
+        return_logprob=False,
+    )
     res = decode(worker, batch)
     assert res.next_draft_input.new_seq_lens.tolist() == [4, 8]
     made = order.index(("lengths", id(res.next_draft_input.new_seq_lens)))
@@ -402,12 +461,23 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, patched_rel
         assert order.index("verify_done") > order.index("target"), order
 
 
-@pytest.mark.parametrize("flags,min_bs,above,steps", [
-    ({}, 16, 32, 4),
-    ({"speculative_disable_draft_decode_min_bs": None, "speculative_disable_kv_only_margin": None}, None, None, 1),
-    ({"speculative_disable_draft_decode_min_bs": 1, "speculative_disable_kv_only_margin": 8,
-      "speculative_disable_kv_only_steps_per_replay": 1}, 1, 40, 1),
-])
+@pytest.mark.parametrize(
+    "flags,min_bs,above,steps",
+    [
+        ({}, 16, 32, 4),
+        ({"speculative_disable_draft_decode_min_bs": None, "speculative_disable_kv_only_margin": None}, None, None, 1),
+        (
+            {
+                "speculative_disable_draft_decode_min_bs": 1,
+                "speculative_disable_kv_only_margin": 8,
+                "speculative_disable_kv_only_steps_per_replay": 1,
+            },
+            1,
+            40,
+            1,
+        ),
+    ],
+)
 @pytest.mark.parametrize("version", ["0.5.11", "0.5.12", "0.5.13", "0.5.14"])
 def test_start_up_takes_the_draft_sync_from_server_args(version, flags, min_bs, above, steps, patched_release):
     """The start-up of 0.5.12 (and of 0.5.11, 0.5.13 and 0.5.14, which insert it unchanged): a decode
@@ -416,39 +486,62 @@ def test_start_up_takes_the_draft_sync_from_server_args(version, flags, min_bs, 
     threshold + margin with its steps per replay; without CUDA graphs nothing is captured. The
     GPU memory it took (free memory before minus after, as SGLang measures its graphs') is
     logged, added to the runner's graph_mem_usage and counted."""
-    import logging
 
     tree = patched_release(version)
     path = tree / WORKER
     cls = server_args_class(tree, {})
     free = iter([40.0, 39.25])
     logs = []
-    ns = {"logger": SimpleNamespace(info=lambda *a: logs.append(a[0] % a[1:])),
-          "get_available_gpu_memory": lambda device, gpu_id: next(free), "time": __import__("time")}
+    ns = {
+        "logger": SimpleNamespace(info=lambda *a: logs.append(a[0] % a[1:])),
+        "get_available_gpu_memory": lambda device, gpu_id: next(free),
+        "time": __import__("time"),
+    }
     backends = []
-    mr = SimpleNamespace(init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "decode-backend",
-                         graph_mem_usage=1.5)
-    draft_runner = SimpleNamespace(init_new_workspace=False,
-                                   _get_attention_backend=lambda init_new_workspace: backends.append(1) or "plain")
-    worker = SimpleNamespace(_target_worker=SimpleNamespace(model_runner=mr), device="cuda", gpu_id=0,
-                             _spec_fallback=fallback_state_class(tree)(threshold=32),
-                             draft_worker=SimpleNamespace(draft_runner=draft_runner),
-                             _spec_fallback_kv_only_unsupported=lambda: None)
-    bind(path, ns, worker, "_spec_fallback_build", "_spec_fallback_plain_attn_backend",
-         "_spec_fallback_init_draft_decode", "_spec_fallback_init_draft_kv_only")
+    mr = SimpleNamespace(
+        init_new_workspace=False,
+        _get_attention_backend=lambda init_new_workspace: "decode-backend",
+        graph_mem_usage=1.5,
+    )
+    draft_runner = SimpleNamespace(
+        init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: backends.append(1) or "plain"
+    )
+    worker = SimpleNamespace(
+        _target_worker=SimpleNamespace(model_runner=mr),
+        device="cuda",
+        gpu_id=0,
+        _spec_fallback=fallback_state_class(tree)(threshold=32),
+        draft_worker=SimpleNamespace(draft_runner=draft_runner),
+        _spec_fallback_kv_only_unsupported=lambda: None,
+    )
+    bind(
+        path,
+        ns,
+        worker,
+        "_spec_fallback_build",
+        "_spec_fallback_plain_attn_backend",
+        "_spec_fallback_init_draft_decode",
+        "_spec_fallback_init_draft_kv_only",
+    )
     worker._spec_fallback_build(
-        server_args(cls, speculative_disable_batch_size_threshold=32, disable_cuda_graph=True, **flags))
+        server_args(cls, speculative_disable_batch_size_threshold=32, disable_cuda_graph=True, **flags)
+    )
     state = worker._spec_fallback
     assert state.attn_backend == "decode-backend" and state.graph_runner is None
     assert state.draft_decode_min_bs == min_bs and state.draft_attn_backend == ("plain" if min_bs else None)
     assert state.kv_only_above == above and state.kv_only_steps_per_replay == steps
     assert len(backends) == (1 if min_bs else 0), "a draft backend only for the decode sync"
     assert mr.graph_mem_usage == 2.25 and state.stats["startup_memory_gib"] == 0.75
-    assert logs[-1].startswith("spec-fallback: start-up took 0.75 GiB of GPU memory") and "--disable-cuda-graph" in logs[-1]
+    assert (
+        logs[-1].startswith("spec-fallback: start-up took 0.75 GiB of GPU memory")
+        and "--disable-cuda-graph" in logs[-1]
+    )
 
 
-@pytest.mark.parametrize("threshold,hysteresis,want", [(4, 2, [4, 8, 12, 16, 24, 32]), (4, 0, [8, 12, 16, 24, 32]),
-                                                       (0, 0, [1, 2, 4, 8, 12, 16, 24, 32]), (32, 0, [])])
+@pytest.mark.parametrize(
+    "threshold,hysteresis,want",
+    [(4, 2, [4, 8, 12, 16, 24, 32]), (4, 0, [8, 12, 16, 24, 32]), (0, 0, [1, 2, 4, 8, 12, 16, 24, 32]), (32, 0, [])],
+)
 def test_graphs_only_for_the_batch_sizes_a_fallback_step_can_have(threshold, hysteresis, want, patched_release):
     """0.5.12: the fallback's decode graph and one-token draft-extend graph are captured only
     for batch sizes above threshold - hysteresis (a smaller batch never falls back); the
@@ -462,8 +555,12 @@ def test_graphs_only_for_the_batch_sizes_a_fallback_step_can_have(threshold, hys
     seen = {}
 
     def runner(mr, attn_backend):
-        seen["decode"] = (list(mr.server_args.cuda_graph_bs), attn_backend, mr.spec_algorithm,
-                          mr.server_args.enable_return_hidden_states)
+        seen["decode"] = (
+            list(mr.server_args.cuda_graph_bs),
+            attn_backend,
+            mr.spec_algorithm,
+            mr.server_args.enable_return_hidden_states,
+        )
         if seen.get("fail"):
             raise RuntimeError("CUDA out of memory")
         return SimpleNamespace(capture_bs=list(mr.server_args.cuda_graph_bs))
@@ -475,12 +572,14 @@ def test_graphs_only_for_the_batch_sizes_a_fallback_step_can_have(threshold, hys
         mr = SimpleNamespace(server_args=args, spec_algorithm="EAGLE3")
         w = SimpleNamespace(
             _target_worker=SimpleNamespace(model_runner=mr),
-            _spec_fallback=fallback_state_class(tree)(threshold=threshold, hysteresis=hysteresis,
-                                                      attn_backend="decode-backend"),
+            _spec_fallback=fallback_state_class(tree)(
+                threshold=threshold, hysteresis=hysteresis, attn_backend="decode-backend"
+            ),
             speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
             draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(server_args=args)),
             _spec_fallback_build_draft_extend_graph=lambda a: seen.setdefault("draft", list(a.cuda_graph_bs)),
-            _spec_fallback_build_kv_only_graphs=lambda a: seen.setdefault("kv_only", w._spec_fallback.graph_runner))
+            _spec_fallback_build_kv_only_graphs=lambda a: seen.setdefault("kv_only", w._spec_fallback.graph_runner),
+        )
         bind(path, ns, w, "_spec_fallback_build_graphs", "_spec_fallback_capture")
         return w, mr
 
@@ -521,34 +620,66 @@ def test_draft_kv_sync_as_a_plain_decode_step(version, patched_release):
         @staticmethod
         def init_new(batch, runner):
             seen["attn_backend_at_init"] = runner.attn_backend
-            return SimpleNamespace(spec_info=batch.spec_info, mode=batch.forward_mode, seq_lens=batch.seq_lens.clone(),
-                                   input_ids=batch.input_ids, out_cache_loc=batch.out_cache_loc,
-                                   capture=batch.capture_hidden_mode)
+            return SimpleNamespace(
+                spec_info=batch.spec_info,
+                mode=batch.forward_mode,
+                seq_lens=batch.seq_lens.clone(),
+                input_ids=batch.input_ids,
+                out_cache_loc=batch.out_cache_loc,
+                capture=batch.capture_hidden_mode,
+            )
 
     def draft_forward(fb, skip_attn_backend_init):
-        seen["forward"] = dict(skip=skip_attn_backend_init, hidden=fb.spec_info.hidden_states, ids=fb.input_ids.tolist(),
-                               dtype=fb.input_ids.dtype, backend=dr.attn_backend, slots=fb.out_cache_loc.tolist(),
-                               capture=fb.capture)
+        seen["forward"] = dict(
+            skip=skip_attn_backend_init,
+            hidden=fb.spec_info.hidden_states,
+            ids=fb.input_ids.tolist(),
+            dtype=fb.input_ids.dtype,
+            backend=dr.attn_backend,
+            slots=fb.out_cache_loc.tolist(),
+            capture=fb.capture,
+        )
         logits = torch.zeros(bs, 10)
         logits[:, 6] = 3.0
         return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
 
-    ns = {"torch": torch, "EagleDraftInput": lambda **kw: SimpleNamespace(**kw), "ForwardBatch": ForwardBatch,
-          "EagleDraftExtendInput": lambda **kw: SimpleNamespace(**kw),
-          "ForwardMode": SimpleNamespace(DECODE="DECODE"), "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
-          "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
+    ns = {
+        "torch": torch,
+        "EagleDraftInput": lambda **kw: SimpleNamespace(**kw),
+        "ForwardBatch": ForwardBatch,
+        "EagleDraftExtendInput": lambda **kw: SimpleNamespace(**kw),
+        "ForwardMode": SimpleNamespace(DECODE="DECODE"),
+        "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
+        "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim),
+    }
     extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
     plain = Backend()
     dr = SimpleNamespace(attn_backend="draft-extend-backend", forward=draft_forward)
-    worker = SimpleNamespace(device="cpu", topk=1,
-                             _spec_fallback=fallback_state_class(tree)(draft_decode_min_bs=2, draft_attn_backend=plain),
-                             speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
-                             draft_worker=SimpleNamespace(draft_runner=dr))
-    bind(path, ns, worker, "_spec_fallback_draft_decode", "_spec_fallback_as_decode",
-         "_spec_fallback_next_draft_input", "_spec_fallback_kv_only_flush")
+    worker = SimpleNamespace(
+        device="cpu",
+        topk=1,
+        _spec_fallback=fallback_state_class(tree)(draft_decode_min_bs=2, draft_attn_backend=plain),
+        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
+        draft_worker=SimpleNamespace(draft_runner=dr),
+    )
+    bind(
+        path,
+        ns,
+        worker,
+        "_spec_fallback_draft_decode",
+        "_spec_fallback_as_decode",
+        "_spec_fallback_next_draft_input",
+        "_spec_fallback_kv_only_flush",
+    )
     target_hidden = torch.rand(bs, 3 * H)
-    batch = SimpleNamespace(seq_lens=torch.tensor([3, 5, 10]), seq_lens_cpu=torch.tensor([3, 5, 10]), seq_lens_sum=18,
-                            out_cache_loc=torch.tensor([3, 45, 90]), spec_info="stale", forward_mode="DECODE")
+    batch = SimpleNamespace(
+        seq_lens=torch.tensor([3, 5, 10]),
+        seq_lens_cpu=torch.tensor([3, 5, 10]),
+        seq_lens_sum=18,
+        out_cache_loc=torch.tensor([3, 45, 90]),
+        spec_info="stale",
+        forward_mode="DECODE",
+    )
     nxt = SimpleNamespace()
     extend(worker, batch, torch.tensor([7, 8, 9], dtype=torch.int32), target_hidden, nxt)
 
@@ -572,11 +703,15 @@ def test_draft_kv_sync_as_a_plain_decode_step(version, patched_release):
     init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_decode", {})
     runner = SimpleNamespace(init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "plain")
     cls = server_args_class(tree, {})
-    for flags, expect in (({}, 16), ({"speculative_disable_draft_decode_min_bs": None}, None),
-                          ({"speculative_disable_draft_decode_min_bs": 64}, 64),
-                          ({"speculative_disable_draft_decode_min_bs": 1}, 1)):
-        w = SimpleNamespace(draft_worker=SimpleNamespace(draft_runner=runner),
-                            _spec_fallback=fallback_state_class(tree)())
+    for flags, expect in (
+        ({}, 16),
+        ({"speculative_disable_draft_decode_min_bs": None}, None),
+        ({"speculative_disable_draft_decode_min_bs": 64}, 64),
+        ({"speculative_disable_draft_decode_min_bs": 1}, 1),
+    ):
+        w = SimpleNamespace(
+            draft_worker=SimpleNamespace(draft_runner=runner), _spec_fallback=fallback_state_class(tree)()
+        )
         bind(path, {}, w, "_spec_fallback_plain_attn_backend")
         init(w, server_args(cls, **flags))
         assert w._spec_fallback.draft_decode_min_bs == expect

@@ -74,8 +74,14 @@ def _modules(torch, fc_norm: bool, sliced: bool = False):
             self.q_size, self.kv_size = q_size, kv_size
             self.qkv_proj = QKV() if sliced else (lambda x: (x @ w_qkv.T, None))
             self.rotary_emb = rope
-            self.attn = SimpleNamespace(tp_k_head_num=KV_HEADS, qk_head_dim=HEAD_DIM, tp_v_head_num=KV_HEADS,
-                                        v_head_dim=HEAD_DIM, k_scale=None, v_scale=None)
+            self.attn = SimpleNamespace(
+                tp_k_head_num=KV_HEADS,
+                qk_head_dim=HEAD_DIM,
+                tp_v_head_num=KV_HEADS,
+                v_head_dim=HEAD_DIM,
+                k_scale=None,
+                v_scale=None,
+            )
             self._prepare = prepare
             self.seen = {}
 
@@ -90,8 +96,13 @@ def _modules(torch, fc_norm: bool, sliced: bool = False):
 def _eagle3_model(torch, tree, fc_norm: bool, sliced: bool = False):
     RMS, Attention = _modules(torch, fc_norm, sliced)
     models = tree / "sglang/srt/models"
-    typing_ns = {"torch": torch, "Optional": typing.Optional, "Tuple": typing.Tuple,
-                 "ForwardBatch": object, "PPProxyTensors": object}
+    typing_ns = {
+        "torch": torch,
+        "Optional": typing.Optional,
+        "Tuple": tuple,
+        "ForwardBatch": object,
+        "PPProxyTensors": object,
+    }
     prepare = load_function(models / "llama.py", "LlamaAttention.forward_prepare_native", typing_ns)
     layer_forward = load_function(models / "llama_eagle3.py", "LlamaDecoderLayer.forward", typing_ns)
     model_forward = load_function(models / "llama_eagle3.py", "LlamaModel.forward", typing_ns)
@@ -108,9 +119,15 @@ def _eagle3_model(torch, tree, fc_norm: bool, sliced: bool = False):
             return layer_forward(self, *args)
 
     model = SimpleNamespace(
-        embed_tokens=torch.nn.Embedding(V, H), fc=torch.nn.Linear(3 * H, H, bias=False),
+        embed_tokens=torch.nn.Embedding(V, H),
+        fc=torch.nn.Linear(3 * H, H, bias=False),
         fc_norm=torch.nn.ModuleList([RMS(H) for _ in range(3)]) if fc_norm else None,
-        num_aux_hidden_states=3, layers=[Layer()], norm=RMS(H), norm_output=False, is_mrope_enabled=False)
+        num_aux_hidden_states=3,
+        layers=[Layer()],
+        norm=RMS(H),
+        norm_output=False,
+        is_mrope_enabled=False,
+    )
     return model, lambda *a, **kw: model_forward(model, *a, **kw)
 
 
@@ -126,8 +143,12 @@ def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sliced, version, pat
 
     # The release's own draft forward for these tokens: position = the pre-step length
     # (a decode step's position is seq_len - 1 after the step).
-    fb = SimpleNamespace(mm_input_embeds=None, forward_mode=SimpleNamespace(is_extend=lambda: False),
-                         contains_mm_inputs=lambda: False, spec_info=SimpleNamespace(hidden_states=target_hidden))
+    fb = SimpleNamespace(
+        mm_input_embeds=None,
+        forward_mode=SimpleNamespace(is_extend=lambda: False),
+        contains_mm_inputs=lambda: False,
+        spec_info=SimpleNamespace(hidden_states=target_hidden),
+    )
     with torch.no_grad():
         forward(tokens.to(torch.int64), pre_step, fb)
     ref = model.layers[0].self_attn.seen
@@ -135,20 +156,32 @@ def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sliced, version, pat
 
     writes = []
     pool = SimpleNamespace(set_kv_buffer=lambda *a: writes.append(a))
-    worker = SimpleNamespace(device="cpu", topk=1, _spec_fallback=fallback_state_class(tree)(),
-                             draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(
-                                 model=SimpleNamespace(model=model), token_to_kv_pool=pool)))
-    kv_only = load_function(tree / WORKER,
-                            "EAGLEWorkerV2._spec_fallback_draft_kv_only", {"torch": torch})
-    bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker,
-                 "_spec_fallback_kv_only_stash", "_spec_fallback_kv_only_flush", "_spec_fallback_kv_only_write",
-                 "_spec_fallback_zero_draft_input", "_spec_fallback_constant")  # no graphs: eager
+    worker = SimpleNamespace(
+        device="cpu",
+        topk=1,
+        _spec_fallback=fallback_state_class(tree)(),
+        draft_worker=SimpleNamespace(
+            draft_runner=SimpleNamespace(model=SimpleNamespace(model=model), token_to_kv_pool=pool)
+        ),
+    )
+    kv_only = load_function(tree / WORKER, "EAGLEWorkerV2._spec_fallback_draft_kv_only", {"torch": torch})
+    bind_methods(
+        tree / WORKER,
+        "EAGLEWorkerV2",
+        {"torch": torch},
+        worker,
+        "_spec_fallback_kv_only_stash",
+        "_spec_fallback_kv_only_flush",
+        "_spec_fallback_kv_only_write",
+        "_spec_fallback_zero_draft_input",
+        "_spec_fallback_constant",
+    )  # no graphs: eager
     batch = SimpleNamespace(seq_lens=pre_step.clone(), out_cache_loc=torch.tensor([3, 45, 90]))
     nxt = SimpleNamespace()
     with torch.no_grad():
         kv_only(worker, batch, tokens, target_hidden, nxt)
 
-    (layer, loc, k, v, k_scale, v_scale), = writes
+    ((layer, loc, k, v, k_scale, v_scale),) = writes
     attn = model.layers[0].self_attn.attn
     assert layer is attn and loc.tolist() == [3, 45, 90] and (k_scale, v_scale) == (None, None)
     assert k.shape == (BS, KV_HEADS, HEAD_DIM) and v.shape == (BS, KV_HEADS, HEAD_DIM)
@@ -177,17 +210,29 @@ def _stash_worker(tree, torch, graphs=(8, 16), defer=1, width=6, bufs=None, repl
     `replay(worker, bufs, size)`; by default it records the rows it would write."""
     size = max(graphs)
     if bufs is None:
-        bufs = {"tokens": torch.full((size,), 9, dtype=torch.int32), "hidden": torch.ones(size, width),
-                "positions": torch.full((size,), 9), "loc": torch.full((size,), 9)}
+        bufs = {
+            "tokens": torch.full((size,), 9, dtype=torch.int32),
+            "hidden": torch.ones(size, width),
+            "positions": torch.full((size,), 9),
+            "loc": torch.full((size,), 9),
+        }
     seen = []
     if replay is None:
+
         def replay(worker, bufs, n):
             seen.append((n, {k: v[:n].clone() for k, v in bufs.items()}))
 
     worker = SimpleNamespace(_spec_fallback=fallback_state_class(tree)(kv_only_steps_per_replay=defer))
-    bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker, "_spec_fallback_kv_only_stash",
-                 "_spec_fallback_kv_only_flush", "_spec_fallback_last_write_wins",
-                 "_spec_fallback_kv_only_queue")
+    bind_methods(
+        tree / WORKER,
+        "EAGLEWorkerV2",
+        {"torch": torch},
+        worker,
+        "_spec_fallback_kv_only_stash",
+        "_spec_fallback_kv_only_flush",
+        "_spec_fallback_last_write_wins",
+        "_spec_fallback_kv_only_queue",
+    )
     stand_ins = {n: SimpleNamespace(replay=lambda n=n: replay(worker, bufs, n)) for n in reversed(graphs)}
     worker._spec_fallback.kv_only_graphs = worker._spec_fallback_kv_only_queue(stand_ins, bufs, pd_decode)
     return worker, seen
@@ -211,7 +256,7 @@ def test_kv_only_graph_replay_pads_to_a_captured_size(version, patched_release):
     tokens, hidden = torch.tensor([1, 2, 3, 4, 5], dtype=torch.int32), torch.full((5, 6), 2.0)
     positions, loc = torch.tensor([10, 11, 12, 13, 14]), torch.tensor([40, 41, 42, 43, 44])
     assert worker._spec_fallback_kv_only_stash(tokens, hidden, positions, loc) is True
-    (size, b), = seen
+    ((size, b),) = seen
     assert size == 8
     assert b["tokens"].tolist() == [1, 2, 3, 4, 5, 0, 0, 0]
     assert b["positions"].tolist() == [10, 11, 12, 13, 14, 0, 0, 0]
@@ -221,8 +266,14 @@ def test_kv_only_graph_replay_pads_to_a_captured_size(version, patched_release):
     assert worker._spec_fallback_kv_only_stash(*_step(torch, 0, 17)) is False
     assert worker._spec_fallback_kv_only_stash(tokens, torch.zeros(5, 4), positions, loc) is False
     empty = SimpleNamespace(_spec_fallback=fallback_state_class(tree)())
-    bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, empty, "_spec_fallback_kv_only_stash",
-                 "_spec_fallback_kv_only_flush")
+    bind_methods(
+        tree / WORKER,
+        "EAGLEWorkerV2",
+        {"torch": torch},
+        empty,
+        "_spec_fallback_kv_only_stash",
+        "_spec_fallback_kv_only_flush",
+    )
     assert empty._spec_fallback_kv_only_stash(tokens, hidden, positions, loc) is False
     empty._spec_fallback_kv_only_flush("spec")  # nothing stashed, no graphs: nothing to do
     assert len(seen) == 1 and worker._spec_fallback.stats["draft_kv_only_flush_causes"] == {"queued": 1}
@@ -241,7 +292,7 @@ def test_deferred_kv_only_steps_share_one_replay(version, patched_release):
     for first in (0, 5, 10):
         assert stash(*_step(torch, first, 5))
         assert len(seen) == (first == 10), "written at the third step, not before"
-    (size, b), = seen
+    ((size, b),) = seen
     assert size == 16
     assert b["tokens"].tolist() == list(range(15)) + [0]
     assert b["positions"].tolist() == list(range(100, 115)) + [0]
@@ -251,7 +302,7 @@ def test_deferred_kv_only_steps_share_one_replay(version, patched_release):
 
     seen.clear()
     assert stash(*_step(torch, 0, 13))  # 13 rows queued; 13 more would not fit in 24
-    (size, b), = seen
+    ((size, b),) = seen
     assert size == 16 and b["loc"].tolist()[:13] == list(range(1000, 1013)), "written at once: the next would not fit"
     seen.clear()
     assert stash(*_step(torch, 0, 7)) and stash(*_step(torch, 7, 5)) and not seen
@@ -262,7 +313,7 @@ def test_deferred_kv_only_steps_share_one_replay(version, patched_release):
     seen.clear()
     assert stash(*_step(torch, 0, 4)) and not seen
     flush("spec")
-    (size, b), = seen
+    ((size, b),) = seen
     assert size == 8 and b["loc"].tolist() == [1000, 1001, 1002, 1003, 0, 0, 0, 0]
     flush("prefill")
     assert len(seen) == 1, "nothing queued, nothing replayed"
@@ -290,7 +341,7 @@ def test_a_slot_given_again_keeps_the_latest_write(version, patched_release):
 
     worker, seen = _stash_worker(tree, torch, graphs=(8, 16), defer=2)
     queue(worker, [60, 52, 50])  # a request left: 4 then 3 rows, slots 52 and 50 given again
-    (size, b), = seen
+    ((size, b),) = seen
     assert b["loc"].tolist() == [0, 51, 0, 53, 60, 52, 50, 0]
     assert worker._spec_fallback.stats["draft_kv_only_dedups"] == 1
     queue(worker, [60, 61, 62, 63])  # the next queue has one batch size: not deduplicated
@@ -323,16 +374,22 @@ def test_every_other_draft_forward_writes_the_queue_first(version, patched_relea
     tree = patched_release(version)
     worker, seen = _stash_worker(tree, torch, defer=4)
     order = []
-    worker.draft_worker = SimpleNamespace(_draft_extend_for_prefill=lambda *a: order.append(("release prefill", len(seen))))
+    worker.draft_worker = SimpleNamespace(
+        _draft_extend_for_prefill=lambda *a: order.append(("release prefill", len(seen)))
+    )
     worker._spec_fallback_kv_only_prefill_applies = lambda batch, mm: False
     prefill = load_function(tree / WORKER, "EAGLEWorkerV2._spec_fallback_draft_prefill", {"torch": torch})
     assert worker._spec_fallback_kv_only_stash(*_step(torch, 0, 3)) and not seen
     prefill(worker, SimpleNamespace(), None, None, None)
     assert order == [("release prefill", 1)], "the queue was written before the draft prefill"
 
-    fn = next(n for n in ast.walk(ast.parse((tree / WORKER).read_text()))
-              if isinstance(n, ast.FunctionDef) and n.name == "forward_batch_generation"
-              and "_spec_fallback_should_run" in ast.unparse(n))
+    fn = next(
+        n
+        for n in ast.walk(ast.parse((tree / WORKER).read_text()))
+        if isinstance(n, ast.FunctionDef)
+        and n.name == "forward_batch_generation"
+        and "_spec_fallback_should_run" in ast.unparse(n)
+    )
     calls = [(n.lineno, ast.unparse(n.func)) for n in ast.walk(fn) if isinstance(n, ast.Call)]
     flush = [line for line, name in calls if name == "self._spec_fallback_kv_only_flush"]
     draft = [line for line, name in calls if name == "self.draft_worker.draft"]
@@ -353,8 +410,9 @@ def test_deferred_kv_only_writes_equal_the_step_by_step_ones(version, patched_re
     steps = []
     for n, first in ((5, 0), (4, 5), (6, 9), (3, 15)):
         loc = torch.arange(first, first + n) + 10
-        steps.append((torch.randint(1, V, (n,), dtype=torch.int32), torch.randn(n, 3 * H),
-                      torch.randint(0, 40, (n,)), loc))
+        steps.append(
+            (torch.randint(1, V, (n,), dtype=torch.int32), torch.randn(n, 3 * H), torch.randint(0, 40, (n,)), loc)
+        )
     steps[3][3][0] = steps[0][3][1]  # a slot of step 0 given again at step 3
 
     def run(defer, drop=None):
@@ -363,12 +421,25 @@ def test_deferred_kv_only_writes_equal_the_step_by_step_ones(version, patched_re
         def set_kv_buffer(layer, loc, k, v, *scales):
             pool["k"][loc], pool["v"][loc] = k, v
 
-        bufs = {"tokens": torch.zeros(24, dtype=torch.int32), "hidden": torch.zeros(24, 3 * H),
-                "positions": torch.zeros(24, dtype=torch.int64), "loc": torch.zeros(24, dtype=torch.int64)}
-        worker, _ = _stash_worker(tree, torch, graphs=(8, 16, 24), defer=defer, bufs=bufs,  # the graph's body
-                                  replay=lambda w, b, n: w._spec_fallback_kv_only_write(*(b[k][:n] for k in BUFS)))
-        worker.draft_worker = SimpleNamespace(draft_runner=SimpleNamespace(
-            model=SimpleNamespace(model=model), token_to_kv_pool=SimpleNamespace(set_kv_buffer=set_kv_buffer)))
+        bufs = {
+            "tokens": torch.zeros(24, dtype=torch.int32),
+            "hidden": torch.zeros(24, 3 * H),
+            "positions": torch.zeros(24, dtype=torch.int64),
+            "loc": torch.zeros(24, dtype=torch.int64),
+        }
+        worker, _ = _stash_worker(
+            tree,
+            torch,
+            graphs=(8, 16, 24),
+            defer=defer,
+            bufs=bufs,  # the graph's body
+            replay=lambda w, b, n: w._spec_fallback_kv_only_write(*(b[k][:n] for k in BUFS)),
+        )
+        worker.draft_worker = SimpleNamespace(
+            draft_runner=SimpleNamespace(
+                model=SimpleNamespace(model=model), token_to_kv_pool=SimpleNamespace(set_kv_buffer=set_kv_buffer)
+            )
+        )
         bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker, "_spec_fallback_kv_only_write")
         with torch.no_grad():
             for i, step in enumerate(steps):
@@ -403,18 +474,24 @@ def test_kv_only_switch_and_dispatch(version, patched_release):
 
     def worker(eagle3=True, layers=1, mla=False):
         layer = SimpleNamespace(is_input_layer=True, self_attn=SimpleNamespace(rotary_emb=None))
-        w = SimpleNamespace(_spec_fallback=fallback_state_class(tree)(threshold=32),
-                            speculative_algorithm=SimpleNamespace(is_eagle3=lambda: eagle3),
-                            draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(
-                                use_mla_backend=mla,
-                                model=SimpleNamespace(model=SimpleNamespace(layers=[layer] * layers)))))
+        w = SimpleNamespace(
+            _spec_fallback=fallback_state_class(tree)(threshold=32),
+            speculative_algorithm=SimpleNamespace(is_eagle3=lambda: eagle3),
+            draft_worker=SimpleNamespace(
+                draft_runner=SimpleNamespace(
+                    use_mla_backend=mla, model=SimpleNamespace(model=SimpleNamespace(layers=[layer] * layers))
+                )
+            ),
+        )
         bind_methods(path, "EAGLEWorkerV2", ns, w, "_spec_fallback_kv_only_unsupported")
         return w
 
-    for flags, expect in (({}, 32), ({"speculative_disable_kv_only_margin": None}, None),
-                          ({"speculative_disable_kv_only_margin": 3}, 35),
-                          ({"speculative_disable_kv_only_margin": 8,
-                            "speculative_disable_kv_only_steps_per_replay": 2}, 40)):
+    for flags, expect in (
+        ({}, 32),
+        ({"speculative_disable_kv_only_margin": None}, None),
+        ({"speculative_disable_kv_only_margin": 3}, 35),
+        ({"speculative_disable_kv_only_margin": 8, "speculative_disable_kv_only_steps_per_replay": 2}, 40),
+    ):
         w = worker()
         init(w, server_args(cls, **flags))
         assert w._spec_fallback.kv_only_above == expect, flags
@@ -428,14 +505,18 @@ def test_kv_only_switch_and_dispatch(version, patched_release):
 
     extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
     taken = []
-    w = SimpleNamespace(draft_worker=None,
-                        _spec_fallback=fallback_state_class(tree)(kv_only_above=40, draft_decode_min_bs=16),
-                        _spec_fallback_draft_kv_only=lambda *a: taken.append("kv_only"),
-                        _spec_fallback_kv_only_flush=lambda cause: taken.append(f"flush:{cause}"),
-                        _spec_fallback_draft_decode=lambda *a: taken.append("decode"))
+    w = SimpleNamespace(
+        draft_worker=None,
+        _spec_fallback=fallback_state_class(tree)(kv_only_above=40, draft_decode_min_bs=16),
+        _spec_fallback_draft_kv_only=lambda *a: taken.append("kv_only"),
+        _spec_fallback_kv_only_flush=lambda cause: taken.append(f"flush:{cause}"),
+        _spec_fallback_draft_decode=lambda *a: taken.append("decode"),
+    )
     for bs in (41, 40, 33):
         extend(w, SimpleNamespace(seq_lens=torch.zeros(bs)), None, None, None)
-    assert taken == ["kv_only", "flush:sync", "decode", "flush:sync", "decode"], "stashed K/V written before the draft reads"
+    assert taken == ["kv_only", "flush:sync", "decode", "flush:sync", "decode"], (
+        "stashed K/V written before the draft reads"
+    )
 
 
 @pytest.mark.parametrize("version", ERAS)
@@ -459,9 +540,13 @@ def test_kv_only_graphs_are_built_only_where_they_can_replay(version, patched_re
     def worker(above=12, runner=True):
         graph_runner = SimpleNamespace(capture_bs=[1, 2, 4, 8, 12, 16, 24, 32]) if runner else None
         w = SimpleNamespace(
-            _spec_fallback=fallback_state_class(tree)(kv_only_above=above, graph_runner=graph_runner), device="cpu",
-            draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(model=SimpleNamespace(model=SimpleNamespace(fc=fc)))),
-            _spec_fallback_capture=lambda what, fn: captured.append((what, fn)) or "graphs")
+            _spec_fallback=fallback_state_class(tree)(kv_only_above=above, graph_runner=graph_runner),
+            device="cpu",
+            draft_worker=SimpleNamespace(
+                draft_runner=SimpleNamespace(model=SimpleNamespace(model=SimpleNamespace(fc=fc)))
+            ),
+            _spec_fallback_capture=lambda what, fn: captured.append((what, fn)) or "graphs",
+        )
         return w
 
     args = SimpleNamespace(disaggregation_mode="null")
@@ -478,8 +563,9 @@ def test_kv_only_graphs_are_built_only_where_they_can_replay(version, patched_re
     assert pd_decode is False
     captured.clear()
     build(worker(), SimpleNamespace(disaggregation_mode="decode"))
-    assert next(c.cell_contents for c in captured[0][1].__closure__ if isinstance(c.cell_contents, bool)) is True, \
+    assert next(c.cell_contents for c in captured[0][1].__closure__ if isinstance(c.cell_contents, bool)) is True, (
         "a PD-disaggregated decode server deduplicates every queue"
+    )
     for kw in ({"above": None}, {"runner": False}, {"above": 32}):
         captured.clear()
         w = worker(**kw)
@@ -494,22 +580,37 @@ def _prefill_batch(torch, tree):
     ext, prefix = [4, 2, 5], [0, 3, 0]
     forward_mode, _ = forward_modes(tree)
     batch = model_worker_batch(
-        tree, input_ids=torch.randint(1, V, (sum(ext),), dtype=torch.int32), extend_seq_lens=ext,
-        extend_prefix_lens=prefix, seq_lens=torch.tensor([p + e for p, e in zip(prefix, ext)]),
-        out_cache_loc=torch.arange(20, 20 + sum(ext)), forward_mode=forward_mode.EXTEND, has_grammar=False,
-        return_logprob=False, multimodal_inputs=[None, None, None], spec_info=None,
-        reqs=[request(tree, return_hidden_states=False) for _ in ext])
+        tree,
+        input_ids=torch.randint(1, V, (sum(ext),), dtype=torch.int32),
+        extend_seq_lens=ext,
+        extend_prefix_lens=prefix,
+        seq_lens=torch.tensor([p + e for p, e in zip(prefix, ext)]),
+        out_cache_loc=torch.arange(20, 20 + sum(ext)),
+        forward_mode=forward_mode.EXTEND,
+        has_grammar=False,
+        return_logprob=False,
+        multimodal_inputs=[None, None, None],
+        spec_info=None,
+        reqs=[request(tree, return_hidden_states=False) for _ in ext],
+    )
     return batch, torch.tensor([41, 42, 43])
 
 
 def _init_new(torch):
     """ForwardBatch.init_new in miniature: positions continue each request's cached prefix."""
+
     def init_new(batch, runner):
         positions = torch.cat([torch.arange(p, p + e) for p, e in zip(batch.extend_prefix_lens, batch.extend_seq_lens)])
-        return SimpleNamespace(input_ids=batch.input_ids, positions=positions, out_cache_loc=batch.out_cache_loc,
-                               spec_info=batch.spec_info, mm_input_embeds=None, contains_mm_inputs=lambda: False,
-                               forward_mode=SimpleNamespace(is_extend=lambda: True,
-                                                            is_draft_extend=lambda include_v2=False: False))
+        return SimpleNamespace(
+            input_ids=batch.input_ids,
+            positions=positions,
+            out_cache_loc=batch.out_cache_loc,
+            spec_info=batch.spec_info,
+            mm_input_embeds=None,
+            contains_mm_inputs=lambda: False,
+            forward_mode=SimpleNamespace(is_extend=lambda: True, is_draft_extend=lambda include_v2=False: False),
+        )
+
     return SimpleNamespace(init_new=init_new)
 
 
@@ -522,40 +623,64 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_
     tree = patched_release("0.5.12")
     path = tree / WORKER
     model, forward = _eagle3_model(torch, tree, fc_norm=False, sliced=sliced)
-    ns = {"torch": torch, "EagleDraftInput": lambda **kw: SimpleNamespace(**kw), "ForwardBatch": _init_new(torch),
-          "ForwardMode": forward_modes(tree)[0], "maybe_detect_nan": lambda *a: None,
-          "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
+    ns = {
+        "torch": torch,
+        "EagleDraftInput": lambda **kw: SimpleNamespace(**kw),
+        "ForwardBatch": _init_new(torch),
+        "ForwardMode": forward_modes(tree)[0],
+        "maybe_detect_nan": lambda *a: None,
+        "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim),
+    }
     target_hidden = torch.randn(11, 3 * H)
 
     def runner_forward(fb):
         forward(fb.input_ids.to(torch.int64), fb.positions, fb)
-        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=torch.rand(3, V), hidden_states=torch.rand(3, H)))
+        return SimpleNamespace(
+            logits_output=SimpleNamespace(next_token_logits=torch.rand(3, V), hidden_states=torch.rand(3, H))
+        )
 
     release = load_function(path, "EagleDraftWorker._draft_extend_for_prefill", ns)
     ref_batch, tokens = _prefill_batch(torch, tree)
     with torch.no_grad():
-        ref_out = release(SimpleNamespace(topk=1, draft_runner=SimpleNamespace(forward=runner_forward)),
-                          ref_batch, target_hidden, tokens)
+        ref_out = release(
+            SimpleNamespace(topk=1, draft_runner=SimpleNamespace(forward=runner_forward)),
+            ref_batch,
+            target_hidden,
+            tokens,
+        )
     ref = model.layers[0].self_attn.seen
 
     writes = []
     pool = SimpleNamespace(set_kv_buffer=lambda *a: writes.append(a))
-    dw = SimpleNamespace(draft_runner=SimpleNamespace(model=SimpleNamespace(model=model), token_to_kv_pool=pool),
-                         _draft_extend_for_prefill=lambda *a: pytest.fail("the full draft prefill ran"))
-    worker = SimpleNamespace(device="cpu", topk=1, draft_worker=dw,
-                             _spec_fallback=fallback_state_class(tree)(kv_only_above=2))
-    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_kv_only_prefill_applies", "_spec_fallback_kv_only_write",
-                 "_spec_fallback_kv_only_flush",
-                 "_spec_fallback_zero_draft_input", "_spec_fallback_constant")
+    dw = SimpleNamespace(
+        draft_runner=SimpleNamespace(model=SimpleNamespace(model=model), token_to_kv_pool=pool),
+        _draft_extend_for_prefill=lambda *a: pytest.fail("the full draft prefill ran"),
+    )
+    worker = SimpleNamespace(
+        device="cpu", topk=1, draft_worker=dw, _spec_fallback=fallback_state_class(tree)(kv_only_above=2)
+    )
+    bind_methods(
+        path,
+        "EAGLEWorkerV2",
+        ns,
+        worker,
+        "_spec_fallback_kv_only_prefill_applies",
+        "_spec_fallback_kv_only_write",
+        "_spec_fallback_kv_only_flush",
+        "_spec_fallback_zero_draft_input",
+        "_spec_fallback_constant",
+    )
     prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
     batch, _ = _prefill_batch(torch, tree)
     with torch.no_grad():
         out = prefill(worker, batch, target_hidden, tokens, None)
 
     assert batch.input_ids.tolist() == ref_batch.input_ids.tolist(), "ids shifted as the release shifts them"
-    (layer, loc, k, v, _, _), = writes
+    ((layer, loc, k, v, _, _),) = writes
     assert loc.tolist() == list(range(20, 31))
-    assert torch.allclose(k.reshape(11, -1), ref["k"], atol=1e-6) and torch.allclose(v.reshape(11, -1), ref["v"], atol=1e-6)
+    assert torch.allclose(k.reshape(11, -1), ref["k"], atol=1e-6) and torch.allclose(
+        v.reshape(11, -1), ref["v"], atol=1e-6
+    )
     assert out.bonus_tokens is tokens and out.new_seq_lens is batch.seq_lens and batch.spec_info is out
     for name in ("topk_p", "topk_index", "hidden_states"):
         got, want = getattr(out, name), getattr(ref_out, name)
@@ -578,9 +703,16 @@ def test_kv_only_prefill_only_when_the_steps_after_it_fall_back(version, patched
     applies = load_function(path, "EAGLEWorkerV2._spec_fallback_kv_only_prefill_applies", ns)
 
     def case(n=3, above=2, active=False, last=0, mm=None, hidden=False, **values):
-        batch = model_worker_batch(tree, **{
-            "seq_lens": torch.zeros(n), "forward_mode": forward_mode.EXTEND, "multimodal_inputs": [None] * n,
-            "reqs": [request(tree, return_hidden_states=hidden) for _ in range(n)], **values})
+        batch = model_worker_batch(
+            tree,
+            **{
+                "seq_lens": torch.zeros(n),
+                "forward_mode": forward_mode.EXTEND,
+                "multimodal_inputs": [None] * n,
+                "reqs": [request(tree, return_hidden_states=hidden) for _ in range(n)],
+                **values,
+            },
+        )
         w = SimpleNamespace(_spec_fallback=fallback_state_class(tree)(kv_only_above=above, active=active))
         w._spec_fallback.stats["last_batch_size"] = last
         return applies(w, batch, mm)
@@ -604,14 +736,31 @@ def test_an_engine_without_the_flag_runs_the_release_prefill(version, patched_re
 
     tree = patched_release(version)
     path = tree / WORKER
-    ns = {"torch": torch, "logger": logging.getLogger("test"), "ForwardMode": forward_modes(tree)[0],
-          "SpecFallbackState": fallback_state_class(tree)}
+    ns = {
+        "torch": torch,
+        "logger": logging.getLogger("test"),
+        "ForwardMode": forward_modes(tree)[0],
+        "SpecFallbackState": fallback_state_class(tree),
+    }
     calls = []
-    worker = SimpleNamespace(_target_worker=SimpleNamespace(tp_rank=0), draft_worker=SimpleNamespace(
-        _draft_extend_for_prefill=lambda *a: calls.append(a) or "the release's draft input"))
-    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_init", "_spec_fallback_should_run",
-                 "_spec_fallback_on_verify", "_spec_fallback_kv_only_prefill_applies", "_spec_fallback_eligible",
-                 "_spec_fallback_kv_only_flush")
+    worker = SimpleNamespace(
+        _target_worker=SimpleNamespace(tp_rank=0),
+        draft_worker=SimpleNamespace(
+            _draft_extend_for_prefill=lambda *a: calls.append(a) or "the release's draft input"
+        ),
+    )
+    bind_methods(
+        path,
+        "EAGLEWorkerV2",
+        ns,
+        worker,
+        "_spec_fallback_init",
+        "_spec_fallback_should_run",
+        "_spec_fallback_on_verify",
+        "_spec_fallback_kv_only_prefill_applies",
+        "_spec_fallback_eligible",
+        "_spec_fallback_kv_only_flush",
+    )
     worker._spec_fallback_init(server_args(server_args_class(tree, {})))
     prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
     batch, tokens = _prefill_batch(torch, tree)
@@ -619,8 +768,9 @@ def test_an_engine_without_the_flag_runs_the_release_prefill(version, patched_re
 
     assert prefill(worker, batch, hidden, tokens, None) == "the release's draft input"
     assert calls == [(batch, hidden, tokens, None)]
-    decode = SimpleNamespace(forward_mode=SimpleNamespace(is_idle=lambda: False), spec_info=object(),
-                             seq_lens=torch.zeros(64))
+    decode = SimpleNamespace(
+        forward_mode=SimpleNamespace(is_idle=lambda: False), spec_info=object(), seq_lens=torch.zeros(64)
+    )
     assert worker._spec_fallback_should_run(decode) is False
     worker._spec_fallback_on_verify([1, 2])  # the verify-complete hook: nothing pending, nothing counted
     assert worker._spec_fallback.stats["spec_steps"] == 0 and worker._spec_fallback.stats["phases"] == []
@@ -634,12 +784,25 @@ def test_zero_draft_inputs_come_from_one_buffer_per_engine(version, patched_rele
     torch = pytest.importorskip("torch")
     tree = patched_release(version)
     worker = SimpleNamespace(
-        device="cpu", topk=1, _spec_fallback=fallback_state_class(tree)(),
-        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(model=SimpleNamespace(model=SimpleNamespace(
-            embed_tokens=SimpleNamespace(weight=torch.zeros(V, H, dtype=torch.bfloat16)))))),
+        device="cpu",
+        topk=1,
+        _spec_fallback=fallback_state_class(tree)(),
+        draft_worker=SimpleNamespace(
+            draft_runner=SimpleNamespace(
+                model=SimpleNamespace(
+                    model=SimpleNamespace(embed_tokens=SimpleNamespace(weight=torch.zeros(V, H, dtype=torch.bfloat16)))
+                )
+            )
+        ),
     )
-    bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker,
-                 "_spec_fallback_zero_draft_input", "_spec_fallback_constant")
+    bind_methods(
+        tree / WORKER,
+        "EAGLEWorkerV2",
+        {"torch": torch},
+        worker,
+        "_spec_fallback_zero_draft_input",
+        "_spec_fallback_constant",
+    )
     first, second, bigger = SimpleNamespace(), SimpleNamespace(), SimpleNamespace()
     worker._spec_fallback_zero_draft_input(first, 4)
     worker._spec_fallback_zero_draft_input(second, 3)
@@ -671,6 +834,6 @@ def test_queued_rows_are_kept_by_reference_and_written_once_per_replay(version, 
     assert captured["pending"]["loc"][0] is loc and (captured["bufs"]["hidden"][:3] == 0).all()
     assert captured["bufs"]["loc"][:3].tolist() == [9, 9, 9], "the slots wait for the replay"
     worker._spec_fallback_kv_only_stash(*_step(torch, 3, 3))
-    (size, b), = seen
+    ((size, b),) = seen
     assert b["tokens"].tolist() == [0, 1, 2, 3, 4, 5, 0, 0] and b["loc"].tolist()[:6] == list(range(1000, 1006))
     assert not any(captured["pending"].values()), "the queue starts empty again"

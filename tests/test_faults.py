@@ -172,7 +172,9 @@ def test_damaged_saved_original_is_never_written(tmp_path):
 
 
 def test_modified_file_is_refused_unless_force(tmp_path):
-    tree = make_tree(tmp_path / "t", "0.5.12", {"sglang/srt/target.py": (FIXTURES / "add_method" / "before.py").read_bytes()})
+    tree = make_tree(
+        tmp_path / "t", "0.5.12", {"sglang/srt/target.py": (FIXTURES / "add_method" / "before.py").read_bytes()}
+    )
     api.apply(tree, recipes_dir=R1)
     p = tree / "sglang/srt/target.py"
     p.write_text(p.read_text() + "\n# hand edit\n")
@@ -187,7 +189,9 @@ def test_modified_file_is_refused_unless_force(tmp_path):
 
 
 def test_other_sglang_under_lock_is_refused(tmp_path):
-    tree = make_tree(tmp_path / "t", "0.5.12", {"sglang/srt/target.py": (FIXTURES / "add_method" / "before.py").read_bytes()})
+    tree = make_tree(
+        tmp_path / "t", "0.5.12", {"sglang/srt/target.py": (FIXTURES / "add_method" / "before.py").read_bytes()}
+    )
     api.apply(tree, recipes_dir=R1)
     (tree / "sglang" / "version.py").write_text('__version__ = "0.5.13"\n')
     with pytest.raises(SourceError, match="written for 0.5.12"):
@@ -206,7 +210,9 @@ def test_symlink_out_of_tree_is_refused(tmp_path):
 
 def test_concurrent_apply_is_locked_out(tmp_path):
     """One lock per tree, whichever way its directory is spelled; taking it writes nothing."""
-    tree = make_tree(tmp_path / "t", "0.5.12", {"sglang/srt/target.py": (FIXTURES / "add_method" / "before.py").read_bytes()})
+    tree = make_tree(
+        tmp_path / "t", "0.5.12", {"sglang/srt/target.py": (FIXTURES / "add_method" / "before.py").read_bytes()}
+    )
     with transaction.locked(tree):
         for spelling in (tree, tree / "sglang"):
             with pytest.raises(SourceError, match="another spectool run holds the lock"):

@@ -13,6 +13,7 @@ import os
 import pytest
 
 from spectool import api
+
 from .conftest import FIXTURES, make_tree
 
 CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "before.py").exists())
@@ -69,7 +70,11 @@ def test_drift_reports_nearest_candidates(tmp_path):
 
 
 def test_drift_in_function_lists_statements(tmp_path):
-    src = (FIXTURES / "insert_statements" / "before.py").read_text().replace("self.draft_worker.draft(", "self.drafter.draft(")
+    src = (
+        (FIXTURES / "insert_statements" / "before.py")
+        .read_text()
+        .replace("self.draft_worker.draft(", "self.drafter.draft(")
+    )
     tree = make_tree(tmp_path / "tree", "0.5.12", {TARGET: src.encode()})
     out = api.apply(tree, recipes_dir=FIXTURES / "insert_statements")
     res = out.plan.results[0]
@@ -128,9 +133,15 @@ def test_bulk_add_completes_a_partly_present_block(tmp_path):
     fresh apply; the report counts the operation as applied."""
     d = FIXTURES / "add_methods"
     code = (d / "recipe" / "code.py").read_text()
-    step = code[code.index("    # inserted with the block"):code.index("    def _count_total")]
-    src = (d / "before.py").read_text().replace("        self.n = n  # keep this comment\n",
-                                                "        self.n = n  # keep this comment\n\n" + step.rstrip() + "\n")
+    step = code[code.index("    # inserted with the block") : code.index("    def _count_total")]
+    src = (
+        (d / "before.py")
+        .read_text()
+        .replace(
+            "        self.n = n  # keep this comment\n",
+            "        self.n = n  # keep this comment\n\n" + step.rstrip() + "\n",
+        )
+    )
     tree = make_tree(tmp_path / "tree", "0.5.12", {TARGET: src.encode()})
     out = api.apply(tree, recipes_dir=d)
     assert out.ok and out.plan.results[0].status == "applied"
@@ -158,8 +169,10 @@ def test_add_definition_needs_its_anchor_and_its_name_free(tmp_path):
     names; a different definition of the same name already there is drift too."""
     d = FIXTURES / "add_methods"
     src = (d / "before.py").read_text()
-    for changed, needle in ((src.replace("class Worker:", "class Worker2:"), "no top-level definition 'Worker'"),
-                            (src.replace("class Other:", "class Counter:"), "different definition 'Counter'")):
+    for changed, needle in (
+        (src.replace("class Worker:", "class Worker2:"), "no top-level definition 'Worker'"),
+        (src.replace("class Other:", "class Counter:"), "different definition 'Counter'"),
+    ):
         tree = make_tree(tmp_path / str(len(needle)), "0.5.12", {TARGET: changed.encode()})
         res = api.apply(tree, recipes_dir=d).plan.results[0]
         assert res.status == "drift" and needle in res.error.message, res.error.message
@@ -168,11 +181,14 @@ def test_add_definition_needs_its_anchor_and_its_name_free(tmp_path):
     assert any("Worker2" in c for c in api.apply(renamed, recipes_dir=d).plan.results[0].error.candidates)
 
 
-@pytest.mark.parametrize("code,op,needle", [
-    ("class Worker:\n    n = 1\n\n    def f(self):\n        pass\n", "add_method", "must hold only methods"),
-    ("class Worker:\n    def f(self):\n        pass\n", "replace_method", "must be a function."),
-    ("def helper():\n    pass\n", "add_definition", "exactly one of 'before' or 'after'"),
-])
+@pytest.mark.parametrize(
+    "code,op,needle",
+    [
+        ("class Worker:\n    n = 1\n\n    def f(self):\n        pass\n", "add_method", "must hold only methods"),
+        ("class Worker:\n    def f(self):\n        pass\n", "replace_method", "must be a function."),
+        ("def helper():\n    pass\n", "add_definition", "exactly one of 'before' or 'after'"),
+    ],
+)
 def test_bulk_and_definition_ops_refuse_bad_code_at_load(tmp_path, code, op, needle):
     """A code class with statements other than methods, a class given to replace_method, an
     add_definition without a place: refused when the recipe loads, saying why."""
@@ -184,9 +200,11 @@ def test_bulk_and_definition_ops_refuse_bad_code_at_load(tmp_path, code, op, nee
     (rdir / "code.py").write_text(code)
     target = "sglang.srt.target" if op == "add_definition" else "sglang.srt.target:Worker"
     name = "helper" if op == "add_definition" else "Worker"
-    (rdir / "recipe.yaml").write_text(f"id: bad\nsummary: s\nvariants:\n  - name: all\n    versions: '>=0.1'\n"
-                                      f"    operations:\n      - op: {op}\n        target: {target}\n"
-                                      f"        code: code.py:{name}\n")
+    (rdir / "recipe.yaml").write_text(
+        f"id: bad\nsummary: s\nvariants:\n  - name: all\n    versions: '>=0.1'\n"
+        f"    operations:\n      - op: {op}\n        target: {target}\n"
+        f"        code: code.py:{name}\n"
+    )
     with pytest.raises(RecipeError, match=needle):
         load_recipe(rdir / "recipe.yaml")
 
@@ -220,8 +238,9 @@ VERIFY = "out = self.verify(batch)"
 @pytest.mark.parametrize("op,anchor", [("insert_after", DRAFT), ("insert_before", VERIFY)])
 def test_same_anchor_is_a_conflict_without_an_order(tmp_path, op, anchor):
     """Two recipes inserting at one anchor: a conflict at plan time, nothing written."""
-    rdir = _insert_recipes(tmp_path, [("fx-a", [(op, anchor, "self.a = 1")], None),
-                                      ("fx-b", [(op, anchor, "self.b = 2")], None)])
+    rdir = _insert_recipes(
+        tmp_path, [("fx-a", [(op, anchor, "self.a = 1")], None), ("fx-b", [(op, anchor, "self.b = 2")], None)]
+    )
     before = (FIXTURES / "insert_statements" / "before.py").read_bytes()
     tree = make_tree(tmp_path / "tree", "0.5.12", {TARGET: before})
     out = api.apply(tree, recipes_dir=rdir)
@@ -236,8 +255,13 @@ def test_same_anchor_is_a_conflict_without_an_order(tmp_path, op, anchor):
 def test_same_anchor_with_a_stated_order(tmp_path, op, anchor):
     """When one recipe requires the other, it goes after it at the shared anchor, and the
     result reads back as applied: a second apply changes nothing, revert is byte-exact."""
-    rdir = _insert_recipes(tmp_path, [("fx-a", [(op, anchor, "self.a = 1"), (op, anchor, "self.a2 = 1")], None),
-                                      ("fx-b", [(op, anchor, "self.b = 2")], ["fx-a"])])
+    rdir = _insert_recipes(
+        tmp_path,
+        [
+            ("fx-a", [(op, anchor, "self.a = 1"), (op, anchor, "self.a2 = 1")], None),
+            ("fx-b", [(op, anchor, "self.b = 2")], ["fx-a"]),
+        ],
+    )
     before = (FIXTURES / "insert_statements" / "before.py").read_bytes()
     tree = make_tree(tmp_path / "tree", "0.5.12", {TARGET: before})
     out = api.apply(tree, recipes_dir=rdir)
@@ -308,12 +332,19 @@ class Worker:
 
     rdir = tmp_path / "recipes"
     worker = "sglang.srt.target:Worker"
-    recipe("fx-a", "class Worker:\n    def helper_v2(self):\n        return 1\n",
-           [{"op": "add_method", "target": worker, "code": "code.py:Worker.helper_v2"}])
-    recipe("fx-b", "def log(self):\n    print(1)\n", [
-        {"op": "insert_after", "target": f"{worker}.run", "anchor": "x = self.compute(1)", "code": "code.py:log"},
-        {"op": "insert_after", "target": f"{worker}.helper_v3", "anchor": "x = 1", "code": "code.py:log"},
-    ])
+    recipe(
+        "fx-a",
+        "class Worker:\n    def helper_v2(self):\n        return 1\n",
+        [{"op": "add_method", "target": worker, "code": "code.py:Worker.helper_v2"}],
+    )
+    recipe(
+        "fx-b",
+        "def log(self):\n    print(1)\n",
+        [
+            {"op": "insert_after", "target": f"{worker}.run", "anchor": "x = self.compute(1)", "code": "code.py:log"},
+            {"op": "insert_after", "target": f"{worker}.helper_v3", "anchor": "x = 1", "code": "code.py:log"},
+        ],
+    )
     tree = make_tree(tmp_path / "tree", "0.5.12", {TARGET: src})
     res = {r.id: r for r in api.check(tree, recipes_dir=rdir).plan.results}
     candidates = res["fx-b"].error.candidates
@@ -335,13 +366,21 @@ def _member_recipes(root, requires: bool):
     for rid, n in (("fx-a", 1), ("fx-b", 2)):
         d = rdir / rid
         d.mkdir(parents=True)
-        (d / "code.py").write_text(f"class F:\n    extra{n}: int = {n}\n\n\nclass M:\n    def m{n}(self):\n"
-                                   f"        return {n}\n\n\ndef helper{n}():\n    return {n}\n")
+        (d / "code.py").write_text(
+            f"class F:\n    extra{n}: int = {n}\n\n\nclass M:\n    def m{n}(self):\n"
+            f"        return {n}\n\n\ndef helper{n}():\n    return {n}\n"
+        )
         cls = "sglang.srt.target:ServerArgs"
-        ops = [{"op": "add_field", "target": cls, "after": "speculative_adaptive", "code": "code.py:F"},
-               {"op": "add_method", "target": cls, "after": "other", "code": f"code.py:M.m{n}"},
-               {"op": "add_definition", "target": "sglang.srt.target", "before": "ServerArgs",
-                "code": f"code.py:helper{n}"}]
+        ops = [
+            {"op": "add_field", "target": cls, "after": "speculative_adaptive", "code": "code.py:F"},
+            {"op": "add_method", "target": cls, "after": "other", "code": f"code.py:M.m{n}"},
+            {
+                "op": "add_definition",
+                "target": "sglang.srt.target",
+                "before": "ServerArgs",
+                "code": f"code.py:helper{n}",
+            },
+        ]
         data = {"id": rid, "summary": "s", "variants": [{"name": "all", "versions": ">=0.1", "operations": ops}]}
         if requires and rid == "fx-b":
             data["requires"] = ["fx-a"]

@@ -20,14 +20,17 @@ from tests.conftest import make_tree
 from tests.test_port import CODE, OLD, RECIPE
 
 
-@pytest.mark.parametrize("line, exact", [
-    ("SGLang==0.5.13", "0.5.13"),
-    ("sglang[all]==0.5.13", "0.5.13"),
-    ("sglang[all] == 0.5.13 ; python_version >= '3.10'", "0.5.13"),
-    ("SG-Lang===0.5.13", None),  # another project: PEP 503 keeps the dash
-    ("sglang==0.5.13 --hash=sha256:" + "0" * 64, "0.5.13"),
-    ("sglang>=0.5.12,<0.5.14", None),
-])
+@pytest.mark.parametrize(
+    "line, exact",
+    [
+        ("SGLang==0.5.13", "0.5.13"),
+        ("sglang[all]==0.5.13", "0.5.13"),
+        ("sglang[all] == 0.5.13 ; python_version >= '3.10'", "0.5.13"),
+        ("SG-Lang===0.5.13", None),  # another project: PEP 503 keeps the dash
+        ("sglang==0.5.13 --hash=sha256:" + "0" * 64, "0.5.13"),
+        ("sglang>=0.5.12,<0.5.14", None),
+    ],
+)
 def test_a_requirement_is_read_as_pep_508_says(tmp_path, line, exact):
     f = tmp_path / "requirements.txt"
     f.write_text(f"# pins\n-r base.txt\ntorch==2.11.0  # torch\n{line}\n")
@@ -61,9 +64,19 @@ def test_a_requirement_without_a_lower_bound_is_refused(tmp_path):
 
 
 def _git(cwd, *args):
-    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
-                   env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-                        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
+    subprocess.run(
+        ["git", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        env={
+            **os.environ,
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t",
+        },
+    )
 
 
 def test_the_old_pin_comes_from_git_head_then_the_lockfile(tmp_path, monkeypatch):
@@ -119,7 +132,9 @@ def test_gate_reads_the_old_pin_from_git_for_the_drift_report(tmp_path, monkeypa
     r = CliRunner().invoke(main, ["gate", "requirements.txt", "--recipes-dir", str(recipes), "--json"])
     assert r.exit_code == 1, r.output
     data = json.loads(r.output)
-    assert data["checked"] == [{"file": "requirements.txt", "requirement": "SGLang==1.1", "version": "1.1", "from": "1.0"}]
+    assert data["checked"] == [
+        {"file": "requirements.txt", "requirement": "SGLang==1.1", "version": "1.1", "from": "1.0"}
+    ]
     current = data["upgrades"][0]["current_variants_on_new_release"][0]
     assert current["variant"] == "v-1.0" and current["status"] == "would-apply"
 

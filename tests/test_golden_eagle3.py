@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from spectool.testing import load_function
 from spectool.harness.verify import golden_eagle3 as g
 from spectool.harness.verify.golden_model import ModelSpec, load
+from spectool.testing import load_function
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ModelSpec()
@@ -41,8 +41,13 @@ def _sglang_head(tree: Path, head_dir: Path):
     H, heads = SPEC.hidden, SPEC.heads
     hd = H // heads
     models = tree / "sglang/srt/models"
-    ns = {"torch": torch, "Optional": typing.Optional, "Tuple": typing.Tuple, "ForwardBatch": object,
-          "PPProxyTensors": object}
+    ns = {
+        "torch": torch,
+        "Optional": typing.Optional,
+        "Tuple": tuple,
+        "ForwardBatch": object,
+        "PPProxyTensors": object,
+    }
     prepare = load_function(models / "llama.py", "LlamaAttention.forward_prepare_native", ns)
     layer_forward = load_function(models / "llama_eagle3.py", "LlamaDecoderLayer.forward", ns)
     model_forward = load_function(models / "llama_eagle3.py", "LlamaModel.forward", ns)
@@ -60,13 +65,26 @@ def _sglang_head(tree: Path, head_dir: Path):
     # SGLang's own rotary embedding (RotaryEmbedding.forward_native over its cos/sin cache),
     # so the head's RoPE is checked against the release's, not against a copy of it.
     rot = tree / "sglang/srt/layers/rotary_embedding"
-    rns = {"torch": torch, "Optional": typing.Optional, "Tuple": typing.Tuple, "Union": typing.Union,
-           "FusedSetKVBufferArg": object,
-           "get_global_server_args": lambda: SimpleNamespace(rl_on_policy_target=None),
-           "apply_rotary_emb": load_function(rot / "utils.py", "apply_rotary_emb", {"torch": torch})}
-    rope = SimpleNamespace(head_size=hd, rotary_dim=hd, base=SPEC.rope_theta, max_position_embeddings=4096,
-                           is_neox_style=True, _apply_rotary_emb_wrapped=rns["apply_rotary_emb"])
-    rope._compute_inv_freq = lambda base: load_function(rot / "base.py", "RotaryEmbedding._compute_inv_freq", rns)(rope, base)
+    rns = {
+        "torch": torch,
+        "Optional": typing.Optional,
+        "Tuple": tuple,
+        "Union": typing.Union,
+        "FusedSetKVBufferArg": object,
+        "get_global_server_args": lambda: SimpleNamespace(rl_on_policy_target=None),
+        "apply_rotary_emb": load_function(rot / "utils.py", "apply_rotary_emb", {"torch": torch}),
+    }
+    rope = SimpleNamespace(
+        head_size=hd,
+        rotary_dim=hd,
+        base=SPEC.rope_theta,
+        max_position_embeddings=4096,
+        is_neox_style=True,
+        _apply_rotary_emb_wrapped=rns["apply_rotary_emb"],
+    )
+    rope._compute_inv_freq = lambda base: load_function(rot / "base.py", "RotaryEmbedding._compute_inv_freq", rns)(
+        rope, base
+    )
     rope.cos_sin_cache = load_function(rot / "base.py", "RotaryEmbedding._compute_cos_sin_cache", rns)(rope)
     forward_native = load_function(rot / "base.py", "RotaryEmbedding.forward_native", rns)
 
@@ -92,7 +110,7 @@ def _sglang_head(tree: Path, head_dir: Path):
             for i, pos in enumerate(positions.tolist()):
                 keys = torch.stack([cache[j][0] for j in sorted(cache) if j <= pos]).view(-1, heads, hd)
                 vals = torch.stack([cache[j][1] for j in sorted(cache) if j <= pos]).view(-1, heads, hd)
-                s = torch.einsum("hd,jhd->hj", q[i].view(heads, hd), keys) / hd ** 0.5
+                s = torch.einsum("hd,jhd->hj", q[i].view(heads, hd), keys) / hd**0.5
                 out.append(torch.einsum("hj,jhd->hd", s.softmax(-1), vals).flatten())
             return torch.stack(out) @ w[p + "self_attn.o_proj.weight"].T
 
@@ -111,9 +129,15 @@ def _sglang_head(tree: Path, head_dir: Path):
         def __call__(self, *args):
             return layer_forward(self, *args)
 
-    model = SimpleNamespace(fc=lambda x: x @ w["model.fc.weight"].T, fc_norm=None, num_aux_hidden_states=3,
-                            layers=[Layer()], norm=RMS(w["model.norm.weight"]), norm_output=False,
-                            is_mrope_enabled=False)
+    model = SimpleNamespace(
+        fc=lambda x: x @ w["model.fc.weight"].T,
+        fc_norm=None,
+        num_aux_hidden_states=3,
+        layers=[Layer()],
+        norm=RMS(w["model.norm.weight"]),
+        norm_output=False,
+        is_mrope_enabled=False,
+    )
 
     def forward(embeds, positions, hidden):
         batch = SimpleNamespace(spec_info=SimpleNamespace(hidden_states=hidden))
@@ -144,11 +168,11 @@ def test_the_head_is_the_one_sglang_runs_through_a_whole_draft_chain(models, cac
         mine = [lg[0] for lg in head.chain(target.embed_tokens, feats[:, :t], ids, 3)]
         p = t - 1
         embed = target.embed_tokens
-        logits, aux = forward(embed(ids[0, 1: p + 2]), torch.arange(p + 1), feats[0, : p + 1])
+        logits, aux = forward(embed(ids[0, 1 : p + 2]), torch.arange(p + 1), feats[0, : p + 1])
         theirs = [logits[p]]
-        h = aux[p: p + 1]
+        h = aux[p : p + 1]
         for s in (1, 2):
-            logits, h = forward(embed(ids[0, p + s + 1: p + s + 2]), torch.tensor([p + s]), h)
+            logits, h = forward(embed(ids[0, p + s + 1 : p + s + 2]), torch.tensor([p + s]), h)
             theirs.append(logits[0])
     for s in range(3):
         torch.testing.assert_close(theirs[s], mine[s][p], atol=2e-4, rtol=1e-4)
@@ -160,10 +184,16 @@ def test_the_head_captures_the_layers_sglang_captures(cached_release):
     """The head's features are the residual stream entering the layers SGLang 0.5.12's Llama
     captures for EAGLE-3 by default (its own `set_eagle3_layers_to_capture`)."""
     tree = cached_release("0.5.12")
-    setter = load_function(tree / "sglang/srt/models/llama.py", "LlamaForCausalLM.set_eagle3_layers_to_capture",
-                           {"Optional": typing.Optional, "List": typing.List})
-    obj = SimpleNamespace(pp_group=SimpleNamespace(is_last_rank=True), config=SimpleNamespace(num_hidden_layers=SPEC.layers),
-                          model=SimpleNamespace())
+    setter = load_function(
+        tree / "sglang/srt/models/llama.py",
+        "LlamaForCausalLM.set_eagle3_layers_to_capture",
+        {"Optional": typing.Optional, "List": list},
+    )
+    obj = SimpleNamespace(
+        pp_group=SimpleNamespace(is_last_rank=True),
+        config=SimpleNamespace(num_hidden_layers=SPEC.layers),
+        model=SimpleNamespace(),
+    )
     setter(obj)
     assert obj.model.layers_to_capture == g.capture_layers(SPEC) == [2, 4, 5]
     source = (tree / "sglang/srt/models/llama.py").read_text()
@@ -202,8 +232,18 @@ def test_a_head_trains_saves_and_loads_back_in_sglangs_layout(tmp_path):
 
     from spectool.harness.verify.golden_model import save, train
 
-    spec = ModelSpec(vocab=32, hidden=32, layers=8, heads=2, intermediate=64, seq_len=32, min_segment=4,
-                     max_segment=8, steps=3, batch=2)
+    spec = ModelSpec(
+        vocab=32,
+        hidden=32,
+        layers=8,
+        heads=2,
+        intermediate=64,
+        seq_len=32,
+        min_segment=4,
+        max_segment=8,
+        steps=3,
+        batch=2,
+    )
     model, _, _ = train(spec, "cpu", log=None)
     save(model, spec, tmp_path / f"golden-target-{spec.key()}")
     small = g.HeadSpec(steps=3, batch=2, seq_len=16)
@@ -213,7 +253,11 @@ def test_a_head_trains_saves_and_loads_back_in_sglangs_layout(tmp_path):
     assert w["model.fc.weight"].shape == (32, 96) and w["model.layers.0.self_attn.q_proj.weight"].shape == (32, 64)
     assert w["lm_head.weight"].shape == (32, 32) and w["model.layers.0.hidden_norm.weight"].dtype == torch.bfloat16
     cfg = json.loads((out / "config.json").read_text())
-    assert (cfg["architectures"], cfg["num_hidden_layers"], cfg["draft_vocab_size"]) == (["LlamaForCausalLMEagle3"], 1, 32)
+    assert (cfg["architectures"], cfg["num_hidden_layers"], cfg["draft_vocab_size"]) == (
+        ["LlamaForCausalLMEagle3"],
+        1,
+        32,
+    )
     assert len(json.loads((out / "spectool-model.json").read_text())["final_accuracy_per_step"]) == 3
     head, target = g.load_head(out, spec), load(tmp_path / f"golden-target-{spec.key()}", spec)
     ids = torch.tensor([[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]])

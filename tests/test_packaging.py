@@ -12,6 +12,9 @@ def test_every_recipe_file_is_packaged():
     for patterns in table.values():
         for pat in patterns:
             shipped.update(p.relative_to(REPO).as_posix() for p in REPO.glob(pat))
-    files = {p.relative_to(REPO).as_posix() for p in (REPO / "recipes").rglob("*")
-             if p.is_file() and "__pycache__" not in p.parts}
+    files = {
+        p.relative_to(REPO).as_posix()
+        for p in (REPO / "recipes").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
     assert files <= shipped, f"add to [tool.setuptools.data-files]: {sorted(files - shipped)}"

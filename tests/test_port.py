@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from spectool import api
@@ -19,7 +17,7 @@ from spectool.port import port
 from spectool.recipe import load_recipe
 from tests.conftest import REPO, make_tree
 
-OLD = '''\
+OLD = """\
 import os
 
 
@@ -42,11 +40,11 @@ class Worker:
         if batch is None:
             return None
         return batch
-'''
+"""
 
 # 1.1: clear_cache_pool -> clear_cache_pools, reset -> reset_all, step -> forward_step, and
 # the stream is made in a helper that __init__ calls.
-NEW = '''\
+NEW = """\
 import os
 
 
@@ -72,9 +70,9 @@ class Worker:
         if batch is None:
             return None
         return batch
-'''
+"""
 
-RECIPE = '''\
+RECIPE = """\
 id: demo
 summary: a demo recipe
 variants:
@@ -107,9 +105,9 @@ variants:
   - name: unsupported-1.1
     versions: ">=1.1,<1.3"
     unsupported: not ported yet.
-'''
+"""
 
-CODE = '''\
+CODE = """\
 def helper():
     return 2
 
@@ -130,7 +128,7 @@ def after_stream(self):
 
 def count_step(self, batch):
     self.size += 0 if batch is None else 1
-'''
+"""
 
 
 def demo(tmp_path: Path, new_source: str = NEW) -> tuple[Path, Path]:
@@ -173,13 +171,19 @@ def test_a_renamed_and_moved_tree_is_reanchored(tmp_path):
 
 
 def test_a_renamed_parameter_is_reanchored_with_a_copy_of_the_code(tmp_path):
-    source = NEW.replace("def forward_step(self, batch):\n        if batch is None:\n            return None\n        return batch",
-                         "def step(self, inputs):\n        if inputs is None:\n            return None\n        return inputs")
+    source = NEW.replace(
+        "def forward_step(self, batch):\n        if batch is None:\n            return None\n        return batch",
+        "def step(self, inputs):\n        if inputs is None:\n            return None\n        return inputs",
+    )
     recipes, tree = demo(tmp_path, source)
     res = port("demo", tree, recipes_dir=recipes)
     assert res.ok, res.to_json()
     [change] = res.ops[4].changes
-    assert (change.key, change.old, change.new) == ("anchor", "if batch is None:\n    ...", "if inputs is None:\n    ...")
+    assert (change.key, change.old, change.new) == (
+        "anchor",
+        "if batch is None:\n    ...",
+        "if inputs is None:\n    ...",
+    )
     assert change.why == "parameter renamed: batch -> inputs" and change.location == "sglang/srt/worker.py:22"
     assert res.ops[4].spec["code"] == "v1_1/code.py:count_step"
     copy = (recipes / "demo" / "v1_1" / "code.py").read_text()
@@ -190,15 +194,20 @@ def test_a_renamed_parameter_is_reanchored_with_a_copy_of_the_code(tmp_path):
 
 def test_ambiguous_candidates_are_left_to_a_human(tmp_path):
     # Two members could be the renamed clear_cache_pool: neither is chosen.
-    source = NEW.replace("    def clear_cache_pools(self):", "    def clear_cache_pool_a(self):\n        pass\n\n"
-                         "    def clear_cache_pool_b(self):")
+    source = NEW.replace(
+        "    def clear_cache_pools(self):",
+        "    def clear_cache_pool_a(self):\n        pass\n\n    def clear_cache_pool_b(self):",
+    )
     recipes, tree = demo(tmp_path, source)
     before = (recipes / "demo" / "recipe.yaml").read_bytes()
     res = port("demo", tree, recipes_dir=recipes)
     human = {o.index: o for o in res.needs_human}
     assert list(human) == [2]
     assert "2 candidates make it apply: not guessed" in human[2].reason
-    assert [c.split(" (")[0] for c in human[2].candidates[:2]] == ["after: clear_cache_pool_a", "after: clear_cache_pool_b"]
+    assert [c.split(" (")[0] for c in human[2].candidates[:2]] == [
+        "after: clear_cache_pool_a",
+        "after: clear_cache_pool_b",
+    ]
     assert not res.ok and not res.wrote
     assert (recipes / "demo" / "recipe.yaml").read_bytes() == before
     assert not (recipes / "demo" / "v1_1").exists()  # the trial copy of a code file is gone
@@ -207,9 +216,12 @@ def test_ambiguous_candidates_are_left_to_a_human(tmp_path):
 def test_an_operation_anchored_on_one_that_did_not_port_says_so(tmp_path):
     # The method the class of methods would follow is gone without a trace; the op that
     # places after a method that #2 adds is blocked by it, not re-anchored.
-    recipe = RECIPE.replace("        code: code.py:Replaced.reset\n", "        code: code.py:Replaced.reset\n"
-                            "      - op: add_method\n        target: sglang.srt.worker:Worker\n"
-                            "        after: stats\n        code: code.py:More\n")
+    recipe = RECIPE.replace(
+        "        code: code.py:Replaced.reset\n",
+        "        code: code.py:Replaced.reset\n"
+        "      - op: add_method\n        target: sglang.srt.worker:Worker\n"
+        "        after: stats\n        code: code.py:More\n",
+    )
     recipes, tree = demo(tmp_path, NEW.replace("clear_cache_pools", "drop_everything"))
     (recipes / "demo" / "recipe.yaml").write_text(recipe)
     (recipes / "demo" / "code.py").write_text(CODE + "\n\nclass More:\n    def more(self):\n        return 1\n")
@@ -223,8 +235,21 @@ def test_an_operation_anchored_on_one_that_did_not_port_says_so(tmp_path):
 def test_the_cli_reports_json_and_exit_codes(tmp_path):
     recipes, tree = demo(tmp_path)
     runner = CliRunner()
-    r = runner.invoke(main, ["port", "demo", "--to", "1.1", "--sglang-dir", str(tree), "--recipes-dir",
-                             str(recipes), "--dry-run", "--json"])
+    r = runner.invoke(
+        main,
+        [
+            "port",
+            "demo",
+            "--to",
+            "1.1",
+            "--sglang-dir",
+            str(tree),
+            "--recipes-dir",
+            str(recipes),
+            "--dry-run",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     data = json.loads(r.output)
     import jsonschema
@@ -239,7 +264,10 @@ def test_the_cli_reports_json_and_exit_codes(tmp_path):
     r = runner.invoke(main, ["port", "demo", "--to", "1.1", "--sglang-dir", str(tree), "--recipes-dir", str(recipes)])
     assert r.exit_code == 0, r.output
     assert "#2 add_method sglang.srt.worker:Worker: re-anchored" in r.output
-    assert "after: clear_cache_pool -> clear_cache_pools (member renamed; similarity 0.97, sglang/srt/worker.py:16)" in r.output
+    assert (
+        "after: clear_cache_pool -> clear_cache_pools (member renamed; similarity 0.97, sglang/srt/worker.py:16)"
+        in r.output
+    )
     r = runner.invoke(main, ["port", "nope", "--to", "1.1", "--sglang-dir", str(tree), "--recipes-dir", str(recipes)])
     assert r.exit_code == 2 and "unknown recipe id(s) ['nope']" in r.output
     r = runner.invoke(main, ["port", "demo", "--to", "1.2", "--sglang-dir", str(tree), "--recipes-dir", str(recipes)])
@@ -270,10 +298,15 @@ def test_porting_the_0512_variants_to_0512_post1_needs_no_human(sglang_release, 
     for rid in ("spec-disable-threshold", "spec-fallback"):
         path = recipes / rid / "recipe.yaml"
         path.write_text(path.read_text().replace('versions: ">=0.5.12,<0.5.13"', 'versions: ">=0.5.12,<0.5.12.post1"'))
-        assert load_recipe(path).variant_for(tree and __import__("packaging.version").version.Version("0.5.12.post1")) is None
+        assert (
+            load_recipe(path).variant_for(tree and __import__("packaging.version").version.Version("0.5.12.post1"))
+            is None
+        )
     for rid in ("spec-disable-threshold", "spec-fallback"):  # the fallback requires the flag: port it first
         res = port(rid, tree, recipes_dir=recipes)
         assert res.ok and not res.needs_human and res.check.ok, res.to_json()
         assert {o.outcome for o in res.ops} == {"carried"}
-        assert res.ranges == [f"{res.variant} (<0.5.12.post1,>=0.5.12) widened to >=0.5.12,<0.5.13: it applies unchanged"]
+        assert res.ranges == [
+            f"{res.variant} (<0.5.12.post1,>=0.5.12) widened to >=0.5.12,<0.5.13: it applies unchanged"
+        ]
         assert (recipes / rid / "recipe.yaml").read_text() == (REPO / "recipes" / rid / "recipe.yaml").read_text()

@@ -27,15 +27,28 @@ def _pre_commit():
 
 
 def _git(cwd, *args):
-    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
-                   env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
+    subprocess.run(
+        ["git", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        env={
+            **os.environ,
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t",
+        },
+    )
 
 
 @pytest.fixture(scope="module")
 def hook_repo(tmp_path_factory):
     """A committed copy of this repository (try-repo wants a git repo; CI's clone is one)."""
     dst = tmp_path_factory.mktemp("hookrepo") / "spectool"
-    ignore = shutil.ignore_patterns(".venv", ".cache", "build", "results", ".git", "__pycache__", ".device-cache", ".whl")
+    ignore = shutil.ignore_patterns(
+        ".venv", ".cache", "build", "results", ".git", "__pycache__", ".device-cache", ".whl"
+    )
     shutil.copytree(REPO, dst, ignore=ignore)
     _git(dst, "init", "-q")
     _git(dst, "add", "-A")
@@ -55,8 +68,14 @@ def _run_gate(tmp_path, hook_repo, requirement, *, env=None, before="sglang==0.5
     (work / "requirements.txt").write_text(f"torch==2.11.0\n{requirement}\n")
     _git(work, "add", "-A")
     env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path.parent / "pre-commit-home"), **(env or {})}
-    r = subprocess.run([_pre_commit(), "try-repo", str(hook_repo), "spectool-upgrade-gate", "--files", "requirements.txt"],
-                       cwd=work, capture_output=True, text=True, env=env, timeout=1800)
+    r = subprocess.run(
+        [_pre_commit(), "try-repo", str(hook_repo), "spectool-upgrade-gate", "--files", "requirements.txt"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
     r.output = r.stdout + r.stderr
     return r
 
@@ -93,9 +112,14 @@ def test_a_drifting_bump_fails_with_the_drift_report(tmp_path, hook_repo, sglang
     assert "EAGLEWorkerV2.clear_cache_pools" in r.output
 
 
-@pytest.mark.parametrize("requirement", ["SGLang==0.5.12.post1",
-                                         "sglang[all] == 0.5.12.post1 ; python_version >= '3.8'",
-                                         "Sglang==0.5.12.post1 --hash=sha256:" + "0" * 64])
+@pytest.mark.parametrize(
+    "requirement",
+    [
+        "SGLang==0.5.12.post1",
+        "sglang[all] == 0.5.12.post1 ; python_version >= '3.8'",
+        "Sglang==0.5.12.post1 --hash=sha256:" + "0" * 64,
+    ],
+)
 def test_every_spelling_of_the_pin_is_checked(tmp_path, hook_repo, requirement):
     r = _run_gate(tmp_path, hook_repo, requirement)
     assert r.returncode == 0, r.output[-3000:]

@@ -32,7 +32,9 @@ def _name(folder: Path) -> str:
 
 def test_the_published_folders_are_there():
     assert BENCH and PROFILES and VERIFY
-    assert all(re.fullmatch(r"\d+\.\d+\.\d+/[a-z0-9]+/(bench|verify)-[a-z0-9-]+", _name(f)) for f in BENCH + PROFILES + VERIFY)
+    assert all(
+        re.fullmatch(r"\d+\.\d+\.\d+/[a-z0-9]+/(bench|verify)-[a-z0-9-]+", _name(f)) for f in BENCH + PROFILES + VERIFY
+    )
 
 
 @pytest.mark.parametrize("folder", BENCH, ids=_name)
@@ -41,9 +43,19 @@ def test_a_bench_folder_regenerates_from_its_cells(folder, tmp_path):
     cells = analyze.read_cells(folder / "cells.jsonl") if (folder / "cells.jsonl").exists() else []
     trans = analyze.read_json(folder / "transition.json") if (folder / "transition.json").exists() else None
     extra = {"merged_from": report["merged_from"]} if "merged_from" in report else {}
-    new = summarize(tmp_path, cells, report["concurrencies"], report["threshold"], report["acc_len"], trans,
-                    report.get("startup_s") or {}, report.get("sglang_version"), report.get("gpu"),
-                    load=report.get("load", "lockstep"), extra=extra)
+    new = summarize(
+        tmp_path,
+        cells,
+        report["concurrencies"],
+        report["threshold"],
+        report["acc_len"],
+        trans,
+        report.get("startup_s") or {},
+        report.get("sglang_version"),
+        report.get("gpu"),
+        load=report.get("load", "lockstep"),
+        extra=extra,
+    )
     assert json.loads(json.dumps({k: new.get(k) for k in ANALYSIS})) == {k: report.get(k) for k in ANALYSIS}
     assert (tmp_path / "bench-table.md").read_text() == (folder / "bench-table.md").read_text()
 
@@ -72,7 +84,9 @@ def _engine_outputs(folder: Path) -> tuple[dict, dict]:
             if m.isfile() and name.endswith(".out.json"):
                 outs[name[: -len(".out.json")]] = json.loads(tar.extractfile(m).read())
             elif m.isfile() and name.endswith(".log"):
-                logs[name[: -len(".log")]] = tar.extractfile(m).read().decode(errors="replace").replace("\r", "\n").splitlines()
+                logs[name[: -len(".log")]] = (
+                    tar.extractfile(m).read().decode(errors="replace").replace("\r", "\n").splitlines()
+                )
     return outs, logs
 
 
@@ -98,19 +112,32 @@ def test_a_verify_runs_rows_regenerate_from_its_engines_outputs(folder):
         assert (cmp.requests, cmp.equal, cmp.tokens) == (row["requests"], row["equal"], row["tokens"]), row["scenario"]
         before, after = cand["stats_before"], cand["stats_after"]
         if from_log:
-            before, after = (stats_at_decode_line(logs[cfg.name], snap.get("fallback_steps", 0) + snap.get("spec_steps", 0),
-                                                  3, cfg.threshold) for snap in (before, after))
+            before, after = (
+                stats_at_decode_line(
+                    logs[cfg.name], snap.get("fallback_steps", 0) + snap.get("spec_steps", 0), 3, cfg.threshold
+                )
+                for snap in (before, after)
+            )
         window = compare.stats_window(before, after)
         counted = compare.counted_steps(window) > 0
         assert (window["fallback_steps"] if counted else None, window["spec_steps"] if counted else None) == (
-            row["fallback_steps"], row["spec_steps"]), row["scenario"]
+            row["fallback_steps"],
+            row["spec_steps"],
+        ), row["scenario"]
         assert [window[k] for k in ("draft_kv_only_steps", "draft_kv_only_graph_steps", "draft_kv_only_prefills")] == [
-            row["kv_only_steps"], row["kv_only_graph_steps"], row["kv_only_prefills"]], row["scenario"]
+            row["kv_only_steps"],
+            row["kv_only_graph_steps"],
+            row["kv_only_prefills"],
+        ], row["scenario"]
     golden_file = RESULTS.parent / report["golden_file"]
     golden = json.loads(golden_file.read_text())
     if golden["model"]["key"] != report["model"]["key"]:  # TP>1 runs their own model
         return
-    baselines = {w: out["workloads"][w]["requests"] for name, out in outs.items() if cfgs[name].algorithm is None
-                 for w in out["workloads"]}
+    baselines = {
+        w: out["workloads"][w]["requests"]
+        for name, out in outs.items()
+        if cfgs[name].algorithm is None
+        for w in out["workloads"]
+    }
     for w, requests in baselines.items():
         assert compare.compare_to_golden(golden, w, [r.prompt for r in wls[w].requests], requests) == [], w

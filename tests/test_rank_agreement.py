@@ -80,8 +80,13 @@ SGLANG_TYPES = (
 
 @functools.cache
 def _compiled(path: str, qualname: str):
-    return compile(function_source(Path(path), qualname), f"{path}:{qualname}", "exec",
-                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    return compile(
+        function_source(Path(path), qualname),
+        f"{path}:{qualname}",
+        "exec",
+        flags=__future__.annotations.compiler_flag,
+        dont_inherit=True,
+    )
 
 
 def load(tree, rel, qualname, namespace):
@@ -103,13 +108,22 @@ class Release:
 
     def __init__(self, tree):
         self.tree = tree
-        self.types = {"dataclasses": dataclasses, "dataclass": dataclasses.dataclass, "field": dataclasses.field,
-                      "Enum": enum.Enum, "IntEnum": enum.IntEnum, "auto": enum.auto, "ABC": abc.ABC,
-                      "abstractmethod": abc.abstractmethod, "total_ordering": functools.total_ordering,
-                      "contextmanager": contextlib.contextmanager, "torch": torch,
-                      "GPU_MEMORY_TYPE_KV_CACHE": "kv_cache",
-                      "ForwardBatch": ForwardBatchOnCpu,  # EagleDraftInput's methods build one
-                      **{name: getattr(typing, name) for name in typing.__all__}}
+        self.types = {
+            "dataclasses": dataclasses,
+            "dataclass": dataclasses.dataclass,
+            "field": dataclasses.field,
+            "Enum": enum.Enum,
+            "IntEnum": enum.IntEnum,
+            "auto": enum.auto,
+            "ABC": abc.ABC,
+            "abstractmethod": abc.abstractmethod,
+            "total_ordering": functools.total_ordering,
+            "contextmanager": contextlib.contextmanager,
+            "torch": torch,
+            "GPU_MEMORY_TYPE_KV_CACHE": "kv_cache",
+            "ForwardBatch": ForwardBatchOnCpu,  # EagleDraftInput's methods build one
+            **{name: getattr(typing, name) for name in typing.__all__},
+        }
         for rel, name in SGLANG_TYPES:
             load(tree, rel, name, self.types)
         self.ServerArgs = server_args_class(tree, {"logger": logging.getLogger("test")})
@@ -205,8 +219,9 @@ class ForwardBatchOnCpu:
         fb.input_ids, fb.out_cache_loc, fb.seq_lens = batch.input_ids, batch.out_cache_loc, batch.seq_lens
         fb.batch_size = len(batch.seq_lens)
         if batch.forward_mode.is_extend(include_draft_extend_v2=True):
-            fb.positions = torch.cat([torch.arange(p, p + n) for p, n in
-                                      zip(batch.extend_prefix_lens, batch.extend_seq_lens, strict=True)])
+            fb.positions = torch.cat(
+                [torch.arange(p, p + n) for p, n in zip(batch.extend_prefix_lens, batch.extend_seq_lens, strict=True)]
+            )
         else:
             fb.positions = torch.as_tensor(batch.seq_lens) - 1
         return fb
@@ -228,8 +243,13 @@ class ModelRunnerOnCpu:
 
     def __init__(self, rank, name, args, spec_algorithm, model=None):
         self.rank, self.name, self.server_args, self.spec_algorithm = rank, name, args, spec_algorithm
-        self.req_to_token_pool = rank.target_pool if name == "draft" else rank.release.ReqToTokenPool(
-            size=POOL, max_context_len=256, device=args.device, enable_memory_saver=False)
+        self.req_to_token_pool = (
+            rank.target_pool
+            if name == "draft"
+            else rank.release.ReqToTokenPool(
+                size=POOL, max_context_len=256, device=args.device, enable_memory_saver=False
+            )
+        )
         self.attn_backend, self.graph_runner = AttentionOnCpu(f"{name} spec"), f"{name} verify graph"
         self.draft_attn_backend = AttentionOnCpu(f"{name} multi-step draft")
         self.init_new_workspace, self.model, self.tp_group = False, model, f"tp group of rank {rank.tp_rank}"
@@ -290,8 +310,10 @@ class TargetWorkerOnCpu:
         bs = len(batch.seq_lens)
         out = rank.release.LogitsProcessorOutput(next_token_logits=None, hidden_states=rank.hidden(tokens, 3 * HIDDEN))
         return rank.release.GenerationBatchResult(
-            logits_output=out, next_token_ids=(torch.arange(bs) * 3 + tokens) % VOCAB,
-            can_run_cuda_graph=mr.graph_runner is not None)
+            logits_output=out,
+            next_token_ids=(torch.arange(bs) * 3 + tokens) % VOCAB,
+            can_run_cuda_graph=mr.graph_runner is not None,
+        )
 
 
 class DraftWorkerOnCpu:
@@ -312,11 +334,26 @@ class DraftWorkerOnCpu:
     def draft(self, batch):
         bs = len(batch.seq_lens)
         self.rank.log.append(("forward", "draft multi-step", bs))
-        none = dict.fromkeys(("draft_token", "custom_mask", "positions", "retrieve_index", "retrieve_next_token",
-                              "retrieve_next_sibling", "retrieve_cum_len", "seq_lens_cpu"))
-        return self.rank.release.EagleVerifyInput(**none, spec_steps=3, topk=1, draft_token_num=4,
-                                                  capture_hidden_mode=self.rank.release.CaptureHiddenMode.FULL,
-                                                  seq_lens_sum=0)
+        none = dict.fromkeys(
+            (
+                "draft_token",
+                "custom_mask",
+                "positions",
+                "retrieve_index",
+                "retrieve_next_token",
+                "retrieve_next_sibling",
+                "retrieve_cum_len",
+                "seq_lens_cpu",
+            )
+        )
+        return self.rank.release.EagleVerifyInput(
+            **none,
+            spec_steps=3,
+            topk=1,
+            draft_token_num=4,
+            capture_hidden_mode=self.rank.release.CaptureHiddenMode.FULL,
+            seq_lens_sum=0,
+        )
 
     def _draft_extend_for_decode(self, batch, batch_output):
         self.rank.log.append(("forward", "draft extend after verify", len(batch.seq_lens)))
@@ -335,8 +372,16 @@ def graph_runners(rank, ns):
         def __init__(self, model_runner, attn_backend=None):
             self.name = "target decode graph"
             self.capture_bs, _ = ns["get_batch_sizes_to_capture"](model_runner)
-            rank.log.append(("capture", self.name, tuple(self.capture_bs), model_runner.spec_algorithm.name,
-                             model_runner.server_args.enable_return_hidden_states, attn_backend.name))
+            rank.log.append(
+                (
+                    "capture",
+                    self.name,
+                    tuple(self.capture_bs),
+                    model_runner.spec_algorithm.name,
+                    model_runner.server_args.enable_return_hidden_states,
+                    attn_backend.name,
+                )
+            )
 
     class DraftExtendGraphRunner:
         def __init__(self, draft_worker, draft_extend_attn_backend=None, speculative_num_steps=None):
@@ -350,8 +395,9 @@ def graph_runners(rank, ns):
             bs = forward_batch.batch_size
             size = next(s for s in self.capture_bs if s >= bs)
             rank.log.append(("replay", "draft one-token extend", size))
-            out = rank.release.LogitsProcessorOutput(next_token_logits=torch.zeros(size, VOCAB),
-                                                     hidden_states=torch.zeros(size, HIDDEN))
+            out = rank.release.LogitsProcessorOutput(
+                next_token_logits=torch.zeros(size, VOCAB), hidden_states=torch.zeros(size, HIDDEN)
+            )
             out.topk_p, out.topk_index = torch.ones(size, 1), torch.zeros(size, 1, dtype=torch.int64)
             return out
 
@@ -406,28 +452,54 @@ class Rank:
         self.cuda = CudaOnCpu(self.log)
         self.generator = torch.Generator().manual_seed(0 if noise is None else noise)
         ns = dict(release.types)
-        ns.update(torch=TorchOnCpu(self.cuda), logger=logging.getLogger(f"spec-fallback.rank{tp_rank}"),
-                  os=os, time=clock, collections=collections, dataclasses=dataclasses, json=json,
-                  threading=threading, contextlib=contextlib, Optional=typing.Optional, Any=typing.Any)
+        ns.update(
+            torch=TorchOnCpu(self.cuda),
+            logger=logging.getLogger(f"spec-fallback.rank{tp_rank}"),
+            os=os,
+            time=clock,
+            collections=collections,
+            dataclasses=dataclasses,
+            json=json,
+            threading=threading,
+            contextlib=contextlib,
+            Optional=typing.Optional,
+            Any=typing.Any,
+        )
         # Free GPU memory differs per rank (other processes, fragmentation): each rank its own.
         free = iter(80.0 - tp_rank - 0.25 * k for k in range(1000))
         ns.update(get_available_gpu_memory=lambda device, gpu_id: next(free))
         # get_batch_sizes_to_capture's collaborators, the same on every rank: no DP attention or
         # gathered MoE buffers (refused with the fallback), attention TP = TP, no context parallel.
-        ns.update(require_gathered_buffer=lambda server_args: False,
-                  get_attention_tp_size=lambda: tp_size, get_attention_cp_size=lambda: 1)
+        ns.update(
+            require_gathered_buffer=lambda server_args: False,
+            get_attention_tp_size=lambda: tp_size,
+            get_attention_cp_size=lambda: 1,
+        )
         load(release.tree, GRAPH_RUNNER, "get_batch_sizes_to_capture", ns)
         # The MoE backend contexts the draft runs in, as the release writes them, over the
         # backends SGLang's start-up sets from the server args.
-        ns.update(SPECULATIVE_MOE_RUNNER_BACKEND="auto", SPECULATIVE_MOE_A2A_BACKEND="none", MOE_RUNNER_BACKEND="auto",
-                  MOE_A2A_BACKEND="none", DISABLE_FLASHINFER_CUTLASS_MOE_FP4_ALLGATHER=False,
-                  contextmanager=contextlib.contextmanager)
-        for name in ("get_speculative_moe_runner_backend", "get_speculative_moe_a2a_backend",
-                     "speculative_moe_backend_context", "speculative_moe_a2a_backend_context"):
+        ns.update(
+            SPECULATIVE_MOE_RUNNER_BACKEND="auto",
+            SPECULATIVE_MOE_A2A_BACKEND="none",
+            MOE_RUNNER_BACKEND="auto",
+            MOE_A2A_BACKEND="none",
+            DISABLE_FLASHINFER_CUTLASS_MOE_FP4_ALLGATHER=False,
+            contextmanager=contextlib.contextmanager,
+        )
+        for name in (
+            "get_speculative_moe_runner_backend",
+            "get_speculative_moe_a2a_backend",
+            "speculative_moe_backend_context",
+            "speculative_moe_a2a_backend_context",
+        ):
             load(release.tree, MOE_UTILS, name, ns)
         decode_runner, extend_runner, backend_factory = graph_runners(self, ns)
-        ns.update(CudaGraphRunner=decode_runner, EAGLEDraftExtendCudaGraphRunner=extend_runner,
-                  DraftBackendFactory=backend_factory, graph_capture=self._graph_capture)
+        ns.update(
+            CudaGraphRunner=decode_runner,
+            EAGLEDraftExtendCudaGraphRunner=extend_runner,
+            DraftBackendFactory=backend_factory,
+            graph_capture=self._graph_capture,
+        )
 
         self.server_args = args
         algorithm = release.SpeculativeAlgorithm.from_string(args.speculative_algorithm)
@@ -465,8 +537,9 @@ class Rank:
     def _verify(self, batch):
         bs = len(batch.seq_lens)
         self.log.append(("forward", "target verify", bs, "target verify graph"))
-        return self.release.GenerationBatchResult(next_token_ids=torch.zeros(bs * 4, dtype=torch.int64),
-                                                  speculative_num_draft_tokens=4)
+        return self.release.GenerationBatchResult(
+            next_token_ids=torch.zeros(bs * 4, dtype=torch.int64), speculative_num_draft_tokens=4
+        )
 
     def _kv_only_write(self, tokens, hidden_states, positions, out_cache_loc):
         graph = self.cuda.capturing
@@ -491,34 +564,69 @@ class Rank:
 
     def _common(self, mode, bs, grammar, logprob, **values):
         cls = self.release.ModelWorkerBatch
-        required = {f.name: None for f in dataclasses.fields(cls)
-                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-        return cls(**{**required, "forward_mode": mode, "req_pool_indices": torch.arange(bs) + 1,
-                      "return_logprob": logprob, "is_extend_in_batch": mode.is_extend(),
-                      "all_extend_in_batch": mode.is_extend(), "can_run_dp_cuda_graph": False,
-                      "has_grammar": grammar, **values})
+        required = {
+            f.name: None
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        }
+        return cls(
+            **{
+                **required,
+                "forward_mode": mode,
+                "req_pool_indices": torch.arange(bs) + 1,
+                "return_logprob": logprob,
+                "is_extend_in_batch": mode.is_extend(),
+                "all_extend_in_batch": mode.is_extend(),
+                "can_run_dp_cuda_graph": False,
+                "has_grammar": grammar,
+                **values,
+            }
+        )
 
     def _decode(self, index, bs, grammar, logprob, idle):
         r = self.release
         bs = 0 if idle else bs
         lens = 20 + (torch.arange(bs) * 7 + index) % 50
         spec_info = r.EagleDraftInput(
-            topk_p=torch.ones(bs, 1), topk_index=torch.zeros(bs, 1, dtype=torch.int64),
-            hidden_states=self.hidden(bs, HIDDEN), bonus_tokens=((torch.arange(bs) + index) % VOCAB).to(torch.int32))
-        return self._common(r.ForwardMode.IDLE if idle else r.ForwardMode.DECODE, bs, grammar, logprob,
-                            input_ids=None, out_cache_loc=None, seq_lens=seq_lens(lens), seq_lens_cpu=lens.clone(),
-                            seq_lens_sum=int(lens.sum()), spec_info=spec_info)
+            topk_p=torch.ones(bs, 1),
+            topk_index=torch.zeros(bs, 1, dtype=torch.int64),
+            hidden_states=self.hidden(bs, HIDDEN),
+            bonus_tokens=((torch.arange(bs) + index) % VOCAB).to(torch.int32),
+        )
+        return self._common(
+            r.ForwardMode.IDLE if idle else r.ForwardMode.DECODE,
+            bs,
+            grammar,
+            logprob,
+            input_ids=None,
+            out_cache_loc=None,
+            seq_lens=seq_lens(lens),
+            seq_lens_cpu=lens.clone(),
+            seq_lens_sum=int(lens.sum()),
+            spec_info=spec_info,
+        )
 
     def _prefill(self, index, n, grammar, logprob):
         new = [3 + (j + index) % 4 for j in range(n)]
         prefix = [5 * (j % 2) for j in range(n)]
         lens = torch.tensor([p + e for p, e in zip(prefix, new, strict=True)])
         tokens = sum(new)
-        return self._common(self.release.ForwardMode.EXTEND, n, grammar, logprob,
-                            input_ids=torch.arange(tokens) % VOCAB, out_cache_loc=torch.arange(tokens) + 1000 * index,
-                            seq_lens=seq_lens(lens), seq_lens_cpu=lens.clone(), seq_lens_sum=int(lens.sum()),
-                            extend_seq_lens=new, extend_prefix_lens=prefix, extend_num_tokens=tokens,
-                            multimodal_inputs=None, spec_info=None)
+        return self._common(
+            self.release.ForwardMode.EXTEND,
+            n,
+            grammar,
+            logprob,
+            input_ids=torch.arange(tokens) % VOCAB,
+            out_cache_loc=torch.arange(tokens) + 1000 * index,
+            seq_lens=seq_lens(lens),
+            seq_lens_cpu=lens.clone(),
+            seq_lens_sum=int(lens.sum()),
+            extend_seq_lens=new,
+            extend_prefix_lens=prefix,
+            extend_num_tokens=tokens,
+            multimodal_inputs=None,
+            spec_info=None,
+        )
 
     # -- one step of the scheduler ------------------------------------------------------
 
@@ -531,8 +639,11 @@ class Rank:
         out = self.worker.forward_batch_generation(self.batch(step, index))
         if step[0] != "prefill":
             self.worker.on_verify_complete_cpu([0 if out.speculative_num_draft_tokens == 1 else 2] * step[1])
-        flushes = {c: n - causes.get(c, 0) for c, n in stats.get("draft_kv_only_flush_causes", {}).items()
-                   if n != causes.get(c, 0)}
+        flushes = {
+            c: n - causes.get(c, 0)
+            for c, n in stats.get("draft_kv_only_flush_causes", {}).items()
+            if n != causes.get(c, 0)
+        }
         mode = step[0] if step[0] == "prefill" else "fallback" if stats["fallback_steps"] > fallback_steps else "spec"
         return Step(mode, self.state.active, flushes, self.log[start:])
 
@@ -548,18 +659,36 @@ class Step(typing.NamedTuple):
     calls: list
 
 
-def args_for(release, threshold, hysteresis=0, *, margin=0, per_replay=4, decode_min_bs=16,
-             graph_bs=(1, 2, 4, 8, 12, 16, 24, 32, 48), **more):
+def args_for(
+    release,
+    threshold,
+    hysteresis=0,
+    *,
+    margin=0,
+    per_replay=4,
+    decode_min_bs=16,
+    graph_bs=(1, 2, 4, 8, 12, 16, 24, 32, 48),
+    **more,
+):
     """One rank's ServerArgs (each rank process holds its own copy of the same values): EAGLE-3,
     topk 1, CUDA graphs at `graph_bs` sizes, the fallback's flags."""
-    return server_args(release.ServerArgs, device="cpu", speculative_algorithm="EAGLE3", speculative_eagle_topk=1,
-                       speculative_num_steps=3, speculative_num_draft_tokens=4, cuda_graph_bs=list(graph_bs),
-                       max_running_requests=POOL, disable_cuda_graph=False,
-                       speculative_disable_batch_size_threshold=threshold,
-                       speculative_disable_batch_size_hysteresis=hysteresis,
-                       speculative_disable_kv_only_margin=margin,
-                       speculative_disable_kv_only_steps_per_replay=per_replay,
-                       speculative_disable_draft_decode_min_bs=decode_min_bs, **more)
+    return server_args(
+        release.ServerArgs,
+        device="cpu",
+        speculative_algorithm="EAGLE3",
+        speculative_eagle_topk=1,
+        speculative_num_steps=3,
+        speculative_num_draft_tokens=4,
+        cuda_graph_bs=list(graph_bs),
+        max_running_requests=POOL,
+        disable_cuda_graph=False,
+        speculative_disable_batch_size_threshold=threshold,
+        speculative_disable_batch_size_hysteresis=hysteresis,
+        speculative_disable_kv_only_margin=margin,
+        speculative_disable_kv_only_steps_per_replay=per_replay,
+        speculative_disable_draft_decode_min_bs=decode_min_bs,
+        **more,
+    )
 
 
 def run_ranks(ranks, steps):
@@ -583,27 +712,27 @@ def assert_ranks_agree(ranks, per_rank):
 # T=8, H=3 (back on at <= 5), KV-only margin 2 (KV-only above 10), draft decode from 8
 # requests, 3 steps per replay; graphs up to 48 with a pool of 64, so 49..64 runs eagerly.
 DESIGNED = [
-    ("decode", 6, False, False),     # 0 spec
-    ("decode", 9, False, False),     # 1 fallback on; full sync (draft decode forward)
-    ("decode", 11, False, False),    # 2 KV-only, stashed
-    ("decode", 11, False, False),    # 3 stashed
-    ("decode", 11, False, False),    # 4 stashed: 3 steps -> replay (queued)
-    ("decode", 20, False, False),    # 5 stashed
-    ("decode", 20, False, False),    # 6 stashed; a third 20 would not fit 48 -> replay (full)
-    ("decode", 12, False, False),    # 7 stashed
-    ("prefill", 3, False, False),    # 8 writes the stash (prefill); 3 + 12 > 10: KV-only prefill
-    ("decode", 15, False, False),    # 9 stashed
-    ("decode", 10, False, False),    # 10 within the margin: writes the stash (sync), full sync
-    ("decode", 7, False, False),     # 11 band (5 < 7 <= 8): still fallback; extend graph (7 < 8)
-    ("decode", 13, False, False),    # 12 stashed
-    ("decode", 5, False, False),     # 13 <= T - H: drafting back on, writes the stash (spec)
-    ("decode", 9, False, False),     # 14 fallback on again; full sync
-    ("decode", 20, False, False),    # 15 stashed
-    ("decode", 14, False, False),    # 16 stashed (two sizes in one queue: deduplicated)
-    ("decode", 60, False, False),    # 17 larger than any graph: stash written (eager), eager write
-    ("decode", 4, False, False),     # 18 spec
-    ("prefill", 2, False, False),    # 19 drafting on: full draft prefill
-    ("idle", 0, False, False),       # 20 idle: speculative path
+    ("decode", 6, False, False),  # 0 spec
+    ("decode", 9, False, False),  # 1 fallback on; full sync (draft decode forward)
+    ("decode", 11, False, False),  # 2 KV-only, stashed
+    ("decode", 11, False, False),  # 3 stashed
+    ("decode", 11, False, False),  # 4 stashed: 3 steps -> replay (queued)
+    ("decode", 20, False, False),  # 5 stashed
+    ("decode", 20, False, False),  # 6 stashed; a third 20 would not fit 48 -> replay (full)
+    ("decode", 12, False, False),  # 7 stashed
+    ("prefill", 3, False, False),  # 8 writes the stash (prefill); 3 + 12 > 10: KV-only prefill
+    ("decode", 15, False, False),  # 9 stashed
+    ("decode", 10, False, False),  # 10 within the margin: writes the stash (sync), full sync
+    ("decode", 7, False, False),  # 11 band (5 < 7 <= 8): still fallback; extend graph (7 < 8)
+    ("decode", 13, False, False),  # 12 stashed
+    ("decode", 5, False, False),  # 13 <= T - H: drafting back on, writes the stash (spec)
+    ("decode", 9, False, False),  # 14 fallback on again; full sync
+    ("decode", 20, False, False),  # 15 stashed
+    ("decode", 14, False, False),  # 16 stashed (two sizes in one queue: deduplicated)
+    ("decode", 60, False, False),  # 17 larger than any graph: stash written (eager), eager write
+    ("decode", 4, False, False),  # 18 spec
+    ("prefill", 2, False, False),  # 19 drafting on: full draft prefill
+    ("idle", 0, False, False),  # 20 idle: speculative path
 ]
 
 
@@ -613,8 +742,17 @@ def test_ranks_agree_on_a_designed_sequence(release):
     the KV-only stash for every cause: the same decisions, flushes and GPU-side calls on each,
     and those are the documented ones."""
     clocks = [time, SkewedClock(3600.0, 7.0), SkewedClock(-50.0, 0.1)]
-    ranks = [Rank(release, r, args_for(release, 8, 3, margin=2, per_replay=3, decode_min_bs=8),
-                  clock=clocks[r], noise=r, tp_size=3) for r in range(3)]
+    ranks = [
+        Rank(
+            release,
+            r,
+            args_for(release, 8, 3, margin=2, per_replay=3, decode_min_bs=8),
+            clock=clocks[r],
+            noise=r,
+            tp_size=3,
+        )
+        for r in range(3)
+    ]
     per_rank = run_ranks(ranks, DESIGNED)
     assert_ranks_agree(ranks, per_rank)
 
@@ -622,36 +760,58 @@ def test_ranks_agree_on_a_designed_sequence(release):
     assert "".join(s.mode[0] for s in steps) == "sfffffffpffffsffffsps"
     assert [i for i, s in enumerate(steps) if s.active] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 16, 17]
     assert {i: s.flushes for i, s in enumerate(steps) if s.flushes} == {
-        4: {"queued": 1}, 6: {"full": 1}, 8: {"prefill": 1}, 10: {"sync": 1}, 13: {"spec": 1}, 17: {"eager": 1}}
+        4: {"queued": 1},
+        6: {"full": 1},
+        8: {"prefill": 1},
+        10: {"sync": 1},
+        13: {"spec": 1},
+        17: {"eager": 1},
+    }
     calls = [s.calls for s in steps]
-    assert calls[0] == [("forward", "draft multi-step", 6), ("forward", "target verify", 6, "target verify graph"),
-                        ("forward", "draft extend after verify", 6)]
-    assert calls[1] == [("forward", "target DECODE", 9, "target decode graph", "target plain"),
-                        ("forward", "draft DECODE", 9, "draft plain")]
+    assert calls[0] == [
+        ("forward", "draft multi-step", 6),
+        ("forward", "target verify", 6, "target verify graph"),
+        ("forward", "draft extend after verify", 6),
+    ]
+    assert calls[1] == [
+        ("forward", "target DECODE", 9, "target decode graph", "target plain"),
+        ("forward", "draft DECODE", 9, "draft plain"),
+    ]
     assert calls[2] == [("forward", "target DECODE", 11, "target decode graph", "target plain")]  # stashed
     assert calls[4][-1] == ("replay", "draft kv-only", 48)  # 33 rows: the smallest graph that holds them
     assert calls[6][-1] == ("replay", "draft kv-only", 48)  # 40 rows
-    assert calls[8] == [("forward", "target EXTEND", 12, "target verify graph", "target spec"),
-                        ("replay", "draft kv-only", 12), ("forward", "draft kv-only", 12)]  # the prompt's K/V only
+    assert calls[8] == [
+        ("forward", "target EXTEND", 12, "target verify graph", "target spec"),
+        ("replay", "draft kv-only", 12),
+        ("forward", "draft kv-only", 12),
+    ]  # the prompt's K/V only
     assert calls[10][1:] == [("replay", "draft kv-only", 16), ("forward", "draft DECODE", 10, "draft plain")]
     assert calls[11][1:] == [("replay", "draft one-token extend", 8)]
     assert calls[13][0] == ("replay", "draft kv-only", 16)
     assert calls[17][1:] == [("replay", "draft kv-only", 48), ("forward", "draft kv-only", 60)]
-    assert calls[19] == [("forward", "target EXTEND", 9, "target verify graph", "target spec"),
-                         ("forward", "draft extend of a prefill", 9)]
-    assert calls[20] == [("forward", "draft multi-step", 0), ("forward", "target verify", 0, "target verify graph"),
-                         ("forward", "draft extend after verify", 0)]
+    assert calls[19] == [
+        ("forward", "target EXTEND", 9, "target verify graph", "target spec"),
+        ("forward", "draft extend of a prefill", 9),
+    ]
+    assert calls[20] == [
+        ("forward", "draft multi-step", 0),
+        ("forward", "target verify", 0, "target verify graph"),
+        ("forward", "draft extend after verify", 0),
+    ]
     stats = ranks[0].state.stats
     assert stats["draft_kv_only_dedups"] == 1 and stats["draft_kv_only_prefills"] == 1
 
 
-@pytest.mark.parametrize("tp_size,graph_bs,flags,decode_bs,kv_only_bs", [
-    # T=16: only sizes above 16; the pool (64) cuts 72 and 80 off, and the release captures
-    # 64 in their place
-    (2, (1, 2, 4, 8, 16, 24, 32, 48, 72, 80), (16, 0, 0), (24, 32, 48, 64), (24, 32, 48, 64)),
-    (8, (8, 16, 24, 32, 48, 64), (20, 6, 4), (16, 24, 32, 48, 64), (32, 48, 64)),
-    (4, (1, 2, 3, 4, 6, 12), (2, 1, 1), (2, 3, 4, 6, 12), (4, 6, 12)),
-])
+@pytest.mark.parametrize(
+    "tp_size,graph_bs,flags,decode_bs,kv_only_bs",
+    [
+        # T=16: only sizes above 16; the pool (64) cuts 72 and 80 off, and the release captures
+        # 64 in their place
+        (2, (1, 2, 4, 8, 16, 24, 32, 48, 72, 80), (16, 0, 0), (24, 32, 48, 64), (24, 32, 48, 64)),
+        (8, (8, 16, 24, 32, 48, 64), (20, 6, 4), (16, 24, 32, 48, 64), (32, 48, 64)),
+        (4, (1, 2, 3, 4, 6, 12), (2, 1, 1), (2, 3, 4, 6, 12), (4, 6, 12)),
+    ],
+)
 def test_capture_sizes_are_the_same_on_every_rank(release, tp_size, graph_bs, flags, decode_bs, kv_only_bs):
     """Start-up on every rank of a TP group captures the same graphs in the same order: the
     target's decode graph and the one-token draft extend at the release's batch sizes above
@@ -666,8 +826,11 @@ def test_capture_sizes_are_the_same_on_every_rank(release, tp_size, graph_bs, fl
         ("capture", "target decode graph", decode_bs, "NONE", True, "target plain"),
         ("capture", "draft one-token extend graph", decode_bs, 0),
         ("capture", "graph_capture", "enter"),
-        *[call for bs in kv_only_bs[::-1]  # a warm-up write, then the capture
-          for call in (("forward", "draft kv-only", bs), ("capture", "draft kv-only", bs))],
+        *[
+            call
+            for bs in kv_only_bs[::-1]  # a warm-up write, then the capture
+            for call in (("forward", "draft kv-only", bs), ("capture", "draft kv-only", bs))
+        ],
         ("capture", "graph_capture", "exit"),
     ]
     assert all(tuple(rank.state.kv_only_graphs["graphs"]) == kv_only_bs for rank in ranks)
@@ -675,9 +838,11 @@ def test_capture_sizes_are_the_same_on_every_rank(release, tp_size, graph_bs, fl
 
 STEP = st.one_of(
     st.tuples(st.just("decode"), st.integers(1, POOL), st.booleans(), st.booleans()).map(
-        lambda s: (s[0], s[1], s[2] and s[1] % 5 == 0, s[3] and s[1] % 7 == 0)),  # flags now and then
+        lambda s: (s[0], s[1], s[2] and s[1] % 5 == 0, s[3] and s[1] % 7 == 0)
+    ),  # flags now and then
     st.tuples(st.just("prefill"), st.integers(1, 6), st.booleans(), st.booleans()).map(
-        lambda s: (s[0], s[1], s[2] and s[1] == 6, s[3] and s[1] == 5)),
+        lambda s: (s[0], s[1], s[2] and s[1] == 6, s[3] and s[1] == 5)
+    ),
     st.just(("idle", 0, False, False)),
 )
 
@@ -695,7 +860,8 @@ def workloads(draw):
     if margin is not None:
         edges += [threshold + margin, threshold + margin + 1]
     near = st.sampled_from([e for e in edges if 1 <= e <= POOL]).flatmap(
-        lambda e: st.integers(max(1, e - 2), min(POOL, e + 2)))
+        lambda e: st.integers(max(1, e - 2), min(POOL, e + 2))
+    )
     plain = near.map(lambda bs: ("decode", bs, False, False))
     step = st.one_of(plain, plain, STEP)  # two thirds near a switch point
     steps = draw(st.lists(step, min_size=5, max_size=30))
@@ -704,8 +870,14 @@ def workloads(draw):
 
 # No shrinking: every example builds two workers, so shrinking a failure takes minutes; a
 # failing example is reported as generated, and the assertion names the step and both calls.
-@settings(max_examples=40, deadline=None, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate],
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(workloads())
 def test_ranks_agree_on_random_sequences(release, workload):
     """Generated settings (T, H, KV-only margin, steps per replay, draft-decode minimum) and
@@ -713,9 +885,16 @@ def test_ranks_agree_on_random_sequences(release, workload):
     hysteresis state follows the documented rule (fallback above T, drafting again at
     <= T - H; idle batches and prefills leave it alone)."""
     (threshold, hysteresis, margin, per_replay, decode_min_bs), steps = workload
-    ranks = [Rank(release, r, args_for(release, threshold, hysteresis, margin=margin, per_replay=per_replay,
-                                       decode_min_bs=decode_min_bs),
-                  clock=time if r == 0 else SkewedClock(1e5, 3.0), noise=r) for r in range(2)]
+    ranks = [
+        Rank(
+            release,
+            r,
+            args_for(release, threshold, hysteresis, margin=margin, per_replay=per_replay, decode_min_bs=decode_min_bs),
+            clock=time if r == 0 else SkewedClock(1e5, 3.0),
+            noise=r,
+        )
+        for r in range(2)
+    ]
     per_rank = run_ranks(ranks, steps)
     assert_ranks_agree(ranks, per_rank)
     active = False
@@ -768,8 +947,9 @@ def test_rank_local_differences_change_nothing(release, tmp_path, monkeypatch):
     steps = DESIGNED + DESIGNED[::-1]
     rank0 = Rank(release, 0, args_for(release, 8, 3, margin=2, per_replay=3), noise=0, stats_interval=0.001)
     try:
-        rank7 = Rank(release, 7, args_for(release, 8, 3, margin=2, per_replay=3), noise=7,
-                     clock=SkewedClock(86400.0, 50.0))
+        rank7 = Rank(
+            release, 7, args_for(release, 8, 3, margin=2, per_replay=3), noise=7, clock=SkewedClock(86400.0, 50.0)
+        )
         per_rank = run_ranks([rank0, rank7], steps)
         assert_ranks_agree([rank0, rank7], per_rank)
         assert json.loads((tmp_path / "stats.json").read_text())["phase_count"] > 0  # written during the steps
@@ -791,14 +971,29 @@ def test_the_fallback_reads_rank_local_values_only_for_stats_and_logs(release):
     state = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SpecFallbackState")
     fallback = [n for n in worker.body if isinstance(n, ast.FunctionDef) and n.name.startswith("_spec_fallback")]
     fallback += [n for n in state.body if isinstance(n, ast.FunctionDef)]
-    hooks = [n for n in worker.body if isinstance(n, ast.FunctionDef)
-             and n.name in ("forward_batch_generation", "on_verify_complete_cpu")]
+    hooks = [
+        n
+        for n in worker.body
+        if isinstance(n, ast.FunctionDef) and n.name in ("forward_batch_generation", "on_verify_complete_cpu")
+    ]
 
     def reads(fn):
         """The rank-local names a function reads (attribute, global, or getattr's string), sorted."""
-        local = {"tp_rank", "gpu_id", "environ", "getenv", "envs", "time", "perf_counter", "monotonic",
-                 "get_tensor_model_parallel_rank", "get_attention_tp_rank", "current_device",
-                 "get_available_gpu_memory", "random"}
+        local = {
+            "tp_rank",
+            "gpu_id",
+            "environ",
+            "getenv",
+            "envs",
+            "time",
+            "perf_counter",
+            "monotonic",
+            "get_tensor_model_parallel_rank",
+            "get_attention_tp_rank",
+            "current_device",
+            "get_available_gpu_memory",
+            "random",
+        }
         found = set()
         for node in ast.walk(fn):
             if isinstance(node, ast.Attribute) and node.attr in local:
@@ -809,8 +1004,11 @@ def test_the_fallback_reads_rank_local_values_only_for_stats_and_logs(release):
                 found.add(node.value)
         return sorted(found)
 
-    where = {f"{'SpecFallbackState' if fn in state.body else 'EAGLEWorkerV2'}.{fn.name}": reads(fn)
-             for fn in fallback if reads(fn)}
+    where = {
+        f"{'SpecFallbackState' if fn in state.body else 'EAGLEWorkerV2'}.{fn.name}": reads(fn)
+        for fn in fallback
+        if reads(fn)
+    }
     assert where == {
         "EAGLEWorkerV2._spec_fallback_init": ["environ", "tp_rank"],
         "EAGLEWorkerV2._spec_fallback_build": ["get_available_gpu_memory", "gpu_id", "perf_counter", "time"],
@@ -831,6 +1029,10 @@ def test_the_fallback_reads_rank_local_values_only_for_stats_and_logs(release):
     # The free memory measured on each rank is reported, never branched on.
     tests = [ast.unparse(n.test) for n in ast.walk(build) if isinstance(n, (ast.If, ast.While, ast.IfExp))]
     assert not [t for t in tests if "before" in t or "used" in t or "memory" in t], tests
-    uses = [ast.unparse(n) for n in ast.walk(build) if isinstance(n, (ast.AugAssign, ast.Assign, ast.Expr))
-            and "used" in {x.id for x in ast.walk(n) if isinstance(x, ast.Name)}]
+    uses = [
+        ast.unparse(n)
+        for n in ast.walk(build)
+        if isinstance(n, (ast.AugAssign, ast.Assign, ast.Expr))
+        and "used" in {x.id for x in ast.walk(n) if isinstance(x, ast.Name)}
+    ]
     assert len(uses) == 4 and "mr.graph_mem_usage += used" in uses, uses

@@ -51,10 +51,13 @@ def test_unchanged_tree_is_not_planned_again(tmp_path, planned):
     assert fast.to_json() == full.to_json(), "the recorded answer is the full plan's, word for word"
 
 
-@pytest.mark.parametrize("edit, status", [
-    (lambda text: text + "# a comment added by hand\n", "already-applied"),
-    (lambda text: text.replace("def twice", "def thrice"), "would-apply"),
-])
+@pytest.mark.parametrize(
+    "edit, status",
+    [
+        (lambda text: text + "# a comment added by hand\n", "already-applied"),
+        (lambda text: text.replace("def twice", "def thrice"), "would-apply"),
+    ],
+)
 def test_a_modified_file_is_planned_and_reported(tmp_path, planned, edit, status):
     tree = _applied(tmp_path, planned)
     path = tree / TARGET

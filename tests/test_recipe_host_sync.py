@@ -32,7 +32,9 @@ def host_waits(fn: ast.AST) -> list[str]:
             if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute):
                 name, text = child.func.attr, ast.unparse(child)
                 blocking = not any(k.arg == "non_blocking" and ast.unparse(k.value) == "True" for k in child.keywords)
-                towards_device = any("device" in ast.unparse(a) for a in [*child.args, *(k.value for k in child.keywords)])
+                towards_device = any(
+                    "device" in ast.unparse(a) for a in [*child.args, *(k.value for k in child.keywords)]
+                )
                 if name in WAITS:
                     found.append(text)
                 elif name == "to" and towards_device and blocking:
@@ -54,13 +56,20 @@ def per_step_functions():
 
 def test_the_scan_sees_the_recipe_code():
     names = {fn.name for _, fn in per_step_functions()}
-    assert {"_spec_fallback_draft_prefill", "_spec_fallback_decode", "_spec_fallback_kv_only_write",
-            "_spec_fallback_should_run", "record_step", "count"} <= names
+    assert {
+        "_spec_fallback_draft_prefill",
+        "_spec_fallback_decode",
+        "_spec_fallback_kv_only_write",
+        "_spec_fallback_should_run",
+        "record_step",
+        "count",
+    } <= names
     assert "_spec_fallback_build_kv_only_graphs" not in names, "start-up code may synchronise"
 
 
-@pytest.mark.parametrize("path,fn", [pytest.param(p, f, id=f"{p.parent.name}/{p.name}:{f.name}")
-                                     for p, f in per_step_functions()])
+@pytest.mark.parametrize(
+    "path,fn", [pytest.param(p, f, id=f"{p.parent.name}/{p.name}:{f.name}") for p, f in per_step_functions()]
+)
 def test_per_step_code_does_not_wait_for_the_gpu(path, fn):
     assert host_waits(fn) == [], f"{path.relative_to(RECIPES)}:{fn.lineno} {fn.name} waits for the GPU"
 
@@ -68,19 +77,23 @@ def test_per_step_code_does_not_wait_for_the_gpu(path, fn):
 def test_the_scan_flags_every_kind_of_wait():
     """A blocking copy towards the device and the other kinds of wait; not their
     non-blocking forms, nor start-up code nested in a step."""
-    bad = '''
+    bad = """
 def step(self, ids, ends, lens, t):
     shifted[ends.to(ids.device)] = t
     n = t.sum().item()
     x = torch.tensor(lens, device=self.device)
     torch.cuda.synchronize()
-'''
-    good = '''
+"""
+    good = """
 def step(self, ids, ends, t):
     shifted[ends.to(ids.device, non_blocking=True)] = t.to(ids.dtype)
     def capture():
         torch.cuda.synchronize()
-'''
-    assert host_waits(ast.parse(bad)) == ["ends.to(ids.device)", "t.sum().item()",
-                                          "torch.tensor(lens, device=self.device)", "torch.cuda.synchronize()"]
+"""
+    assert host_waits(ast.parse(bad)) == [
+        "ends.to(ids.device)",
+        "t.sum().item()",
+        "torch.tensor(lens, device=self.device)",
+        "torch.cuda.synchronize()",
+    ]
     assert host_waits(ast.parse(good)) == []

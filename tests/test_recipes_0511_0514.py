@@ -36,8 +36,10 @@ ERAS = ["0.5.13", "0.5.14"]  # the ScheduleBatch worker; 0.5.13.post1's differs 
 
 
 def _hashes(root):
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in (root / "sglang").rglob("*.py")}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in (root / "sglang").rglob("*.py")
+    }
 
 
 @pytest.mark.parametrize("version", RELEASES)
@@ -47,7 +49,10 @@ def test_apply_noop_revert(version, sglang_release):
     out = api.apply(tree)
     assert out.ok and out.wrote, [r.to_json() for r in out.plan.results]
     assert {r.id: r.status for r in out.plan.results} == {
-        "spec-disable-threshold": "applied", "spec-fallback": "applied", "sm120": "applied"}
+        "spec-disable-threshold": "applied",
+        "spec-fallback": "applied",
+        "sm120": "applied",
+    }
     changed = {k for k, v in _hashes(tree).items() if before[k] != v}
     # 0.5.14 starts the fallback in init_cuda_graphs, which StandaloneWorkerV2 inherits;
     # 0.5.11 validates in ServerArgs itself.
@@ -81,16 +86,31 @@ def test_every_fallback_method_the_worker_calls_is_inserted(version, patched_rel
     have = _methods(worker)
     wanted = _methods(_class(RECIPES / "spec-fallback/v0_5_12/worker.py", "EAGLEWorkerV2"))
     if version == "0.5.11":  # no KV-only sync there: none of its methods, nor the KV-only prefill
-        wanted = {"_spec_fallback_build", "_spec_fallback_init_draft_decode", "_spec_fallback_init_draft_kv_only",
-                  "_spec_fallback_build_kv_only_graphs", "_spec_fallback_draft_decode",
-                  "_spec_fallback_next_draft_input", "_spec_fallback_kv_only_unsupported",
-                  "_spec_fallback_build_draft_extend_graph", "_spec_fallback_draft_extend",
-                  "_spec_fallback_decode", "_spec_fallback_kv_only_flush"}
+        wanted = {
+            "_spec_fallback_build",
+            "_spec_fallback_init_draft_decode",
+            "_spec_fallback_init_draft_kv_only",
+            "_spec_fallback_build_kv_only_graphs",
+            "_spec_fallback_draft_decode",
+            "_spec_fallback_next_draft_input",
+            "_spec_fallback_kv_only_unsupported",
+            "_spec_fallback_build_draft_extend_graph",
+            "_spec_fallback_draft_extend",
+            "_spec_fallback_decode",
+            "_spec_fallback_kv_only_flush",
+        }
     assert wanted <= have, sorted(wanted - have)
     assert _methods(_class(RECIPES / "spec-fallback/common.py", "EAGLEWorkerV2")) <= have
-    used = {n.attr for path in (tree / WORKER, tree / STANDALONE) for n in ast.walk(ast.parse(path.read_text()))
-            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"
-            and n.attr.startswith("_spec_fallback") and n.attr != "_spec_fallback"}
+    used = {
+        n.attr
+        for path in (tree / WORKER, tree / STANDALONE)
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.Attribute)
+        and isinstance(n.value, ast.Name)
+        and n.value.id == "self"
+        and n.attr.startswith("_spec_fallback")
+        and n.attr != "_spec_fallback"
+    }
     assert used and used <= have, sorted(used - have)
 
 
@@ -116,18 +136,28 @@ def test_hooks_sit_where_the_release_runs_them(version, patched_release):
     else:
         assert line["self._spec_fallback_decode(batch, on_publish)"] > hook
         assert line["self.activate_step_by_batch(batch.seq_lens.shape[0])"] < hook
-    idle = next(n.lineno for n in ast.walk(fn["forward_batch_generation"])
-                if isinstance(n, ast.If) and ast.unparse(n.test) == f"{batch}.spec_info is None")
+    idle = next(
+        n.lineno
+        for n in ast.walk(fn["forward_batch_generation"])
+        if isinstance(n, ast.If) and ast.unparse(n.test) == f"{batch}.spec_info is None"
+    )
     assert hook < idle
     standalone = _class(tree / STANDALONE, "StandaloneWorkerV2")
     if version == "0.5.14":
         assert ast.unparse(fn["init_cuda_graphs"].body[-1]) == "self._spec_fallback_init(self.server_args)"
         assert "_spec_fallback_init" not in ast.unparse(fn["__init__"]) + ast.unparse(standalone)
         assert "init_cuda_graphs" not in _methods(standalone), "StandaloneWorkerV2 inherits the start-up"
-        imported = {(a.asname, n.module, a.name) for n in ast.parse((tree / WORKER).read_text()).body
-                    if isinstance(n, ast.ImportFrom) for a in n.names}
-        assert ("CudaGraphRunner", "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
-                "DecodeCudaGraphRunner") in imported
+        imported = {
+            (a.asname, n.module, a.name)
+            for n in ast.parse((tree / WORKER).read_text()).body
+            if isinstance(n, ast.ImportFrom)
+            for a in n.names
+        }
+        assert (
+            "CudaGraphRunner",
+            "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
+            "DecodeCudaGraphRunner",
+        ) in imported
     else:
         for init in (fn["__init__"], next(n for n in standalone.body if getattr(n, "name", "") == "__init__")):
             text = [ast.unparse(s) for s in init.body]
@@ -178,11 +208,17 @@ def _consume(tree, result, bs):
     import torch
 
     path = tree / "sglang/srt/managers/scheduler_components/batch_result_processor.py"
-    resolve = load_function(path, "SchedulerBatchResultProcessor._resolve_spec_v2_tokens",
-                            {"torch": torch, **{n: getattr(typing, n) for n in typing.__all__}})
+    resolve = load_function(
+        path,
+        "SchedulerBatchResultProcessor._resolve_spec_v2_tokens",
+        {"torch": torch, **{n: getattr(typing, n) for n in typing.__all__}},
+    )
     reported = []
-    processor = SimpleNamespace(model_worker=SimpleNamespace(
-        on_verify_complete_cpu=lambda drafts, batch_size: reported.append((drafts, batch_size))))
+    processor = SimpleNamespace(
+        model_worker=SimpleNamespace(
+            on_verify_complete_cpu=lambda drafts, batch_size: reported.append((drafts, batch_size))
+        )
+    )
     reqs = [_Req() for _ in range(bs)]
     batch = SimpleNamespace(reqs=reqs, spec_algorithm=SimpleNamespace(is_dflash=lambda: False))
     return resolve(processor, result, batch), reqs, reported
@@ -190,8 +226,9 @@ def _consume(tree, result, bs):
 
 @pytest.mark.parametrize("version", ERAS)
 @pytest.mark.parametrize("host_lengths", [True, False])
-def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(version, host_lengths, patched_release,
-                                                                        monkeypatch):
+def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(
+    version, host_lengths, patched_release, monkeypatch
+):
     """One fallback step: the new lengths are published through on_publish before the target
     runs (every request gains one token, so the scheduler can plan the next step meanwhile),
     the target runs one token per request on the fallback's backend and decode graph
@@ -204,9 +241,15 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(version,
     tree = patched_release(version)
     path = tree / WORKER
     result_cls = _generation_batch_result(tree)
-    ns = {"torch": torch, "GenerationBatchResult": result_cls, "EagleDraftInput": _DraftInput,
-          "ForwardMode": SimpleNamespace(DECODE="DECODE"), "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
-          "speculative_moe_backend_context": _null, "speculative_moe_a2a_backend_context": _null}
+    ns = {
+        "torch": torch,
+        "GenerationBatchResult": result_cls,
+        "EagleDraftInput": _DraftInput,
+        "ForwardMode": SimpleNamespace(DECODE="DECODE"),
+        "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
+        "speculative_moe_backend_context": _null,
+        "speculative_moe_a2a_backend_context": _null,
+    }
     decode = load_function(path, "EAGLEWorkerV2._spec_fallback_decode", ns)
     graph_attr = "decode_cuda_graph_runner" if version == "0.5.14" else "graph_runner"
     order, seen = [], {}
@@ -219,27 +262,52 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(version,
 
     def target_forward(batch):
         order.append("target")
-        seen.update(ids=batch.input_ids.tolist(), lens=batch.seq_lens.tolist(), host=batch.seq_lens_cpu,
-                    total=batch.seq_lens_sum, slots=batch.out_cache_loc.tolist(), mode=batch.forward_mode,
-                    installed=(mr.attn_backend, getattr(mr, graph_attr)))
-        return result_cls(logits_output=SimpleNamespace(hidden_states=torch.zeros(3, 6)),
-                          next_token_ids=torch.tensor([7, 8, 9]), can_run_cuda_graph=True,
-                          routed_experts_output="experts", indexer_topk_output="indexer")
+        seen.update(
+            ids=batch.input_ids.tolist(),
+            lens=batch.seq_lens.tolist(),
+            host=batch.seq_lens_cpu,
+            total=batch.seq_lens_sum,
+            slots=batch.out_cache_loc.tolist(),
+            mode=batch.forward_mode,
+            installed=(mr.attn_backend, getattr(mr, graph_attr)),
+        )
+        return result_cls(
+            logits_output=SimpleNamespace(hidden_states=torch.zeros(3, 6)),
+            next_token_ids=torch.tensor([7, 8, 9]),
+            can_run_cuda_graph=True,
+            routed_experts_output="experts",
+            indexer_topk_output="indexer",
+        )
 
     worker = SimpleNamespace(
-        device="cpu", req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(100).reshape(5, 20)),
+        device="cpu",
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(100).reshape(5, 20)),
         speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
         _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
-        _spec_fallback=fallback_state_class(tree)(threshold=0, attn_backend="decode-backend", graph_runner="decode-graph"),
+        _spec_fallback=fallback_state_class(tree)(
+            threshold=0, attn_backend="decode-backend", graph_runner="decode-graph"
+        ),
         draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
         _spec_fallback_draft_extend=lambda batch, tokens, hidden, nxt: order.append(("draft", tokens.tolist())),
     )
-    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_target_decode", "_spec_fallback_as_decode",
-                 "_spec_fallback_sync_draft", "_spec_fallback_constant")
+    bind_methods(
+        path,
+        "EAGLEWorkerV2",
+        ns,
+        worker,
+        "_spec_fallback_target_decode",
+        "_spec_fallback_as_decode",
+        "_spec_fallback_sync_draft",
+        "_spec_fallback_constant",
+    )
     lens = torch.tensor([3, 5, 10])
-    batch = SimpleNamespace(seq_lens=lens.clone(), seq_lens_cpu=lens.clone() if host_lengths else None,
-                            seq_lens_sum=18 if host_lengths else None, req_pool_indices=torch.tensor([0, 2, 4]),
-                            spec_info=_DraftInput(bonus_tokens=torch.tensor([1, 2, 3], dtype=torch.int32)))
+    batch = SimpleNamespace(
+        seq_lens=lens.clone(),
+        seq_lens_cpu=lens.clone() if host_lengths else None,
+        seq_lens_sum=18 if host_lengths else None,
+        req_pool_indices=torch.tensor([0, 2, 4]),
+        spec_info=_DraftInput(bonus_tokens=torch.tensor([1, 2, 3], dtype=torch.int32)),
+    )
     res = decode(worker, batch, lambda new: order.append(("publish", new.tolist(), new)))
 
     (_, published, published_tensor), target = order[0], order.index("target")
@@ -285,7 +353,9 @@ def test_draft_sync_replays_its_one_token_graph(version, graph_fits, patched_rel
     seen = {}
     buffer = SimpleNamespace(next_token_logits=torch.zeros(8, 10), hidden_states=torch.rand(8, H))
     buffer.next_token_logits[:, 5] = 4.0
-    graph_out = SimpleNamespace(next_token_logits=buffer.next_token_logits[:bs], hidden_states=buffer.hidden_states[:bs])
+    graph_out = SimpleNamespace(
+        next_token_logits=buffer.next_token_logits[:bs], hidden_states=buffer.hidden_states[:bs]
+    )
 
     def prepare(draft_input, batch, predict, n, runner_, graph_runner):
         seen["prepare"] = (predict.tolist(), predict.dtype, n, graph_runner)
@@ -311,16 +381,28 @@ def test_draft_sync_replays_its_one_token_graph(version, graph_fits, patched_rel
             return prepare(self, *a)
 
     runner = Runner()
-    ns = {"torch": torch, "EagleDraftInput": DraftInput, "EagleDraftExtendInput": _DraftInput,
-          "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
+    ns = {
+        "torch": torch,
+        "EagleDraftInput": DraftInput,
+        "EagleDraftExtendInput": _DraftInput,
+        "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim),
+    }
     extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
-    worker = SimpleNamespace(device="cpu", topk=1, _spec_fallback=fallback_state_class(tree)(draft_extend_runner=runner),
-                             draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=eager),
-                                                          prepare_for_draft_extend=prepare))
+    worker = SimpleNamespace(
+        device="cpu",
+        topk=1,
+        _spec_fallback=fallback_state_class(tree)(draft_extend_runner=runner),
+        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=eager), prepare_for_draft_extend=prepare),
+    )
     bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_next_draft_input", "_spec_fallback_kv_only_flush")
     nxt = SimpleNamespace()
-    extend(worker, SimpleNamespace(seq_lens=torch.tensor([3, 5, 10])), torch.tensor([7, 8, 9], dtype=torch.int32),
-           torch.zeros(bs, 3 * H), nxt)
+    extend(
+        worker,
+        SimpleNamespace(seq_lens=torch.tensor([3, 5, 10])),
+        torch.tensor([7, 8, 9], dtype=torch.int32),
+        torch.zeros(bs, 3 * H),
+        nxt,
+    )
 
     ids, dtype, n, offered = seen["prepare"]
     assert ids == [7, 8, 9] and n == 1 and offered is runner and seen["counts"] == ([0, 0, 0], [1, 1, 1])
@@ -343,24 +425,42 @@ def _schedule_prefill(torch, tree, chunked):
     ext, prefix = [4, 2, 5], [0, 3, 0]
     reqs = [object(), object(), object()]
     batch = SimpleNamespace(
-        input_ids=torch.randint(1, V, (sum(ext),), dtype=torch.int64), extend_lens=ext, prefix_lens=prefix,
-        seq_lens=torch.tensor([p + e for p, e in zip(prefix, ext)]), out_cache_loc=torch.arange(20, 20 + sum(ext)),
-        forward_mode=SimpleNamespace(is_idle=lambda: False), has_grammar=False, return_logprob=False,
-        return_hidden_states=False, multimodal_inputs=[None, None, None], spec_info=None, reqs=reqs,
-        chunked_req=reqs[2] if chunked else None, chunked_req_next_prompt_token=47 if chunked else None,
-        capture_hidden_mode=None, sampling_info=None)
+        input_ids=torch.randint(1, V, (sum(ext),), dtype=torch.int64),
+        extend_lens=ext,
+        prefix_lens=prefix,
+        seq_lens=torch.tensor([p + e for p, e in zip(prefix, ext)]),
+        out_cache_loc=torch.arange(20, 20 + sum(ext)),
+        forward_mode=SimpleNamespace(is_idle=lambda: False),
+        has_grammar=False,
+        return_logprob=False,
+        return_hidden_states=False,
+        multimodal_inputs=[None, None, None],
+        spec_info=None,
+        reqs=reqs,
+        chunked_req=reqs[2] if chunked else None,
+        chunked_req_next_prompt_token=47 if chunked else None,
+        capture_hidden_mode=None,
+        sampling_info=None,
+    )
     return batch, torch.tensor([41, 42, 43])
 
 
 def _schedule_init_new(torch):
     """ForwardBatch.init_new in miniature, on a ScheduleBatch: positions continue each
     request's cached prefix."""
+
     def init_new(batch, runner):
         positions = torch.cat([torch.arange(p, p + e) for p, e in zip(batch.prefix_lens, batch.extend_lens)])
-        return SimpleNamespace(input_ids=batch.input_ids, positions=positions, out_cache_loc=batch.out_cache_loc,
-                               spec_info=batch.spec_info, mm_input_embeds=None, contains_mm_inputs=lambda: False,
-                               forward_mode=SimpleNamespace(is_extend=lambda: True,
-                                                            is_draft_extend=lambda include_v2=False: False))
+        return SimpleNamespace(
+            input_ids=batch.input_ids,
+            positions=positions,
+            out_cache_loc=batch.out_cache_loc,
+            spec_info=batch.spec_info,
+            mm_input_embeds=None,
+            contains_mm_inputs=lambda: False,
+            forward_mode=SimpleNamespace(is_extend=lambda: True, is_draft_extend=lambda include_v2=False: False),
+        )
+
     return SimpleNamespace(init_new=init_new)
 
 
@@ -377,39 +477,66 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(version, chunked
     tree = patched_release(version)
     path = tree / WORKER
     model, forward = _eagle3_model(torch, tree, fc_norm=False, sliced=True)
-    tails = load_function(tree / "sglang/srt/speculative/eagle_utils.py", "_eagle_prefill_tail_tokens",
-                          {"torch": torch})
-    ns = {"torch": torch, "EagleDraftInput": _DraftInput, "EagleDraftExtendInput": _DraftInput,
-          "ForwardBatch": _schedule_init_new(torch), "ForwardMode": SimpleNamespace(EXTEND="EXTEND"),
-          "CaptureHiddenMode": SimpleNamespace(NULL="NULL", LAST="LAST", FULL="FULL"), "contextlib": contextlib,
-          "context_tuple": None, "maybe_detect_nan": lambda *a: None, "maybe_detect_inf": lambda *a: None,
-          "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim), "_eagle_prefill_tail_tokens": tails,
-          "renorm_draft_probs": lambda logits, info, rejection: torch.softmax(logits, -1)}
+    tails = load_function(
+        tree / "sglang/srt/speculative/eagle_utils.py", "_eagle_prefill_tail_tokens", {"torch": torch}
+    )
+    ns = {
+        "torch": torch,
+        "EagleDraftInput": _DraftInput,
+        "EagleDraftExtendInput": _DraftInput,
+        "ForwardBatch": _schedule_init_new(torch),
+        "ForwardMode": SimpleNamespace(EXTEND="EXTEND"),
+        "CaptureHiddenMode": SimpleNamespace(NULL="NULL", LAST="LAST", FULL="FULL"),
+        "contextlib": contextlib,
+        "context_tuple": None,
+        "maybe_detect_nan": lambda *a: None,
+        "maybe_detect_inf": lambda *a: None,
+        "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim),
+        "_eagle_prefill_tail_tokens": tails,
+        "renorm_draft_probs": lambda logits, info, rejection: torch.softmax(logits, -1),
+    }
     target_hidden = torch.randn(11, 3 * H)
 
     def runner_forward(fb):
         forward(fb.input_ids, fb.positions, fb)
-        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=torch.rand(3, V), hidden_states=torch.rand(3, H)))
+        return SimpleNamespace(
+            logits_output=SimpleNamespace(next_token_logits=torch.rand(3, V), hidden_states=torch.rand(3, H))
+        )
 
     release = load_function(path, "EagleDraftWorker._draft_extend_for_prefill", ns)
     ref_batch, tokens = _schedule_prefill(torch, tree, chunked)
     ref_batch.forward_mode = SimpleNamespace(is_idle=lambda: False)
-    draft_worker = SimpleNamespace(topk=1, speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
-                                   server_args=SimpleNamespace(speculative_use_rejection_sampling=False),
-                                   draft_runner=SimpleNamespace(forward=runner_forward, canary_manager=None))
+    draft_worker = SimpleNamespace(
+        topk=1,
+        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
+        server_args=SimpleNamespace(speculative_use_rejection_sampling=False),
+        draft_runner=SimpleNamespace(forward=runner_forward, canary_manager=None),
+    )
     with torch.no_grad():
         ref_out = release(draft_worker, ref_batch, target_hidden, tokens)
     ref = model.layers[0].self_attn.seen
 
     writes = []
     pool = SimpleNamespace(set_kv_buffer=lambda *a: writes.append(a))
-    dw = SimpleNamespace(draft_runner=SimpleNamespace(model=SimpleNamespace(model=model), token_to_kv_pool=pool),
-                         _draft_extend_for_prefill=lambda *a: pytest.fail("the full draft prefill ran"))
-    worker = SimpleNamespace(device="cpu", topk=1, draft_worker=dw,
-                             _spec_fallback=fallback_state_class(tree)(kv_only_above=2))
-    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_kv_only_prefill_applies",
-                 "_spec_fallback_kv_only_write", "_spec_fallback_kv_only_flush", "_spec_fallback_zero_draft_input",
-                 "_spec_fallback_constant", "_spec_fallback_eligible")
+    dw = SimpleNamespace(
+        draft_runner=SimpleNamespace(model=SimpleNamespace(model=model), token_to_kv_pool=pool),
+        _draft_extend_for_prefill=lambda *a: pytest.fail("the full draft prefill ran"),
+    )
+    worker = SimpleNamespace(
+        device="cpu", topk=1, draft_worker=dw, _spec_fallback=fallback_state_class(tree)(kv_only_above=2)
+    )
+    bind_methods(
+        path,
+        "EAGLEWorkerV2",
+        ns,
+        worker,
+        "_spec_fallback_kv_only_prefill_applies",
+        "_spec_fallback_kv_only_write",
+        "_spec_fallback_kv_only_flush",
+        "_spec_fallback_zero_draft_input",
+        "_spec_fallback_constant",
+        "_spec_fallback_eligible",
+    )
     prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
     batch, _ = _schedule_prefill(torch, tree, chunked)
     batch.forward_mode = "EXTEND"
@@ -418,9 +545,11 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(version, chunked
 
     assert batch.input_ids.tolist() == ref_batch.input_ids.tolist(), "ids shifted as the release shifts them"
     assert (batch.input_ids[-1] == 47) == chunked
-    (layer, loc, k, v, _, _), = writes
+    ((layer, loc, k, v, _, _),) = writes
     assert loc.tolist() == list(range(20, 31))
-    assert torch.allclose(k.reshape(11, -1), ref["k"], atol=1e-6) and torch.allclose(v.reshape(11, -1), ref["v"], atol=1e-6)
+    assert torch.allclose(k.reshape(11, -1), ref["k"], atol=1e-6) and torch.allclose(
+        v.reshape(11, -1), ref["v"], atol=1e-6
+    )
     assert out.bonus_tokens is tokens and batch.spec_info is out
     for name in ("topk_p", "topk_index", "hidden_states"):
         got, want = getattr(out, name), getattr(ref_out, name)
@@ -440,8 +569,12 @@ class _Envs:
 def _validate(tree, version, spec_v2=True, **kw):
     envs = _Envs(None if version == "0.5.14" else spec_v2)
     cls = server_args_class(tree, {"envs": envs, "logger": logging.getLogger("test")})
-    base = dict(speculative_disable_batch_size_threshold=8, speculative_algorithm="EAGLE3",
-                speculative_eagle_topk=1, max_running_requests=64)
+    base = dict(
+        speculative_disable_batch_size_threshold=8,
+        speculative_algorithm="EAGLE3",
+        speculative_eagle_topk=1,
+        max_running_requests=64,
+    )
     server_args(cls, **{**base, **kw})._validate_speculative_disable_threshold()
 
 
@@ -453,12 +586,18 @@ def test_the_flags_are_validated_where_the_release_validates(version, patched_re
     and rejection sampling keeps draft probabilities the fallback's sync does not make)."""
     tree = patched_release(version)
     if version == "0.5.11":
-        fn = next(n for n in _class(tree / ARGS, "ServerArgs").body
-                  if isinstance(n, ast.FunctionDef) and n.name == "_handle_speculative_decoding")
+        fn = next(
+            n
+            for n in _class(tree / ARGS, "ServerArgs").body
+            if isinstance(n, ast.FunctionDef) and n.name == "_handle_speculative_decoding"
+        )
         call, adaptive = "self._validate_speculative_disable_threshold()", "if self.speculative_adaptive:"
     else:
-        fn = next(n for n in ast.parse((tree / HOOK).read_text()).body
-                  if isinstance(n, ast.FunctionDef) and n.name == "handle_speculative_decoding")
+        fn = next(
+            n
+            for n in ast.parse((tree / HOOK).read_text()).body
+            if isinstance(n, ast.FunctionDef) and n.name == "handle_speculative_decoding"
+        )
         call = "server_args._validate_speculative_disable_threshold()"
         adaptive = "if server_args.speculative_adaptive:\n    _maybe_disable_adaptive(server_args)"
     text = [ast.unparse(s) for s in fn.body]
@@ -466,10 +605,13 @@ def test_the_flags_are_validated_where_the_release_validates(version, patched_re
     assert text[at - 1].startswith(adaptive)
     _validate(tree, version)
     _validate(tree, version, speculative_disable_batch_size_threshold=None, speculative_algorithm=None)
-    refusals = [(dict(speculative_adaptive=True), "speculative-adaptive"),
-                (dict(disable_overlap_schedule=True), "overlap (spec v2) worker only"),
-                (dict(speculative_eagle_topk=4), "topk 1"), (dict(enable_dp_attention=True), "enable-dp-attention"),
-                (dict(speculative_disable_batch_size_hysteresis=8), "below the threshold (8), got 8")]
+    refusals = [
+        (dict(speculative_adaptive=True), "speculative-adaptive"),
+        (dict(disable_overlap_schedule=True), "overlap (spec v2) worker only"),
+        (dict(speculative_eagle_topk=4), "topk 1"),
+        (dict(enable_dp_attention=True), "enable-dp-attention"),
+        (dict(speculative_disable_batch_size_hysteresis=8), "below the threshold (8), got 8"),
+    ]
     if version == "0.5.14":
         refusals.append((dict(speculative_use_rejection_sampling=True), "rejection-sampling"))
     else:
@@ -487,18 +629,30 @@ def test_the_fallback_settings_are_server_flags(version, patched_release):
     tree = patched_release(version)
     cls = server_args_class(tree, {})
     parser = disable_flags_parser(tree, cls)
-    got = parser.parse_args(["--speculative-disable-batch-size-threshold", "32",
-                             "--speculative-disable-draft-decode-min-bs", "off"])
-    assert vars(got) == {"speculative_disable_batch_size_threshold": 32, "speculative_disable_batch_size_hysteresis": 0,
-                         "speculative_disable_draft_decode_min_bs": None, "speculative_disable_kv_only_margin": 0,
-                         "speculative_disable_kv_only_steps_per_replay": 4}
+    got = parser.parse_args(
+        ["--speculative-disable-batch-size-threshold", "32", "--speculative-disable-draft-decode-min-bs", "off"]
+    )
+    assert vars(got) == {
+        "speculative_disable_batch_size_threshold": 32,
+        "speculative_disable_batch_size_hysteresis": 0,
+        "speculative_disable_draft_decode_min_bs": None,
+        "speculative_disable_kv_only_margin": 0,
+        "speculative_disable_kv_only_steps_per_replay": 4,
+    }
     src = (tree / ARGS).read_text()
     after = '"--tool-call-parser"' if version == "0.5.14" else '"--speculative-adaptive-config"'
     assert src.index(after) < src.index('"--speculative-disable-batch-size-threshold"')
     if version == "0.5.14":
-        unwrap = load_function(tree / "sglang/srt/arg_groups/arg_utils.py", "_unwrap_annotated",
-                               {"get_origin": typing.get_origin, "get_args": typing.get_args,
-                                "Annotated": typing.Annotated, "Arg": type("Arg", (), {})})
+        unwrap = load_function(
+            tree / "sglang/srt/arg_groups/arg_utils.py",
+            "_unwrap_annotated",
+            {
+                "get_origin": typing.get_origin,
+                "get_args": typing.get_args,
+                "Annotated": typing.Annotated,
+                "Arg": type("Arg", (), {}),
+            },
+        )
         fields = ast.unparse(_class(tree / ARGS, "ServerArgs"))
         for name in vars(got):
             annotation = re.search(rf"{name}: (.+?) =", fields).group(1)
@@ -527,43 +681,69 @@ def test_0511_decode_step_is_the_padded_one_its_consumer_reads(patched_release, 
     path = tree / WORKER
     result_cls = _generation_batch_result(tree)
     order = []
-    events = SimpleNamespace(Event=lambda: SimpleNamespace(record=lambda: order.append("verify_done")),
-                             current_stream=lambda: None)
-    fake_torch = SimpleNamespace(**{k: getattr(torch, k) for k in ("int32", "int64", "ones")},
-                                 get_device_module=lambda device: events)
-    ns = {"torch": fake_torch, "GenerationBatchResult": result_cls, "EagleDraftInput": _DraftInput,
-          "ForwardMode": SimpleNamespace(DECODE="DECODE"), "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
-          "speculative_moe_backend_context": _null, "speculative_moe_a2a_backend_context": _null}
+    events = SimpleNamespace(
+        Event=lambda: SimpleNamespace(record=lambda: order.append("verify_done")), current_stream=lambda: None
+    )
+    fake_torch = SimpleNamespace(
+        **{k: getattr(torch, k) for k in ("int32", "int64", "ones")}, get_device_module=lambda device: events
+    )
+    ns = {
+        "torch": fake_torch,
+        "GenerationBatchResult": result_cls,
+        "EagleDraftInput": _DraftInput,
+        "ForwardMode": SimpleNamespace(DECODE="DECODE"),
+        "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
+        "speculative_moe_backend_context": _null,
+        "speculative_moe_a2a_backend_context": _null,
+    }
     decode = load_function(path, "EAGLEWorkerV2._spec_fallback_decode", ns)
 
     def target_forward(batch):
         order.append("target")
-        return result_cls(logits_output=SimpleNamespace(hidden_states=torch.zeros(3, 6)),
-                          next_token_ids=torch.tensor([7, 8, 9]), can_run_cuda_graph=True)
+        return result_cls(
+            logits_output=SimpleNamespace(hidden_states=torch.zeros(3, 6)),
+            next_token_ids=torch.tensor([7, 8, 9]),
+            can_run_cuda_graph=True,
+        )
 
     mr = SimpleNamespace(attn_backend="spec-backend", graph_runner="verify-graph")
     worker = SimpleNamespace(
-        device="cpu", speculative_num_draft_tokens=4,
+        device="cpu",
+        speculative_num_draft_tokens=4,
         req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(100).reshape(5, 20)),
         speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
         _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
         _spec_fallback=fallback_state_class(tree)(threshold=0, attn_backend="d", graph_runner="dg"),
         draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
-        _spec_fallback_draft_extend=lambda batch, tokens, hidden, nxt: order.append("draft"))
-    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_target_decode", "_spec_fallback_as_decode",
-                 "_spec_fallback_sync_draft")
+        _spec_fallback_draft_extend=lambda batch, tokens, hidden, nxt: order.append("draft"),
+    )
+    bind_methods(
+        path,
+        "EAGLEWorkerV2",
+        ns,
+        worker,
+        "_spec_fallback_target_decode",
+        "_spec_fallback_as_decode",
+        "_spec_fallback_sync_draft",
+    )
     lens = torch.tensor([3, 5, 10])
-    batch = SimpleNamespace(seq_lens=lens.clone(), seq_lens_cpu=lens.clone(), seq_lens_sum=18,
-                            req_pool_indices=torch.tensor([0, 2, 4]),
-                            spec_info=_DraftInput(verified_id=torch.tensor([1, 2, 3], dtype=torch.int32)))
+    batch = SimpleNamespace(
+        seq_lens=lens.clone(),
+        seq_lens_cpu=lens.clone(),
+        seq_lens_sum=18,
+        req_pool_indices=torch.tensor([0, 2, 4]),
+        spec_info=_DraftInput(verified_id=torch.tensor([1, 2, 3], dtype=torch.int32)),
+    )
     res = decode(worker, batch)
     assert order == ["target", "verify_done", "draft"]
     assert res.next_draft_input.verified_id.tolist() == [7, 8, 9]
     assert res.next_draft_input.new_seq_lens.tolist() == [4, 6, 11]
 
-    consume = load_function(tree / "sglang/srt/managers/scheduler_output_processor_mixin.py",
-                            "SchedulerOutputProcessorMixin._resolve_spec_overlap_token_ids",
-                            {n: getattr(typing, n) for n in typing.__all__})
+    consume = load_function(
+        tree / "sglang/srt/managers/scheduler_output_processor_mixin.py",
+        "SchedulerOutputProcessorMixin._resolve_spec_overlap_token_ids",
+        {n: getattr(typing, n) for n in typing.__all__},
+    )
     reqs = [_Req() for _ in range(3)]
     for req in reqs:  # what 0.5.11's _Req records under its counter names
         req.spec_accepted_drafts = 0
@@ -592,21 +772,32 @@ def test_0511_draft_sync_below_the_kv_only_margin(draft_decode, patched_release)
             return SimpleNamespace(spec_info=self)
 
     def forward(fb, skip_attn_backend_init):
-        seen.append(("forward", skip_attn_backend_init, fb.spec_info.num_accepted_drafts.tolist(),
-                     fb.spec_info.num_accepted_tokens.tolist()))
+        seen.append(
+            (
+                "forward",
+                skip_attn_backend_init,
+                fb.spec_info.num_accepted_drafts.tolist(),
+                fb.spec_info.num_accepted_tokens.tolist(),
+            )
+        )
         logits = torch.zeros(bs, 10)
         logits[:, 3] = 2.0
         return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
 
     ns = {"torch": torch, "EagleDraftInput": DraftInput, "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
     extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
-    worker = SimpleNamespace(device="cpu", topk=1,
-                             _spec_fallback=fallback_state_class(tree)(draft_decode_min_bs=2 if draft_decode else None),
-                             draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=forward)),
-                             _spec_fallback_draft_decode=lambda *a: seen.append(("decode",)))
+    worker = SimpleNamespace(
+        device="cpu",
+        topk=1,
+        _spec_fallback=fallback_state_class(tree)(draft_decode_min_bs=2 if draft_decode else None),
+        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=forward)),
+        _spec_fallback_draft_decode=lambda *a: seen.append(("decode",)),
+    )
     bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_next_draft_input")
     nxt = SimpleNamespace()
-    extend(worker, SimpleNamespace(seq_lens=torch.tensor([3, 5, 10])), torch.tensor([7, 8, 9]), torch.zeros(bs, 3 * H), nxt)
+    extend(
+        worker, SimpleNamespace(seq_lens=torch.tensor([3, 5, 10])), torch.tensor([7, 8, 9]), torch.zeros(bs, 3 * H), nxt
+    )
     if draft_decode:
         assert seen == [("decode",)]
     else:

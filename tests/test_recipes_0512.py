@@ -36,8 +36,10 @@ ARGS = "sglang/srt/server_args.py"
 
 
 def _hashes(root):
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in (root / "sglang").rglob("*.py")}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in (root / "sglang").rglob("*.py")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +53,18 @@ def test_apply_noop_revert(sglang_release):
     out = api.apply(tree)
     assert out.ok and out.wrote
     assert {r.id: r.status for r in out.plan.results} == {
-        "spec-disable-threshold": "applied", "spec-fallback": "applied", "sm120": "applied"}
+        "spec-disable-threshold": "applied",
+        "spec-fallback": "applied",
+        "sm120": "applied",
+    }
     changed = {k for k, v in _hashes(tree).items() if before[k] != v}
-    assert changed == {ARGS, WORKER, "sglang/srt/speculative/standalone_worker_v2.py",
-                       "sglang/srt/managers/overlap_utils.py", "sglang/srt/layers/deep_gemm_wrapper/configurer.py"}
+    assert changed == {
+        ARGS,
+        WORKER,
+        "sglang/srt/speculative/standalone_worker_v2.py",
+        "sglang/srt/managers/overlap_utils.py",
+        "sglang/srt/layers/deep_gemm_wrapper/configurer.py",
+    }
     for rel in changed:
         compile((tree / rel).read_bytes(), rel, "exec")
     again = api.apply(tree)
@@ -88,37 +98,50 @@ def server_args_cls(patched):
 
 def _args(cls, **kw):
     """A ServerArgs as the validation sees it: EAGLE-3 with the fallback at 8 requests."""
-    base = dict(speculative_disable_batch_size_threshold=8, speculative_algorithm="EAGLE3",
-                speculative_eagle_topk=1, max_running_requests=64)
+    base = dict(
+        speculative_disable_batch_size_threshold=8,
+        speculative_algorithm="EAGLE3",
+        speculative_eagle_topk=1,
+        max_running_requests=64,
+    )
     return server_args(cls, **{**base, **kw})
 
 
-@pytest.mark.parametrize("kw,msg", [
-    (dict(speculative_disable_batch_size_threshold=-1), "must be >= 0"),
-    (dict(speculative_disable_batch_size_hysteresis=9), "hysteresis must be 0 or below the threshold (8), got 9"),
-    (dict(speculative_disable_batch_size_hysteresis=8), "hysteresis must be 0 or below the threshold (8), got 8"),
-    (dict(speculative_disable_batch_size_hysteresis=-1), "hysteresis must be 0 or below the threshold (8), got -1"),
-    (dict(speculative_disable_batch_size_threshold=0, speculative_disable_batch_size_hysteresis=1),
-     "below the threshold (0), got 1"),
-    (dict(speculative_disable_draft_decode_min_bs=0), "draft-decode-min-bs must be a whole number >= 1 or 'off'"),
-    (dict(speculative_disable_kv_only_margin=-1), "kv-only-margin must be a whole number >= 0 or 'off'"),
-    (dict(speculative_disable_kv_only_margin="8"), "kv-only-margin must be a whole number >= 0 or 'off'"),
-    (dict(speculative_disable_kv_only_steps_per_replay=0), "steps-per-replay must be a whole number >= 1"),
-    (dict(speculative_algorithm="NGRAM"), "needs --speculative-algorithm"),
-    (dict(disable_overlap_schedule=True), "overlap (spec v2) worker only"),
-    (dict(speculative_eagle_topk=4), "topk 1"),
-    (dict(enable_dp_attention=True), "enable-dp-attention"),
-    (dict(speculative_adaptive=True), "speculative-adaptive"),
-    (dict(enable_multi_layer_eagle=True), "multi-layer-eagle"),
-    (dict(enable_two_batch_overlap=True), "--enable-two-batch-overlap"),
-    (dict(enable_pdmux=True), "--enable-pdmux"),
-    (dict(enable_lora=True), "LoRA (--enable-lora, --lora-paths)"),
-    (dict(lora_paths=["adapter=/models/adapter"]), "LoRA (--enable-lora, --lora-paths)"),
-    (dict(speculative_algorithm="EAGLE", model_path="/m/dsv3", speculative_draft_model_path="/m/dsv3"),
-     "does not support NEXTN/MTP drafts"),
-    (dict(speculative_algorithm="EAGLE", model_path="/m/q3next", speculative_draft_model_path=None),
-     "does not support NEXTN/MTP drafts"),
-])
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(speculative_disable_batch_size_threshold=-1), "must be >= 0"),
+        (dict(speculative_disable_batch_size_hysteresis=9), "hysteresis must be 0 or below the threshold (8), got 9"),
+        (dict(speculative_disable_batch_size_hysteresis=8), "hysteresis must be 0 or below the threshold (8), got 8"),
+        (dict(speculative_disable_batch_size_hysteresis=-1), "hysteresis must be 0 or below the threshold (8), got -1"),
+        (
+            dict(speculative_disable_batch_size_threshold=0, speculative_disable_batch_size_hysteresis=1),
+            "below the threshold (0), got 1",
+        ),
+        (dict(speculative_disable_draft_decode_min_bs=0), "draft-decode-min-bs must be a whole number >= 1 or 'off'"),
+        (dict(speculative_disable_kv_only_margin=-1), "kv-only-margin must be a whole number >= 0 or 'off'"),
+        (dict(speculative_disable_kv_only_margin="8"), "kv-only-margin must be a whole number >= 0 or 'off'"),
+        (dict(speculative_disable_kv_only_steps_per_replay=0), "steps-per-replay must be a whole number >= 1"),
+        (dict(speculative_algorithm="NGRAM"), "needs --speculative-algorithm"),
+        (dict(disable_overlap_schedule=True), "overlap (spec v2) worker only"),
+        (dict(speculative_eagle_topk=4), "topk 1"),
+        (dict(enable_dp_attention=True), "enable-dp-attention"),
+        (dict(speculative_adaptive=True), "speculative-adaptive"),
+        (dict(enable_multi_layer_eagle=True), "multi-layer-eagle"),
+        (dict(enable_two_batch_overlap=True), "--enable-two-batch-overlap"),
+        (dict(enable_pdmux=True), "--enable-pdmux"),
+        (dict(enable_lora=True), "LoRA (--enable-lora, --lora-paths)"),
+        (dict(lora_paths=["adapter=/models/adapter"]), "LoRA (--enable-lora, --lora-paths)"),
+        (
+            dict(speculative_algorithm="EAGLE", model_path="/m/dsv3", speculative_draft_model_path="/m/dsv3"),
+            "does not support NEXTN/MTP drafts",
+        ),
+        (
+            dict(speculative_algorithm="EAGLE", model_path="/m/q3next", speculative_draft_model_path=None),
+            "does not support NEXTN/MTP drafts",
+        ),
+    ],
+)
 def test_validation_refuses(server_args_cls, kw, msg):
     import re
 
@@ -127,18 +150,25 @@ def test_validation_refuses(server_args_cls, kw, msg):
 
 
 def test_validation_accepts_and_warns(server_args_cls, caplog):
-    for kw in ({}, dict(speculative_disable_batch_size_threshold=None, speculative_algorithm=None),
-               dict(speculative_disable_batch_size_threshold=0),
-               dict(speculative_disable_batch_size_hysteresis=7),
-               dict(speculative_disable_draft_decode_min_bs=None, speculative_disable_kv_only_margin=None),
-               dict(speculative_disable_draft_decode_min_bs=1, speculative_disable_kv_only_margin=8,
-                    speculative_disable_kv_only_steps_per_replay=1),
-               dict(speculative_algorithm="EAGLE", model_path="/m/llama", speculative_draft_model_path="/m/eagle"),
-               dict(speculative_disable_batch_size_threshold=None, enable_lora=True, enable_two_batch_overlap=True)):
+    for kw in (
+        {},
+        dict(speculative_disable_batch_size_threshold=None, speculative_algorithm=None),
+        dict(speculative_disable_batch_size_threshold=0),
+        dict(speculative_disable_batch_size_hysteresis=7),
+        dict(speculative_disable_draft_decode_min_bs=None, speculative_disable_kv_only_margin=None),
+        dict(
+            speculative_disable_draft_decode_min_bs=1,
+            speculative_disable_kv_only_margin=8,
+            speculative_disable_kv_only_steps_per_replay=1,
+        ),
+        dict(speculative_algorithm="EAGLE", model_path="/m/llama", speculative_draft_model_path="/m/eagle"),
+        dict(speculative_disable_batch_size_threshold=None, enable_lora=True, enable_two_batch_overlap=True),
+    ):
         _args(server_args_cls, **kw)._validate_speculative_disable_threshold()
     with caplog.at_level(logging.WARNING):
-        _args(server_args_cls, speculative_disable_batch_size_threshold=64,
-              max_running_requests=48)._validate_speculative_disable_threshold()
+        _args(
+            server_args_cls, speculative_disable_batch_size_threshold=64, max_running_requests=48
+        )._validate_speculative_disable_threshold()
     assert "never be switched off" in caplog.text
 
 
@@ -159,21 +189,35 @@ def test_the_fallback_settings_are_server_flags(patched, server_args_cls):
 
     parser = disable_flags_parser(patched, server_args_cls)
     assert {a.option_strings[0]: a.dest for a in parser._actions if a.option_strings[0] != "-h"} == {
-        flag: field for flag, (field, _) in FLAGS.items()}
+        flag: field for flag, (field, _) in FLAGS.items()
+    }
     fields = {f.name: f.default for f in dataclasses.fields(server_args_cls)}
     assert {field: fields[field] for field, _ in FLAGS.values()} == dict(FLAGS.values())
     assert vars(parser.parse_args([])) == dict(FLAGS.values())
     text = parser.format_help()
     for action in parser._actions[1:]:
         assert action.option_strings[0] in text and len(action.help) > 40 and "Default:" in action.help
-    got = parser.parse_args(["--speculative-disable-batch-size-threshold", "32",
-                             "--speculative-disable-batch-size-hysteresis", "4",
-                             "--speculative-disable-draft-decode-min-bs", "off",
-                             "--speculative-disable-kv-only-margin", "8",
-                             "--speculative-disable-kv-only-steps-per-replay", "1"])
-    assert vars(got) == {"speculative_disable_batch_size_threshold": 32, "speculative_disable_batch_size_hysteresis": 4,
-                         "speculative_disable_draft_decode_min_bs": None, "speculative_disable_kv_only_margin": 8,
-                         "speculative_disable_kv_only_steps_per_replay": 1}
+    got = parser.parse_args(
+        [
+            "--speculative-disable-batch-size-threshold",
+            "32",
+            "--speculative-disable-batch-size-hysteresis",
+            "4",
+            "--speculative-disable-draft-decode-min-bs",
+            "off",
+            "--speculative-disable-kv-only-margin",
+            "8",
+            "--speculative-disable-kv-only-steps-per-replay",
+            "1",
+        ]
+    )
+    assert vars(got) == {
+        "speculative_disable_batch_size_threshold": 32,
+        "speculative_disable_batch_size_hysteresis": 4,
+        "speculative_disable_draft_decode_min_bs": None,
+        "speculative_disable_kv_only_margin": 8,
+        "speculative_disable_kv_only_steps_per_replay": 1,
+    }
     assert parser.parse_args(["--speculative-disable-kv-only-margin", "OFF"]).speculative_disable_kv_only_margin is None
     with pytest.raises(argparse.ArgumentError, match="expected a whole number or 'off', got 'eight'"):
         parser.parse_args(["--speculative-disable-kv-only-margin", "eight"])
@@ -191,14 +235,32 @@ def _worker(patched, server_args_cls, threshold=4, hysteresis=0, **ns):
     """A worker after the recipe's own _spec_fallback_init, given T and H as server args (the
     era's start-up, which captures CUDA graphs, left out): its state and counters are the
     ones the engine starts with."""
-    namespace = {"logger": logging.getLogger("test"), "os": os, **ns,
-                 "SpecFallbackState": fallback_state_class(patched)}
-    w = SimpleNamespace(tp_rank=0, _spec_fallback_build=lambda server_args: None,
-                        _spec_fallback_refuse_unsupported_models=lambda: None)
-    bind_methods(patched / WORKER, "EAGLEWorkerV2", namespace, w, "_spec_fallback_init", "_spec_fallback_eligible",
-                 "_spec_fallback_should_run", "_spec_fallback_on_verify")
-    w._spec_fallback_init(server_args(server_args_cls, speculative_disable_batch_size_threshold=threshold,
-                                      speculative_disable_batch_size_hysteresis=hysteresis))
+    namespace = {
+        "logger": logging.getLogger("test"),
+        "os": os,
+        **ns,
+        "SpecFallbackState": fallback_state_class(patched),
+    }
+    w = SimpleNamespace(
+        tp_rank=0, _spec_fallback_build=lambda server_args: None, _spec_fallback_refuse_unsupported_models=lambda: None
+    )
+    bind_methods(
+        patched / WORKER,
+        "EAGLEWorkerV2",
+        namespace,
+        w,
+        "_spec_fallback_init",
+        "_spec_fallback_eligible",
+        "_spec_fallback_should_run",
+        "_spec_fallback_on_verify",
+    )
+    w._spec_fallback_init(
+        server_args(
+            server_args_cls,
+            speculative_disable_batch_size_threshold=threshold,
+            speculative_disable_batch_size_hysteresis=hysteresis,
+        )
+    )
     w.should, w.on_verify = w._spec_fallback_should_run, w._spec_fallback_on_verify
     return w
 
@@ -208,9 +270,18 @@ def _batch(tree, bs, hidden=False, idle=False, **values):
     (the second asking for hidden states if `hidden`), or an idle batch."""
     forward_mode, _ = forward_modes(tree)
     reqs = [request(tree, return_hidden_states=hidden and i == 1) for i in range(bs)]
-    return model_worker_batch(tree, **{
-        "forward_mode": forward_mode.IDLE if idle else forward_mode.DECODE, "spec_info": object(),
-        "seq_lens": [0] * bs, "reqs": reqs, "has_grammar": False, "return_logprob": False, **values})
+    return model_worker_batch(
+        tree,
+        **{
+            "forward_mode": forward_mode.IDLE if idle else forward_mode.DECODE,
+            "spec_info": object(),
+            "seq_lens": [0] * bs,
+            "reqs": reqs,
+            "has_grammar": False,
+            "return_logprob": False,
+            **values,
+        },
+    )
 
 
 def test_decision_threshold_and_hysteresis(patched, server_args_cls):
@@ -251,11 +322,17 @@ def test_without_the_flag_nothing_is_counted_or_built(patched, server_args_cls):
     """The patch without the flag: no start-up work, the decision declines every step, the
     verify-complete hook counts nothing."""
     built = []
-    ns = {"logger": logging.getLogger("test"), "os": os,
-          "SpecFallbackState": fallback_state_class(patched)}
+    ns = {"logger": logging.getLogger("test"), "os": os, "SpecFallbackState": fallback_state_class(patched)}
     w = SimpleNamespace(tp_rank=0, _spec_fallback_build=built.append)
-    bind_methods(patched / WORKER, "EAGLEWorkerV2", ns, w, "_spec_fallback_init", "_spec_fallback_should_run",
-                 "_spec_fallback_on_verify")
+    bind_methods(
+        patched / WORKER,
+        "EAGLEWorkerV2",
+        ns,
+        w,
+        "_spec_fallback_init",
+        "_spec_fallback_should_run",
+        "_spec_fallback_on_verify",
+    )
     w._spec_fallback_init(server_args(server_args_cls))
     assert w._spec_fallback_should_run(_batch(patched, 64)) is False
     w._spec_fallback_on_verify([1, 2])
@@ -274,8 +351,11 @@ def test_one_rank_writes_the_stats_file(patched, server_args_cls, monkeypatch, t
     args = server_args(server_args_cls, speculative_disable_batch_size_threshold=4)
     paths = {}
     for kind, rank in (("eagle", 0), ("eagle", 1), ("standalone", 0), ("standalone", 1)):
-        w = (SimpleNamespace(tp_rank=rank) if kind == "eagle"
-             else SimpleNamespace(_target_worker=SimpleNamespace(tp_rank=rank)))
+        w = (
+            SimpleNamespace(tp_rank=rank)
+            if kind == "eagle"
+            else SimpleNamespace(_target_worker=SimpleNamespace(tp_rank=rank))
+        )
         w._spec_fallback_build = lambda server_args: None
         w._spec_fallback_refuse_unsupported_models = lambda: None
         published.clear()
@@ -314,7 +394,9 @@ def test_counters_read_after_a_workload_are_exact(patched, tmp_path):
         state.count("draft_kv_only_flush_causes", "queued")
         stats = settled_stats(path, time.time())
         assert [(p["mode"], p["steps"], p["reqs"], p["correct_drafts"]) for p in stats["phases"]] == [
-            ("spec", 2, 2, 6), ("fallback", 2, 0, 0)]
+            ("spec", 2, 2, 6),
+            ("fallback", 2, 0, 0),
+        ]
         assert stats["draft_kv_only_flush_causes"] == {"queued": 1}
         assert settled_stats(str(tmp_path / "none.json"), time.time()) == {}, "no file: no counters kept"
     finally:
@@ -331,7 +413,10 @@ def test_acceptance_is_counted_per_phase(patched, server_args_cls):
         w.on_verify(drafts)
     ph = w._spec_fallback.stats["phases"]
     assert [(p["mode"], p["reqs"], p["correct_drafts"]) for p in ph] == [
-        ("spec", 4, 11), ("fallback", 16, 0), ("spec", 2, 5)]
+        ("spec", 4, 11),
+        ("fallback", 16, 0),
+        ("spec", 2, 5),
+    ]
 
 
 def test_future_map_reads_an_unfiltered_batch_as_views_and_gathers_the_rest(patched):
@@ -343,17 +428,25 @@ def test_future_map_reads_an_unfiltered_batch_as_views_and_gathers_the_rest(patc
     path = patched / "sglang/srt/managers/overlap_utils.py"
     ns = {"torch": torch, "dataclass": dataclasses.dataclass, "Optional": Optional}
     future_indices = load_function(path, "FutureIndices", ns)
-    ns.update(FutureIndices=future_indices, spec_need_hidden_states=lambda: True,
-              _resolve_future_token_ids=None)
+    ns.update(FutureIndices=future_indices, spec_need_hidden_states=lambda: True, _resolve_future_token_ids=None)
     future_map = load_function(path, "FutureMap", ns)
-    fm = future_map(max_running_requests=4, chunked_prefill_size=8, context_len=16, device="cpu",
-                    spec_algo=SimpleNamespace(is_none=lambda: False))
+    fm = future_map(
+        max_running_requests=4,
+        chunked_prefill_size=8,
+        context_len=16,
+        device="cpu",
+        spec_algo=SimpleNamespace(is_none=lambda: False),
+    )
     torch.manual_seed(0)
 
     def stored(bs):
-        draft = SimpleNamespace(topk_p=torch.rand(bs, 1), topk_index=torch.randint(0, 99, (bs, 1)),
-                                bonus_tokens=torch.randint(0, 99, (bs,), dtype=torch.int32),
-                                new_seq_lens=torch.randint(1, 99, (bs,)), hidden_states=torch.randn(bs, 6))
+        draft = SimpleNamespace(
+            topk_p=torch.rand(bs, 1),
+            topk_index=torch.randint(0, 99, (bs, 1)),
+            bonus_tokens=torch.randint(0, 99, (bs,), dtype=torch.int32),
+            new_seq_lens=torch.randint(1, 99, (bs,)),
+            hidden_states=torch.randn(bs, 6),
+        )
         fi = fm.alloc_future_indices(bs)
         fm.store_to_map_for_new_batch(fi, draft)
         return fi, draft
@@ -381,7 +474,9 @@ def test_future_map_reads_an_unfiltered_batch_as_views_and_gathers_the_rest(patc
     filtered = resolve(fi1.indices[keep], fi1.interval)  # what filter_batch leaves
     merged = resolve(torch.cat([fi1.indices, fi2.indices]), None)  # what merge_batch leaves
     for name in fields:
-        assert torch.equal(getattr(filtered, name), getattr(d1, name)[keep]) and not is_view(getattr(filtered, name), name)
+        assert torch.equal(getattr(filtered, name), getattr(d1, name)[keep]) and not is_view(
+            getattr(filtered, name), name
+        )
         assert torch.equal(getattr(merged, name), torch.cat([getattr(d1, name), getattr(d2, name)]))
         assert not is_view(getattr(merged, name), name)
 
@@ -394,17 +489,23 @@ def test_the_fallback_memory_is_reserved_where_sglang_reserves_its_graphs(patche
     nothing changes without the flag."""
     import ast
 
-    method = ast.parse(function_source(
-        patched / ARGS, "ServerArgs._handle_gpu_memory_settings")).body[0]
-    auto = next(n for n in ast.walk(method) if isinstance(n, ast.If)
-                and ast.unparse(n.test) == "self.mem_fraction_static is None")
+    method = ast.parse(function_source(patched / ARGS, "ServerArgs._handle_gpu_memory_settings")).body[0]
+    auto = next(
+        n
+        for n in ast.walk(method)
+        if isinstance(n, ast.If) and ast.unparse(n.test) == "self.mem_fraction_static is None"
+    )
     body = [ast.unparse(n) for n in auto.body]
     ours = next(i for i, text in enumerate(body) if "speculative_disable_batch_size_threshold" in text)
     assert body[ours - 1].startswith("if self.speculative_algorithm is not None:"), "after SGLang's draft reserve"
-    assert any(t.startswith("self.mem_fraction_static = ") for t in body[ours + 1:]), "before the fraction is derived"
+    assert any(t.startswith("self.mem_fraction_static = ") for t in body[ours + 1 :]), "before the fraction is derived"
     for threshold, want in ((8, 1000 + 512 + 2 * 256), (None, 1000)):
-        scope = {"self": server_args(server_args_cls, speculative_disable_batch_size_threshold=threshold,
-                                     cuda_graph_max_bs=256), "reserved_mem": 1000}
+        scope = {
+            "self": server_args(
+                server_args_cls, speculative_disable_batch_size_threshold=threshold, cuda_graph_max_bs=256
+            ),
+            "reserved_mem": 1000,
+        }
         exec(compile(ast.Module([auto.body[ours]], []), "reserve", "exec"), scope)
         assert scope["reserved_mem"] == want
 
@@ -417,14 +518,17 @@ class _Runner:
         self.hybrid_gdn_config, self.mamba2_config = gdn, mamba
 
 
-@pytest.mark.parametrize("target,draft,msg", [
-    (_Runner(gdn=object()), "LlamaForCausalLMEagle3", "hybrid linear-attention targets"),
-    (_Runner(mamba=object()), "LlamaForCausalLMEagle3", "hybrid linear-attention targets"),
-    (_Runner(), "DeepseekV3ForCausalLMNextN", "NEXTN/MTP drafts (the draft model is DeepseekV3ForCausalLMNextN"),
-    (_Runner(), "Qwen3NextForCausalLMMTP", "NEXTN/MTP drafts"),
-    (_Runner(), "LlamaForCausalLMEagle3", None),
-    (_Runner(), "LlamaForCausalLM", None),
-])
+@pytest.mark.parametrize(
+    "target,draft,msg",
+    [
+        (_Runner(gdn=object()), "LlamaForCausalLMEagle3", "hybrid linear-attention targets"),
+        (_Runner(mamba=object()), "LlamaForCausalLMEagle3", "hybrid linear-attention targets"),
+        (_Runner(), "DeepseekV3ForCausalLMNextN", "NEXTN/MTP drafts (the draft model is DeepseekV3ForCausalLMNextN"),
+        (_Runner(), "Qwen3NextForCausalLMMTP", "NEXTN/MTP drafts"),
+        (_Runner(), "LlamaForCausalLMEagle3", None),
+        (_Runner(), "LlamaForCausalLM", None),
+    ],
+)
 def test_start_up_refuses_models_the_fallback_cannot_serve(target, draft, msg, patched):
     """Hybrid GDN/Mamba targets (a fallback step would not update the recurrent state that
     the speculative path updates after verify) and NEXTN/MTP drafts stop the server at
@@ -433,12 +537,15 @@ def test_start_up_refuses_models_the_fallback_cannot_serve(target, draft, msg, p
 
     refuse = load_function(patched / WORKER, "EAGLEWorkerV2._spec_fallback_refuse_unsupported_models", {})
     model = type(draft, (), {})()
-    worker = SimpleNamespace(_target_worker=SimpleNamespace(model_runner=target),
-                             draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(model=model)))
+    worker = SimpleNamespace(
+        _target_worker=SimpleNamespace(model_runner=target),
+        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(model=model)),
+    )
     if msg is None:
         refuse(worker)
     else:
         with pytest.raises(ValueError, match=re.escape(msg)):
             refuse(worker)
-    assert "model_runner.hybrid_gdn_config is not None" in (patched / WORKER).read_text(), \
+    assert "model_runner.hybrid_gdn_config is not None" in (patched / WORKER).read_text(), (
         "the release's own verify tells hybrid targets by these properties"
+    )

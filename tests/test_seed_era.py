@@ -28,8 +28,11 @@ EXT = "sglang/srt/layers/attention/triton_ops/extend_attention.py"
 
 def _block_sizes(tree, cap, lq=128):
     triton = SimpleNamespace(next_power_of_2=lambda n: 1 << (n - 1).bit_length())
-    fn = load_function(tree / EXT, "_get_block_sizes_for_extend_attention",
-                       {"CUDA_CAPABILITY": cap, "_is_cuda": True, "_is_hip": False, "triton": triton})
+    fn = load_function(
+        tree / EXT,
+        "_get_block_sizes_for_extend_attention",
+        {"CUDA_CAPABILITY": cap, "_is_cuda": True, "_is_hip": False, "triton": triton},
+    )
     out = fn(lq, lq)
     return out[3], out[4]  # BLOCK_M, BLOCK_N
 
@@ -49,17 +52,25 @@ def test_sm120_fp8_dispatch_uses_triton(trees):
     sentinel = {name: object() for name in ("deep", "fi", "cutlass", "aiter", "triton")}
     ns = {
         "deep_gemm_wrapper": SimpleNamespace(ENABLE_JIT_DEEPGEMM=False),
-        "is_blackwell_supported": lambda: True, "is_flashinfer_available": lambda: True,
-        "_check_cutlass_block_fp8_hardware_support": lambda: True, "_use_aiter": False,
+        "is_blackwell_supported": lambda: True,
+        "is_flashinfer_available": lambda: True,
+        "_check_cutlass_block_fp8_hardware_support": lambda: True,
+        "_use_aiter": False,
         "deepgemm_w8a8_block_fp8_linear_with_fallback": sentinel["deep"],
         "flashinfer_gemm_w8a8_block_fp8_linear_with_fallback": sentinel["fi"],
         "cutlass_w8a8_block_fp8_linear_with_fallback": sentinel["cutlass"],
-        "aiter_w8a8_block_fp8_linear": sentinel["aiter"], "triton_w8a8_block_fp8_linear": sentinel["triton"],
+        "aiter_w8a8_block_fp8_linear": sentinel["aiter"],
+        "triton_w8a8_block_fp8_linear": sentinel["triton"],
     }
     path = trees["0.5.8"] / "sglang/srt/layers/quantization/fp8_utils.py"
-    assert load_function(path, "_dispatch_auto_backend", {**ns, "is_sm120_supported": lambda: True})() is sentinel["triton"]
+    assert (
+        load_function(path, "_dispatch_auto_backend", {**ns, "is_sm120_supported": lambda: True})()
+        is sentinel["triton"]
+    )
     # SM100 (Blackwell data center) keeps the FlashInfer TRT-LLM kernel
-    assert load_function(path, "_dispatch_auto_backend", {**ns, "is_sm120_supported": lambda: False})() is sentinel["fi"]
+    assert (
+        load_function(path, "_dispatch_auto_backend", {**ns, "is_sm120_supported": lambda: False})() is sentinel["fi"]
+    )
 
 
 @pytest.mark.parametrize("version", ["0.5.6.post2", "0.5.8", "0.5.10"])
@@ -71,16 +82,20 @@ def test_deepgemm_opt_out(trees, version):
     env = SimpleNamespace(SGLANG_ENABLE_JIT_DEEPGEMM=SimpleNamespace(get=lambda: True))
     path = trees[version] / "sglang/srt/layers/deep_gemm_wrapper/configurer.py"
     for sm, want in ((120, False), (90, True), (100, True), (80, False)):
-        fn = load_function(path, "_compute_enable_deep_gemm", {"get_device_sm": lambda sm=sm: sm, "envs": env,
-                                                                "_is_cuda": True, "_is_musa": False})
+        fn = load_function(
+            path,
+            "_compute_enable_deep_gemm",
+            {"get_device_sm": lambda sm=sm: sm, "envs": env, "_is_cuda": True, "_is_musa": False},
+        )
         assert fn() is want, (version, sm)
 
 
 def test_seed_validation_tells_how_to_enable_spec_v2(trees):
     env = SimpleNamespace(SGLANG_ENABLE_SPEC_V2=SimpleNamespace(get=lambda: False))
     cls = server_args_class(trees["0.5.8"], {"envs": env, "logger": logging.getLogger("t")})
-    args = server_args(cls, speculative_disable_batch_size_threshold=8, speculative_algorithm="EAGLE3",
-                       speculative_eagle_topk=1)
+    args = server_args(
+        cls, speculative_disable_batch_size_threshold=8, speculative_algorithm="EAGLE3", speculative_eagle_topk=1
+    )
     with pytest.raises(ValueError, match="SGLANG_ENABLE_SPEC_V2"):
         args._validate_speculative_disable_threshold()
 
@@ -93,10 +108,16 @@ def test_seed_has_the_same_flags_and_refuses_the_same_values(trees, version):
     cls = server_args_class(trees[version], {"envs": env, "logger": logging.getLogger("t")})
     parser = disable_flags_parser(trees[version], cls)
     assert sorted(a.dest for a in parser._actions[1:]) == sorted(
-        f.name for f in dataclasses.fields(cls) if f.name.startswith("speculative_disable_"))
+        f.name for f in dataclasses.fields(cls) if f.name.startswith("speculative_disable_")
+    )
     assert len(parser._actions) == 6
-    args = server_args(cls, speculative_disable_batch_size_threshold=8, speculative_disable_batch_size_hysteresis=8,
-                       speculative_algorithm="EAGLE3", speculative_eagle_topk=1)
+    args = server_args(
+        cls,
+        speculative_disable_batch_size_threshold=8,
+        speculative_disable_batch_size_hysteresis=8,
+        speculative_algorithm="EAGLE3",
+        speculative_eagle_topk=1,
+    )
     with pytest.raises(ValueError, match=r"hysteresis must be 0 or below the threshold \(8\), got 8"):
         args._validate_speculative_disable_threshold()
 
@@ -107,17 +128,24 @@ def test_seed_worker_says_the_draft_sync_flags_have_no_effect(trees, caplog):
     tree = trees["0.5.10"]
     cls = server_args_class(tree, {})
     worker = "sglang/srt/speculative/eagle_worker_v2.py"
-    build = load_function(tree / worker, "EAGLEWorkerV2._spec_fallback_build",
-                          {"ServerArgs": cls, "logger": logging.getLogger("t")})
+    build = load_function(
+        tree / worker, "EAGLEWorkerV2._spec_fallback_build", {"ServerArgs": cls, "logger": logging.getLogger("t")}
+    )
     stop = RuntimeError("stop after the flags")  # the graph capture that follows needs a GPU
     both = ["--speculative-disable-draft-decode-min-bs", "--speculative-disable-kv-only-margin"]
-    for values, named in (({}, []), ({"speculative_disable_kv_only_margin": None,
-                                      "speculative_disable_draft_decode_min_bs": 1}, both)):
+    for values, named in (
+        ({}, []),
+        ({"speculative_disable_kv_only_margin": None, "speculative_disable_draft_decode_min_bs": 1}, both),
+    ):
         caplog.clear()
-        w = SimpleNamespace(_spec_fallback=None, _target_worker=SimpleNamespace(model_runner=None),
-                            _spec_fallback_plain_attn_backend=lambda runner: (_ for _ in ()).throw(stop))
+        w = SimpleNamespace(
+            _spec_fallback=None,
+            _target_worker=SimpleNamespace(model_runner=None),
+            _spec_fallback_plain_attn_backend=lambda runner: (_ for _ in ()).throw(stop),
+        )
         with caplog.at_level(logging.WARNING), pytest.raises(RuntimeError, match="stop after"):
             build(w, server_args(cls, speculative_disable_batch_size_threshold=8, **values))
         assert [m for m in caplog.messages if "has no effect" in m] == [
             f"spec-fallback: {flag} has no effect on this SGLang: its draft KV sync is always a one-token draft extend"
-            for flag in named]
+            for flag in named
+        ]

@@ -28,8 +28,11 @@ class _Env:
 
 
 def _decide(path, sm):
-    fn = load_function(path, "_compute_enable_deep_gemm", {
-        "get_device_sm": lambda: sm, "_is_cuda": True, "_is_musa": False, "envs": _Env})
+    fn = load_function(
+        path,
+        "_compute_enable_deep_gemm",
+        {"get_device_sm": lambda: sm, "_is_cuda": True, "_is_musa": False, "envs": _Env},
+    )
     sys.modules.setdefault("deep_gemm", types.ModuleType("deep_gemm"))
     return fn()
 

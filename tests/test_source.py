@@ -13,8 +13,12 @@ from .conftest import FIXTURES, make_tree
 
 def test_checkout_layout_and_pyproject_version(tmp_path):
     root = tmp_path / "sglang-repo"
-    make_tree(root / "python", "0.0.0.dev0", {"sglang/srt/target.py": (FIXTURES / "add_method" / "before.py").read_bytes()})
-    (root / "python" / "sglang" / "version.py").write_text("try:\n    from ._version import __version__\nexcept ImportError:\n    __version__ = '0.0.0.dev0'\n")
+    make_tree(
+        root / "python", "0.0.0.dev0", {"sglang/srt/target.py": (FIXTURES / "add_method" / "before.py").read_bytes()}
+    )
+    (root / "python" / "sglang" / "version.py").write_text(
+        "try:\n    from ._version import __version__\nexcept ImportError:\n    __version__ = '0.0.0.dev0'\n"
+    )
     (root / "python" / "pyproject.toml").write_text('[project]\nname = "sglang"\nversion = "0.5.12"\n')
     t = locate(root)
     assert t.kind == "checkout" and str(t.version) == "0.5.12" and t.root == (root / "python").resolve()

@@ -20,10 +20,16 @@ def test_members_are_their_words():
     assert str(FileIntegrity.INTACT) == "intact" and OpStatus.SKIPPED == "skipped-by-option"
     assert Status("drift") is Status.DRIFT and Status("conflict") is Status.CONFLICT
     assert json.loads(to_json({"status": Status.UPSTREAMED, "state": FileIntegrity.MODIFIED})) == {
-        "schema_version": 1, "state": "modified", "status": "upstreamed"}
+        "schema_version": 1,
+        "state": "modified",
+        "status": "upstreamed",
+    }
 
 
 def test_ok_statuses():
-    assert {s for s in Status if s.ok} == set(OK_STATUSES) == {
-        Status.WOULD_APPLY, Status.APPLIED, Status.ALREADY_APPLIED, Status.UPSTREAMED}
+    assert (
+        {s for s in Status if s.ok}
+        == set(OK_STATUSES)
+        == {Status.WOULD_APPLY, Status.APPLIED, Status.ALREADY_APPLIED, Status.UPSTREAMED}
+    )
     assert {s for s in FileIntegrity if s.damaged} == {FileIntegrity.MODIFIED, FileIntegrity.MISSING}

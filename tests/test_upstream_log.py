@@ -20,8 +20,16 @@ def _log(*events):
 
 
 def test_spec_fallback_spec_is_seen_with_per_phase_acceptance():
-    log = _log(*[("d", 2, 4.0)] * 5, ("switch", 3, 0), ("d", 2, 4.0), *[("d", 10, 1.0)] * 6,
-               ("switch", 0, 3), ("d", 10, 1.0), ("d", 2, 1.0), *[("d", 2, 3.5)] * 5)
+    log = _log(
+        *[("d", 2, 4.0)] * 5,
+        ("switch", 3, 0),
+        ("d", 2, 4.0),
+        *[("d", 10, 1.0)] * 6,
+        ("switch", 0, 3),
+        ("d", 10, 1.0),
+        ("d", 2, 1.0),
+        *[("d", 2, 3.5)] * 5,
+    )
     st = stats_from_log(log, initial_steps=3)
     assert st["switches_to_fallback"] == 1 and st["switches_to_spec"] == 1
     assert [p["mode"] for p in st["phases"]] == ["spec", "fallback", "spec"]
@@ -30,9 +38,15 @@ def test_spec_fallback_spec_is_seen_with_per_phase_acceptance():
     assert tr["fallback_after_spec"] and tr["spec_after_fallback"]
     # Boundary lines are left out of acceptance: 4.0 before, 3.5 after (not diluted by 1.0 lines).
     assert tr["acceptance_before"] == 4.0 and tr["acceptance_after"] == 3.5
-    exp = {"fallback_steps": "positive", "fallback_after_spec": True, "spec_after_fallback": True,
-           "resume_acceptance_not_lower": True}
-    assert compare.check_expectations(exp, st) == ["acceptance after speculation resumed (3.50) is below before the fallback (4.00): stale draft KV?"]
+    exp = {
+        "fallback_steps": "positive",
+        "fallback_after_spec": True,
+        "spec_after_fallback": True,
+        "resume_acceptance_not_lower": True,
+    }
+    assert compare.check_expectations(exp, st) == [
+        "acceptance after speculation resumed (3.50) is below before the fallback (4.00): stale draft KV?"
+    ]
 
 
 def test_windows_between_snapshots_and_threshold_zero():
@@ -67,7 +81,9 @@ def test_real_0517_log_gives_the_recipes_counters():
 
     got = {}
     for name, (b, a) in meta["decode_lines_at_workload_bounds"].items():
-        w = compare.stats_window(stats_at_decode_line(lines, b, 3, threshold=4), stats_at_decode_line(lines, a, 3, threshold=4))
+        w = compare.stats_window(
+            stats_at_decode_line(lines, b, 3, threshold=4), stats_at_decode_line(lines, a, 3, threshold=4)
+        )
         got[name] = [w["fallback_steps"], w["spec_steps"]]
     assert got == meta["recipe_counters_0.5.12"]
 
@@ -75,9 +91,10 @@ def test_real_0517_log_gives_the_recipes_counters():
 def test_switch_right_after_a_prefill_counts_the_next_line_as_the_new_tier():
     """T=0: the first decode step after the prefill already runs at steps 0 (no decode was in
     flight when it switched), so a workload is all fallback, as `Expect("all")` requires."""
-    log = "\n".join([SWITCH.format(a=3, b=0, c=4, d=1),
-                     "[x] Prefill batch, #new-seq: 8, #new-token: 300, #running-req: 0"] +
-                    [SPEC.format(n=8, a=1.0)] * 5)
+    log = "\n".join(
+        [SWITCH.format(a=3, b=0, c=4, d=1), "[x] Prefill batch, #new-seq: 8, #new-token: 300, #running-req: 0"]
+        + [SPEC.format(n=8, a=1.0)] * 5
+    )
     st = stats_from_log(log, 3, threshold=0)
     assert st["fallback_steps"] == 5 and st["spec_steps"] == 0
     assert compare.check_expectations({"fallback_steps": "all"}, st) == []
@@ -105,23 +122,58 @@ def test_log_counters_pass_the_scenarios_claims_on_the_real_0517_log(tmp_path, m
     bounds = meta["decode_lines_at_workload_bounds"]
     cfgs = [dataclasses.replace(c, workloads=[w for w in c.workloads if w in bounds]) for c in cfgs]
     recorded = scenarios.scenarios()
-    monkeypatch.setattr(scenarios, "scenarios", lambda: [
-        dataclasses.replace(s, expect=dataclasses.replace(s.expect, min_acceptance=None, min_acceptance_after=None))
-        for s in recorded if s.workload in bounds])
-    snapshots = {w: {"stats_before": stats_at_decode_line(lines, b, 3, threshold=4),
-                     "stats_after": stats_at_decode_line(lines, a, 3, threshold=4)} for w, (b, a) in bounds.items()}
-    results = {c.name: {"ok": True, "workloads": {w: {
-        "requests": [{"index": i, "output_ids": [i] * r.max_new_tokens} for i, r in enumerate(wls[w].requests)],
-        "seconds": 1.0, **(snapshots[w] if c.algorithm else {})} for w in c.workloads}} for c in cfgs}
-    report = runner.evaluate(results, cfgs, wls, {"meta": {"key": "stand-in"}}, "0.5.17", "sm90", "H200", tmp_path,
-                             False, recipe_counters=False)
+    monkeypatch.setattr(
+        scenarios,
+        "scenarios",
+        lambda: [
+            dataclasses.replace(s, expect=dataclasses.replace(s.expect, min_acceptance=None, min_acceptance_after=None))
+            for s in recorded
+            if s.workload in bounds
+        ],
+    )
+    snapshots = {
+        w: {
+            "stats_before": stats_at_decode_line(lines, b, 3, threshold=4),
+            "stats_after": stats_at_decode_line(lines, a, 3, threshold=4),
+        }
+        for w, (b, a) in bounds.items()
+    }
+    results = {
+        c.name: {
+            "ok": True,
+            "workloads": {
+                w: {
+                    "requests": [
+                        {"index": i, "output_ids": [i] * r.max_new_tokens} for i, r in enumerate(wls[w].requests)
+                    ],
+                    "seconds": 1.0,
+                    **(snapshots[w] if c.algorithm else {}),
+                }
+                for w in c.workloads
+            },
+        }
+        for c in cfgs
+    }
+    report = runner.evaluate(
+        results,
+        cfgs,
+        wls,
+        {"meta": {"key": "stand-in"}},
+        "0.5.17",
+        "sm90",
+        "H200",
+        tmp_path,
+        False,
+        recipe_counters=False,
+    )
     rows = {r["workload"]: r for r in report["scenarios"]}
     assert report["ok"] and set(rows) == set(bounds), [r["failures"] for r in report["scenarios"]]
     assert {w: [r["fallback_steps"], r["spec_steps"]] for w, r in rows.items()} == meta["recipe_counters_0.5.12"]
 
 
-def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(cached_release, patched_release,
-                                                                             tmp_path):
+def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(
+    cached_release, patched_release, tmp_path
+):
     """On the real releases: 0.5.12 (spectool's fallback) reads its stats files and runs every
     configuration; 0.5.17 (upstream's switch) reads the engine logs, passes the threshold to the
     parser, and skips STANDALONE with the reason. An unpatched tree is refused before any GPU probe."""
@@ -144,7 +196,9 @@ def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(ca
         if upstream:
             assert set(skipped) == {"standalone-t4", "standalone-t4-hidden"}
             assert all("EAGLE/EAGLE3 only" in why for why in skipped.values())
-            assert all(j["observe"] == "log" and j["log_path"].endswith(f"{j['config']['name']}.log") for j in spec_jobs)
+            assert all(
+                j["observe"] == "log" and j["log_path"].endswith(f"{j['config']['name']}.log") for j in spec_jobs
+            )
         else:
             assert skipped == {} and len(cfgs) == len(scenarios.configs())
             assert all("observe" not in j and j["stats_path"] for j in spec_jobs)

@@ -19,14 +19,23 @@ HOOK = "sglang/srt/arg_groups/speculative_hook.py"
 
 @pytest.fixture(scope="module")
 def mapping(patched_release):
-    return load_function(patched_release("0.5.17") / HOOK, "_spectool_threshold_to_adaptive",
-                         {"json": json, "tempfile": tempfile, "logger": logging.getLogger("t")})
+    return load_function(
+        patched_release("0.5.17") / HOOK,
+        "_spectool_threshold_to_adaptive",
+        {"json": json, "tempfile": tempfile, "logger": logging.getLogger("t")},
+    )
 
 
 def _args(**kw):
-    base = dict(speculative_disable_batch_size_threshold=16, speculative_disable_batch_size_hysteresis=0,
-                speculative_adaptive=False, speculative_adaptive_config=None, speculative_num_steps=3,
-                speculative_algorithm="EAGLE3", speculative_eagle_topk=1)
+    base = dict(
+        speculative_disable_batch_size_threshold=16,
+        speculative_disable_batch_size_hysteresis=0,
+        speculative_adaptive=False,
+        speculative_adaptive_config=None,
+        speculative_num_steps=3,
+        speculative_algorithm="EAGLE3",
+        speculative_eagle_topk=1,
+    )
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -96,8 +105,11 @@ def test_written_config_passes_upstreams_own_startup_check(threshold, cached_rel
     ns = {"json": json, "DEFAULT_ADAPTIVE_CONFIG": {}}
     ns["_load_adaptive_config"] = load_function(params, "_load_adaptive_config", ns)
     resolve = load_function(params, "resolve_candidate_steps_from_config", ns)
-    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.adaptive_spec_params",
-                        SimpleNamespace(resolve_candidate_steps_from_config=resolve))
+    monkeypatch.setitem(
+        sys.modules,
+        "sglang.srt.speculative.adaptive_spec_params",
+        SimpleNamespace(resolve_candidate_steps_from_config=resolve),
+    )
     init = load_function(tree / HOOK, "_init_adaptive_speculative_params", {})
     a = _args(speculative_disable_batch_size_threshold=threshold)
     mapping(a)

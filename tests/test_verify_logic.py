@@ -22,8 +22,15 @@ def test_scenario_plan_is_consistent():
     assert scenarios.check_plan() == []
     names = {s.name for s in scenarios.scenarios()}
     T = scenarios.THRESHOLD
-    for needed in (f"eagle3 bs=T-1={T-1}", f"eagle3 bs=T={T}", f"eagle3 bs=T+1={T+1}", "eagle3 always-fallback (T=0)",
-                   "eagle3 no CUDA graph", "eagle3 chunked prefill long prompt", "standalone spec-fallback-spec"):
+    for needed in (
+        f"eagle3 bs=T-1={T - 1}",
+        f"eagle3 bs=T={T}",
+        f"eagle3 bs=T+1={T + 1}",
+        "eagle3 always-fallback (T=0)",
+        "eagle3 no CUDA graph",
+        "eagle3 chunked prefill long prompt",
+        "standalone spec-fallback-spec",
+    ):
         assert needed in names
     assert any(s.expect.min_acceptance and s.expect.min_acceptance >= 2 for s in scenarios.scenarios())
 
@@ -50,7 +57,12 @@ def test_engine_flags_name_what_the_recipe_adds():
     assert set(forced) <= set(defaults)
     assert {defaults[k] for k in forced} == {16, 0, 4}
     assert {c.name for c in scenarios.configs() if c.fallback_args} == {
-        "eagle3-t0", "eagle3-t4", "eagle3-t4-eager", "eagle3-t4-chunked", "eagle3-t4-kv-only"}
+        "eagle3-t0",
+        "eagle3-t4",
+        "eagle3-t4-eager",
+        "eagle3-t4-chunked",
+        "eagle3-t4-kv-only",
+    }
     assert all(c.threshold is not None for c in scenarios.configs() if c.fallback_args), "flags act with a threshold"
 
 
@@ -78,8 +90,10 @@ def test_prompts_are_copy_tasks():
 
 
 def test_compare_tokens_reports_first_difference_and_margin():
-    base = [{"index": 0, "output_ids": [1, 2, 3, 4], "top2_margins": [5.0, 4.0, 0.01, 3.0]},
-            {"index": 1, "output_ids": [7, 8], "top2_margins": [2.0, 2.0]}]
+    base = [
+        {"index": 0, "output_ids": [1, 2, 3, 4], "top2_margins": [5.0, 4.0, 0.01, 3.0]},
+        {"index": 1, "output_ids": [7, 8], "top2_margins": [2.0, 2.0]},
+    ]
     cand = [{"index": 0, "output_ids": [1, 2, 9, 4]}, {"index": 1, "output_ids": [7, 8]}]
     c = compare.compare_tokens(base, cand)
     assert not c.ok and c.equal == 1 and c.tokens == 6
@@ -92,9 +106,16 @@ def _phase(i, mode, steps, reqs=0, drafts=0):
 
 
 def test_stats_window_and_expectations():
-    before = {"fallback_steps": 5, "spec_steps": 10, "phases": [_phase(1, "spec", 10, 10, 20), _phase(2, "fallback", 5)]}
-    after = {"fallback_steps": 12, "spec_steps": 30,
-             "phases": [_phase(1, "spec", 10, 10, 20), _phase(2, "fallback", 12), _phase(3, "spec", 20, 40, 100)]}
+    before = {
+        "fallback_steps": 5,
+        "spec_steps": 10,
+        "phases": [_phase(1, "spec", 10, 10, 20), _phase(2, "fallback", 5)],
+    }
+    after = {
+        "fallback_steps": 12,
+        "spec_steps": 30,
+        "phases": [_phase(1, "spec", 10, 10, 20), _phase(2, "fallback", 12), _phase(3, "spec", 20, 40, 100)],
+    }
     w = compare.stats_window(before, after)
     assert w["fallback_steps"] == 7 and w["spec_steps"] == 20
     assert [(p["id"], p["steps"]) for p in w["phases"]] == [(2, 7), (3, 20)]
@@ -113,20 +134,25 @@ def test_step_claims_need_counted_steps():
 
     nothing = compare.stats_window({}, {})
     assert compare.check_expectations(expectations(Expect("zero")), nothing) == [
-        "the engine counted no decode step (no stats file?), so its step claims cannot be checked"]
+        "the engine counted no decode step (no stats file?), so its step claims cannot be checked"
+    ]
     unset = expectations(Expect(counted=False))
     assert compare.check_expectations(unset, nothing) == []
     spec = {"fallback_steps": 0, "spec_steps": 9, "phases": [_phase(1, "spec", 9)]}
     assert compare.check_expectations(unset, spec) == [
-        "expected the fallback's decision never to run (no flag), but it counted 9 steps"]
+        "expected the fallback's decision never to run (no flag), but it counted 9 steps"
+    ]
     assert compare.check_expectations(expectations(Expect("zero")), spec) == []
     assert "counted" not in expectations(Expect(counted=False), recipe_counters=False)
     assert expectations(Expect("zero"), recipe_counters=False)["counted"] is True
 
 
 def test_resume_acceptance_check_catches_stale_draft():
-    w = {"fallback_steps": 4, "spec_steps": 20, "phases": [
-        _phase(1, "spec", 10, 20, 50), _phase(2, "fallback", 4), _phase(3, "spec", 10, 20, 10)]}
+    w = {
+        "fallback_steps": 4,
+        "spec_steps": 20,
+        "phases": [_phase(1, "spec", 10, 20, 50), _phase(2, "fallback", 4), _phase(3, "spec", 10, 20, 10)],
+    }
     fails = compare.check_expectations({"resume_acceptance_not_lower": True}, w)
     assert fails and "stale draft KV" in fails[0]
     w["phases"][2]["correct_drafts"] = 55
@@ -165,7 +191,18 @@ def test_golden_model_builds_on_cpu(tmp_path):
 
     from spectool.harness.verify.golden_model import save, train, write_eagle3_draft
 
-    spec = ModelSpec(vocab=32, hidden=32, layers=8, heads=2, intermediate=64, seq_len=32, min_segment=4, max_segment=8, steps=30, batch=8)
+    spec = ModelSpec(
+        vocab=32,
+        hidden=32,
+        layers=8,
+        heads=2,
+        intermediate=64,
+        seq_len=32,
+        min_segment=4,
+        max_segment=8,
+        steps=30,
+        batch=8,
+    )
     model, loss, _ = train(spec, "cpu", log=None)
     assert loss == loss and loss < 4.0  # finite, near ln(32) = 3.47 after 30 steps (plumbing, not learning)
     save(model, spec, tmp_path / "t")
@@ -187,7 +224,9 @@ def _has_gpu() -> bool:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _has_gpu(), reason="no CUDA GPU here: the golden GPU tests run on the H200 via tools/device/verify.sh")
+@pytest.mark.skipif(
+    not _has_gpu(), reason="no CUDA GPU here: the golden GPU tests run on the H200 via tools/device/verify.sh"
+)
 def test_golden_gpu(tmp_path):
     """The real thing: `spectool verify` on this machine's SGLang (patched in a copy)."""
     import importlib.util
@@ -197,10 +236,26 @@ def test_golden_gpu(tmp_path):
         pytest.skip("sglang is not installed")
     site = tmp_path / "site"
     shutil.copytree(Path(spec.origin).parent, site / "sglang")
-    r = subprocess.run([sys.executable, "-m", "spectool.cli", "apply", "--sglang-dir", str(site)], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "spectool.cli", "apply", "--sglang-dir", str(site)], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stdout + r.stderr
-    r = subprocess.run([sys.executable, "-m", "spectool.cli", "verify", "--sglang-dir", str(site), "--out", str(tmp_path / "v"),
-                        "--golden-dir", str(REPO / "golden")], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spectool.cli",
+            "verify",
+            "--sglang-dir",
+            str(site),
+            "--out",
+            str(tmp_path / "v"),
+            "--golden-dir",
+            str(REPO / "golden"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
 
 
@@ -231,7 +286,9 @@ def test_every_engine_has_its_own_fixed_rendezvous_port(tmp_path):
     models = {"target": "t", "eagle3_draft": "d"}
     taken, rendezvous = set(), []
     for base in (31000, 29000):  # the default and the second run's (tools/device/README.md)
-        jobs, _, _ = runner.plan_jobs(scenarios.configs(), scenarios.workloads(), models, tmp_path, "0.5.12", False, 2, base)
+        jobs, _, _ = runner.plan_jobs(
+            scenarios.configs(), scenarios.workloads(), models, tmp_path, "0.5.12", False, 2, base
+        )
         for j in jobs:
             kw = engine_kwargs(j)
             taken.add(kw["port"])
@@ -239,8 +296,9 @@ def test_every_engine_has_its_own_fixed_rendezvous_port(tmp_path):
     arms = select_arms(32, 256, None, ("A4L=A4:X=1", "A4C=A4:X=1", "A2P=A2:X=1"), server_args={"X": "int"})  # 8 engines
     for base in (PORT_BASE, 22000):  # the default and the second bench's (tools/device/README.md)
         for i, arm in enumerate(arms):
-            kw = bench_kwargs(arm, {"target": "t", "draft": "d"}, max_bs=256, max_total_tokens=1000,
-                              port=arm_port(base, i))
+            kw = bench_kwargs(
+                arm, {"target": "t", "draft": "d"}, max_bs=256, max_total_tokens=1000, port=arm_port(base, i)
+            )
             taken.add(kw["port"])
             rendezvous.append(kw["nccl_port"])
     assert len(set(rendezvous)) == len(rendezvous) and not set(rendezvous) & taken
@@ -292,9 +350,14 @@ def _tokens(workload):
     out = []
     for i, r in enumerate(workload.requests):
         n = r.max_new_tokens
-        rec = {"index": i, "output_ids": [(7 * i + k) % 256 for k in range(n)], "top2_margins": [5.0] * n,
-               "asked_logprobs": r.return_logprob, "token_logprobs": [-0.001 * (k + 1) for k in range(n)],
-               "top_logprobs": [[-0.001 * (k + 1), -5.0 - 0.01 * k] for k in range(n)]}
+        rec = {
+            "index": i,
+            "output_ids": [(7 * i + k) % 256 for k in range(n)],
+            "top2_margins": [5.0] * n,
+            "asked_logprobs": r.return_logprob,
+            "token_logprobs": [-0.001 * (k + 1) for k in range(n)],
+            "top_logprobs": [[-0.001 * (k + 1), -5.0 - 0.01 * k] for k in range(n)],
+        }
         if r.return_hidden_states:
             rec.update(asked_hidden_states=True, hidden_states=[[0.5 * i, -1.0 + 0.01 * k, 3.0] for k in range(n - 1)])
         out.append(rec)
@@ -309,10 +372,17 @@ def _counters(expect) -> dict:
     n = SYNTHETIC_FALLBACK_STEPS
 
     def phase(i, mode, steps):
-        return {"id": i, "mode": mode, "steps": steps, "reqs": steps, "correct_drafts": 3 * steps if mode == "spec" else 0}
+        return {
+            "id": i,
+            "mode": mode,
+            "steps": steps,
+            "reqs": steps,
+            "correct_drafts": 3 * steps if mode == "spec" else 0,
+        }
 
-    if expect.fallback_steps == "all" or (expect.fallback_steps == "positive" and not (
-            expect.spec_after_fallback or expect.fallback_after_spec)):
+    if expect.fallback_steps == "all" or (
+        expect.fallback_steps == "positive" and not (expect.spec_after_fallback or expect.fallback_after_spec)
+    ):
         phases = [phase(1, "fallback", n)]
     elif expect.fallback_steps == "positive":
         phases = [phase(1, "spec", n), phase(2, "fallback", n), phase(3, "spec", n)]
@@ -320,26 +390,54 @@ def _counters(expect) -> dict:
         phases = [phase(1, "spec", n)]
     fb = sum(p["steps"] for p in phases if p["mode"] == "fallback")
     kv = fb if expect.kv_only in ("positive", "graph") else 0
-    return {"fallback_steps": fb, "spec_steps": sum(p["steps"] for p in phases if p["mode"] == "spec"),
-            "phases": phases, "draft_kv_only_steps": kv, "draft_kv_only_graph_steps": kv,
-            "draft_kv_only_prefills": 2 if expect.kv_only_prefill == "positive" else 0}
+    return {
+        "fallback_steps": fb,
+        "spec_steps": sum(p["steps"] for p in phases if p["mode"] == "spec"),
+        "phases": phases,
+        "draft_kv_only_steps": kv,
+        "draft_kv_only_graph_steps": kv,
+        "draft_kv_only_prefills": 2 if expect.kv_only_prefill == "positive" else 0,
+    }
 
 
 def _engine_results():
     wls = scenarios.workloads()
     claims = {(s.config, s.workload): s.expect for s in scenarios.scenarios()}
-    return {c.name: {"ok": True, "startup_s": 1.0, "total_s": 2.0, "workloads": {
-        w: {"requests": _tokens(wls[w]), "seconds": 0.5, "stats_before": {},
-            "stats_after": _counters(claims[(c.name, w)]) if (c.name, w) in claims else {}}
-        for w in c.workloads}} for c in scenarios.configs()}
+    return {
+        c.name: {
+            "ok": True,
+            "startup_s": 1.0,
+            "total_s": 2.0,
+            "workloads": {
+                w: {
+                    "requests": _tokens(wls[w]),
+                    "seconds": 0.5,
+                    "stats_before": {},
+                    "stats_after": _counters(claims[(c.name, w)]) if (c.name, w) in claims else {},
+                }
+                for w in c.workloads
+            },
+        }
+        for c in scenarios.configs()
+    }
 
 
 def _evaluate(results, golden_root, record=False, **kw):
     from spectool.harness.verify import runner
 
     cfgs = kw.pop("cfgs", scenarios.configs())
-    return runner.evaluate(results, cfgs, scenarios.workloads(), {"meta": {"key": ModelSpec().key()}}, "0.5.12",
-                           "sm90", "NVIDIA H200", golden_root, record, **kw)
+    return runner.evaluate(
+        results,
+        cfgs,
+        scenarios.workloads(),
+        {"meta": {"key": ModelSpec().key()}},
+        "0.5.12",
+        "sm90",
+        "NVIDIA H200",
+        golden_root,
+        record,
+        **kw,
+    )
 
 
 def _failed(report):
@@ -389,12 +487,17 @@ def test_each_path_claim_fails_by_name(tmp_path):
     assert failed == {name: ["expected prefills on the KV-only draft path, got none"]}
     name, failed = breaking(lambda e: e.kv_only == "zero", stats({"draft_kv_only_steps": 5}))
     assert failed == {name: ["expected no KV-only draft sync (batch within the margin), got 5 steps"]}
-    name, failed = breaking(lambda e: not e.counted, lambda w: w.update(stats_after={
-        "fallback_steps": 0, "spec_steps": 9, "phases": [_phase(1, "spec", 9)]}))
+    name, failed = breaking(
+        lambda e: not e.counted,
+        lambda w: w.update(stats_after={"fallback_steps": 0, "spec_steps": 9, "phases": [_phase(1, "spec", 9)]}),
+    )
     assert failed == {name: ["expected the fallback's decision never to run (no flag), but it counted 9 steps"]}
-    name, failed = breaking(lambda e: e.resume_acceptance_not_lower, lambda w: w["stats_after"]["phases"][2].update(
-        correct_drafts=0))
-    assert failed == {name: ["acceptance after speculation resumed (1.00) is below before the fallback (4.00): stale draft KV?"]}
+    name, failed = breaking(
+        lambda e: e.resume_acceptance_not_lower, lambda w: w["stats_after"]["phases"][2].update(correct_drafts=0)
+    )
+    assert failed == {
+        name: ["acceptance after speculation resumed (1.00) is below before the fallback (4.00): stale draft KV?"]
+    }
 
     def one_token_off(w):
         w["requests"][0]["output_ids"][3] += 1
@@ -416,8 +519,15 @@ def test_a_failed_engine_fails_its_scenarios_and_is_named(tmp_path):
     cfgs = {c.name: c for c in scenarios.configs()}
     eager = {s.name for s in scenarios.scenarios() if not cfgs[s.config].cuda_graph}
     standalone = {s.name for s in scenarios.scenarios() if s.config == "standalone-t4"}
-    assert eager and standalone and _failed(report) == {
-        **{n: ["engine standalone-t4 failed"] for n in standalone}, **{n: ["engine base-eager failed"] for n in eager}}
+    assert (
+        eager
+        and standalone
+        and _failed(report)
+        == {
+            **{n: ["engine standalone-t4 failed"] for n in standalone},
+            **{n: ["engine base-eager failed"] for n in eager},
+        }
+    )
 
 
 def test_baselines_that_differ_from_the_golden_file_fail_the_run(tmp_path):
@@ -452,7 +562,11 @@ def test_counters_from_upstreams_log_check_only_what_the_log_shows(tmp_path):
     report = _evaluate(results, tmp_path, cfgs=cfgs, skipped=skipped, recipe_counters=False)
     assert report["ok"], _failed(report)
     rows = [r for r in report["scenarios"] if r.get("skipped")]
-    assert rows and {r["config"] for r in rows} == {"standalone-t4"} and all(r["skipped"] == skipped["standalone-t4"] for r in rows)
+    assert (
+        rows
+        and {r["config"] for r in rows} == {"standalone-t4"}
+        and all(r["skipped"] == skipped["standalone-t4"] for r in rows)
+    )
     assert _failed(_evaluate(results, tmp_path, cfgs=cfgs, skipped=skipped)), "the recipe's own counters are checked"
 
 
@@ -470,8 +584,11 @@ def test_new_claims_fail_by_name(tmp_path):
 
     after = lambda s: s.expect.min_acceptance_after is not None  # noqa: E731
     name, failed = run(after, lambda w: w["stats_after"]["phases"][2].update(correct_drafts=0))
-    assert failed == {name: [f"expected acceptance >= {scenarios.HEAD_ACCEPTANCE} after speculation resumed, "
-                             "got 1.00: stale draft KV?"]}
+    assert failed == {
+        name: [
+            f"expected acceptance >= {scenarios.HEAD_ACCEPTANCE} after speculation resumed, got 1.00: stale draft KV?"
+        ]
+    }
 
     lp = lambda s: s.expect.logprobs_within is not None and s.expect.hidden_states_within is None  # noqa: E731
     tol = scenarios.LOGPROB_TOL
@@ -480,23 +597,26 @@ def test_new_claims_fail_by_name(tmp_path):
         def change(w):
             req = next(r for r in w["requests"] if r["asked_logprobs"])
             req["token_logprobs"][5] += by
+
         return change
 
     name, failed = run(lp, shift_logprob(tol / 2))
     assert failed == {}, "within bf16 noise"
     name, failed = run(lp, shift_logprob(0.1))
-    (msg,), = failed.values()
+    ((msg,),) = failed.values()
     assert "token_logprobs differ from the baseline's beyond 0.02 (first at token 5" in msg
 
     def top2(w):
         req = next(r for r in w["requests"] if r["asked_logprobs"])
         req["top_logprobs"][2][1] -= 1.0
+
     name, failed = run(lp, top2)
     assert "top_logprobs differ" in failed[name][0]
 
     def none_returned(w):
         req = next(r for r in w["requests"] if r["asked_logprobs"])
         req["token_logprobs"] = []
+
     name, failed = run(lp, none_returned)
     assert failed[name][0].endswith("0 token_logprobs for the baseline's 48")
 
@@ -506,13 +626,18 @@ def test_new_claims_fail_by_name(tmp_path):
         def change(w):
             req = next(r for r in w["requests"] if r.get("asked_hidden_states"))
             change_row(req["hidden_states"])
+
         return change
 
     name, failed = run(hs, hidden(lambda rows: rows[3].__setitem__(2, 3.0 + 0.02 * 3.0 / 2)))
     assert failed == {}, "within the tolerance of the row's largest value"
     name, failed = run(hs, hidden(lambda rows: rows[3].__setitem__(0, 1.0)))
-    assert failed == {name: [f"request 1: hidden states differ from the baseline's at decode step 3 (width 3 vs 3; "
-                             f"beyond {scenarios.HIDDEN_TOL} of the row's largest value)"]}
+    assert failed == {
+        name: [
+            f"request 1: hidden states differ from the baseline's at decode step 3 (width 3 vs 3; "
+            f"beyond {scenarios.HIDDEN_TOL} of the row's largest value)"
+        ]
+    }
     name, failed = run(hs, hidden(lambda rows: rows.pop()))
     assert failed == {name: ["request 1: hidden states of 46 decode steps for the baseline's 47"]}
 
@@ -540,10 +665,14 @@ def test_engine_records_what_the_comparisons_read():
     come first, as one list of rows, when the prefill captured them)."""
     from spectool.harness.verify.engine_worker import engine_kwargs, record
 
-    out = {"output_ids": [5, 6], "meta_info": {
-        "output_token_logprobs": [(-0.01, 5, None), (-0.02, 6, None)],
-        "output_top_logprobs": [[(-0.01, 5, None), (-6.0, 9, None)], [(-7.0, 3, None), (-0.02, 6, None)]],
-        "hidden_states": [[[0.1, 0.2], [0.3, 0.4]], [1.0, 2.0]]}}
+    out = {
+        "output_ids": [5, 6],
+        "meta_info": {
+            "output_token_logprobs": [(-0.01, 5, None), (-0.02, 6, None)],
+            "output_top_logprobs": [[(-0.01, 5, None), (-6.0, 9, None)], [(-7.0, 3, None), (-0.02, 6, None)]],
+            "hidden_states": [[[0.1, 0.2], [0.3, 0.4]], [1.0, 2.0]],
+        },
+    }
     rec = record(0, out, {"return_logprob": True, "return_hidden_states": True}, False, 0.0)
     assert rec["asked_logprobs"] and rec["token_logprobs"] == [-0.01, -0.02]
     assert rec["top_logprobs"] == [[-0.01, -6.0], [-0.02, -7.0]] and rec["top2_margins"] == [5.99, 6.98]
@@ -551,8 +680,11 @@ def test_engine_records_what_the_comparisons_read():
     plain = record(1, out, {}, True, 0.0)
     assert plain["asked_logprobs"] is False and "token_logprobs" in plain and "hidden_states" not in plain
     assert "token_logprobs" not in record(2, out, {}, False, 0.0)
-    job = {"config": {"name": "x", "cuda_graph": True, "chunked_prefill": None, "algorithm": None, "hidden_states": True},
-           "target": "t", "eagle3_draft": "d"}
+    job = {
+        "config": {"name": "x", "cuda_graph": True, "chunked_prefill": None, "algorithm": None, "hidden_states": True},
+        "target": "t",
+        "eagle3_draft": "d",
+    }
     assert engine_kwargs(job)["enable_return_hidden_states"] is True
     job["config"].update(algorithm="EAGLE3", threshold=None)
     kw = engine_kwargs(job)

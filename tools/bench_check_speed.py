@@ -21,6 +21,8 @@ for _ in range(runs):
     t = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "spectool.cli", "check", "--sglang-dir", d], capture_output=True)
     times.append(time.perf_counter() - t)
-print(f"spectool check on {d}: median {statistics.median(times):.2f} s, min {min(times):.2f} s, "
-      f"max {max(times):.2f} s over {runs} runs (exit {r.returncode}); "
-      f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+print(
+    f"spectool check on {d}: median {statistics.median(times):.2f} s, min {min(times):.2f} s, "
+    f"max {max(times):.2f} s over {runs} runs (exit {r.returncode}); "
+    f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs"
+)

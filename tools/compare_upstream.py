@@ -22,15 +22,22 @@ def comparison_markdown(folders: dict = NAMES, concurrencies=CS) -> str:
     other's, or the gap between two medians is run-to-run noise)."""
     rat = {name: analyze.load_ratios(folder, concurrencies, 3.0) for name, folder in folders.items()}
     md = analyze.compare_markdown(rat, concurrencies)
-    md += ("\nRun by run (each run's own A2/E; rank-sum p: the chance of runs this far apart if both engines' "
-           "runs came from one distribution):\n\n")
+    md += (
+        "\nRun by run (each run's own A2/E; rank-sum p: the chance of runs this far apart if both engines' "
+        "runs came from one distribution):\n\n"
+    )
     return md + analyze.compare_runs_markdown(
-        {name: analyze.read_cells(folder / "cells.jsonl") for name, folder in folders.items()}, concurrencies)
+        {name: analyze.read_cells(folder / "cells.jsonl") for name, folder in folders.items()}, concurrencies
+    )
 
 
 if __name__ == "__main__":
     md = comparison_markdown()
     (UPSTREAM / "comparison.md").write_text(md)
-    analyze.plot_ratio({name: analyze.load_ratios(folder, CS, 3.0) for name, folder in NAMES.items()}, CS,
-                       UPSTREAM / "comparison.png", "H200, Llama-3.1-8B shape, acceptance 3.0: A2 / envelope")
+    analyze.plot_ratio(
+        {name: analyze.load_ratios(folder, CS, 3.0) for name, folder in NAMES.items()},
+        CS,
+        UPSTREAM / "comparison.png",
+        "H200, Llama-3.1-8B shape, acceptance 3.0: A2 / envelope",
+    )
     print(md)

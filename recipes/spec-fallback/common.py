@@ -20,7 +20,6 @@ import time
 from typing import Any, Optional
 
 import torch
-
 from sglang.srt.layers.moe.utils import (
     speculative_moe_a2a_backend_context,
     speculative_moe_backend_context,

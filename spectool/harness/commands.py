@@ -14,42 +14,91 @@ from .bench.arms import MAX_ENGINES
 from .bench.sweep import LOADS, PORT_BASE, PROFILE_LOADS
 
 
-@click.command(epilog=exit_codes(
-    "every engine configuration gave the no-speculation tokens exactly",
-    "tokens differ from the baseline, a step count is not as expected, an engine failed, or the golden "
-    "file does not fit",
-    "also: no CUDA GPU, a tree the recipes are not applied to"))
+@click.command(
+    epilog=exit_codes(
+        "every engine configuration gave the no-speculation tokens exactly",
+        "tokens differ from the baseline, a step count is not as expected, an engine failed, or the golden "
+        "file does not fit",
+        "also: no CUDA GPU, a tree the recipes are not applied to",
+    )
+)
 @_dir_opt(required=False)
 @recipes_opts()
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="results/verify", help="Where results, logs and the JSON report go.")
-@click.option("--golden-dir", type=click.Path(file_okay=False), default=None, help="Recorded golden files, per SGLang version and GPU arch (default: ./golden, else the shipped ones).")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default="results/verify",
+    help="Where results, logs and the JSON report go.",
+)
+@click.option(
+    "--golden-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Recorded golden files, per SGLang version and GPU arch (default: ./golden, else the shipped ones).",
+)
 @click.option("--record", is_flag=True, help="Record the baseline tokens as the golden file.")
 @click.option("--parallel", type=click.IntRange(min=1), default=4, help="Engines run at once on the GPU.")
 @click.option("--only", default="", help="Comma-separated engine configs (baselines always run).")
-@click.option("--tp", "tp_size", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Tensor parallelism of every engine, baselines included (needs that many GPUs).")
-@click.option("--model-cache", type=click.Path(file_okay=False), default=None, help="Where the trained golden model is kept.")
-@click.option("--port-base", type=click.IntRange(1024, 65000), default=31000, show_default=True,
-              help="First engine port (engine i takes PORT_BASE + 50*i, its rendezvous port inside that block); two "
-                   "verify runs at once need their own, below 32768 (where Linux hands out ephemeral ports).")
+@click.option(
+    "--tp",
+    "tp_size",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Tensor parallelism of every engine, baselines included (needs that many GPUs).",
+)
+@click.option(
+    "--model-cache", type=click.Path(file_okay=False), default=None, help="Where the trained golden model is kept."
+)
+@click.option(
+    "--port-base",
+    type=click.IntRange(1024, 65000),
+    default=31000,
+    show_default=True,
+    help="First engine port (engine i takes PORT_BASE + 50*i, its rendezvous port inside that block); two "
+    "verify runs at once need their own, below 32768 (where Linux hands out ephemeral ports).",
+)
 @_json_opt
 @guarded
-def verify(sglang_dir, select, recipes_dir, out_dir, golden_dir, record, parallel, only, tp_size, model_cache, port_base,
-           as_json):
+def verify(
+    sglang_dir,
+    select,
+    recipes_dir,
+    out_dir,
+    golden_dir,
+    record,
+    parallel,
+    only,
+    tp_size,
+    model_cache,
+    port_base,
+    as_json,
+):
     """Golden GPU tests: the patched SGLang must give the no-speculation tokens exactly. A tree
     given by --sglang-dir must have the recipes applied (checked before any GPU work); without
     it, the installed sglang runs as it is."""
-    from .verify.runner import print_report, verify as run_verify
+    from .verify.runner import print_report
+    from .verify.runner import verify as run_verify
 
     ids, options = selection(select, recipes_dir)
 
     if golden_dir is None:
         here = Path("golden")
         golden_dir = here if here.is_dir() else Path(__file__).resolve().parents[2] / "golden"
-    report = run_verify(sglang_dir, Path(out_dir), golden_root=Path(golden_dir), record=record, parallel=parallel,
-                        only=_csv(only) or None, tp_size=tp_size,
-                        model_cache=Path(model_cache) if model_cache else None, port_base=port_base,
-                        recipes=dict(recipes_dir=recipes_dir, select=ids, options=options), console=_console())
+    report = run_verify(
+        sglang_dir,
+        Path(out_dir),
+        golden_root=Path(golden_dir),
+        record=record,
+        parallel=parallel,
+        only=_csv(only) or None,
+        tp_size=tp_size,
+        model_cache=Path(model_cache) if model_cache else None,
+        port_base=port_base,
+        recipes=dict(recipes_dir=recipes_dir, select=ids, options=options),
+        console=_console(),
+    )
     if as_json:
         click.echo(to_json(report))
     else:
@@ -57,71 +106,181 @@ def verify(sglang_dir, select, recipes_dir, out_dir, golden_dir, record, paralle
     sys.exit(EXIT_OK if report["ok"] else EXIT_FAILED)
 
 
-@click.command(epilog=exit_codes(
-    "measured (or merged, profiled, a threshold suggested); the table is printed",
-    "interrupted (Ctrl-C); a rerun with the same --out resumes from its cells.jsonl",
-    "also: no CUDA GPU, an engine that failed to start"))
+@click.command(
+    epilog=exit_codes(
+        "measured (or merged, profiled, a threshold suggested); the table is printed",
+        "interrupted (Ctrl-C); a rerun with the same --out resumes from its cells.jsonl",
+        "also: no CUDA GPU, an engine that failed to start",
+    )
+)
 @_dir_opt(required=False)
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="results/bench", help="Results folder (resumes from cells.jsonl).")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default="results/bench",
+    help="Results folder (resumes from cells.jsonl).",
+)
 @click.option("--threshold", type=click.IntRange(min=0), default=12, help="T for arm A2 (see --suggest-threshold).")
 @click.option("--concurrency", default="1,2,4,8,16,32,64,128,256", help="Comma-separated C values.")
-@click.option("--reps", type=click.IntRange(min=0), default=3,
-              help="Repetitions per arm and C (arm order rotated); 0 runs only the transition workload.")
-@click.option("--acc-len", default="3.0",
-              help="SGLANG_SIMULATE_ACC_LEN for the spec arms; several (e.g. 2.0,3.0) sweep each into OUT/acc-X.")
+@click.option(
+    "--reps",
+    type=click.IntRange(min=0),
+    default=3,
+    help="Repetitions per arm and C (arm order rotated); 0 runs only the transition workload.",
+)
+@click.option(
+    "--acc-len",
+    default="3.0",
+    help="SGLANG_SIMULATE_ACC_LEN for the spec arms; several (e.g. 2.0,3.0) sweep each into OUT/acc-X.",
+)
 @click.option("--prompt-len", type=click.IntRange(min=1), default=128)
-@click.option("--out-len", type=click.IntRange(min=2), default=128, help="Output tokens per request (2 or more: TPOT needs two).")
-@click.option("--budget", type=click.FloatRange(min=0), default=540, help="Stop measuring after this many seconds (resume later).")
-@click.option("--no-transition", is_flag=True,
-              help="Skip the transition workload (alternating C=4 and C=192 on A2 and its variants).")
-@click.option("--transition-arms", default="",
-              help="Arms whose engines (with their variants) run the transition workload (default A2); A1 or A0 beside A2 is a "
-                   "control that never switches, so what a phase loses to the engine's own state shows there too.")
-@click.option("--arms", "arm_names", default="A0,A1,A2,A3,A4",
-              help="Comma-separated arms (A0 no spec, A1 EAGLE-3, A2 threshold T, A3 threshold above any batch, A4 T=0).")
-@click.option("--variant", "variants", multiple=True, metavar="NAME=BASE:FIELD=VALUE[;FIELD=VALUE]",
-              help="An extra arm: BASE with server args of its own (ServerArgs field names, values as on the command "
-                   "line), e.g. A4M=A4:speculative_disable_kv_only_margin=8 (a variant of A2 also runs the transition "
-                   "workload, as a same-run control). Repeatable.")
-@click.option("--max-engines", type=click.IntRange(min=1), default=MAX_ENGINES, show_default=True,
-              help="Engines on the GPU at once; more arms run in waves (an 8B-shaped engine takes ~28 GiB).")
-@click.option("--suggest-threshold", "suggest", is_flag=True,
-              help="Only print T from the recorded results in --out (every C measured there, or --concurrency), and "
-                   "which C to measure between the last win and the first loss to place it more finely.")
-@click.option("--profile", "profile_steps", type=click.IntRange(min=0), default=0,
-              help="Instead of the sweep: profile this many steady-state decode steps per arm and C (SGLang's profiler), "
-                   "and report ms/step against GPU-busy ms/step (profile.md).")
-@click.option("--load", type=click.Choice(LOADS), default="lockstep", show_default=True,
-              help="lockstep: C clients start together (waves of C); staggered: an unmeasured ramp spreads their "
-                   "starts over one request lifetime (docs/bench.md says why lockstep is the default).")
-@click.option("--profile-load", type=click.Choice(PROFILE_LOADS), default="wave", show_default=True,
-              help="wave: decode steps of one wave of 1024-token requests; lockstep: the sweep's own waves at "
-                   "--out-len, prefills and wave ends included (profile enough steps for whole waves, e.g. 260 at "
-                   "128); staggered: the sweep's steady load at --out-len, the prefills of arriving requests included.")
-@click.option("--merge", "merge_from", multiple=True, type=click.Path(file_okay=False, exists=True),
-              help="Instead of measuring (no GPU): one table, JSON and plot in --out from these result folders, e.g. "
-                   "a sweep split over two GPUs or calls. Repeatable.")
-@click.option("--engine-log-level", type=click.Choice(["warning", "info", "debug"]), default="warning", show_default=True,
-              help="SGLang's log level in each engine's ARM.log: info logs every prefill batch (its requests, the running "
-                   "and queued ones) and every 40th decode step, to see how a wave reaches the scheduler.")
-@click.option("--port-base", type=click.IntRange(1024, 65000), default=PORT_BASE, show_default=True,
-              help="First engine port (engine i takes PORT_BASE + 100*i, its rendezvous port inside that block); two "
-                   "benches at once (one per GPU) need their own, e.g. 22000.")
-@click.option("--fresh-engines", is_flag=True,
-              help="Start every arm's engine anew for each repetition (1-4 minutes per start on the H200), "
-                   "so one run averages over engine instances; the table then lists each repetition's own ratios.")
-@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Tensor parallelism: each engine shards over this many GPUs (the first TP visible ones, "
-                   "shared by all arms); a folder holds cells of one TP size only.")
-@click.option("--max-batch", type=click.IntRange(min=1), default=None,
-              help="The engines' batch capacity (CUDA graph max batch, running requests, KV pool); default the "
-                   "largest --concurrency. Give the full sweep's (256) to measure or profile some of its C on the "
-                   "same engines, so the runs pool with it.")
+@click.option(
+    "--out-len", type=click.IntRange(min=2), default=128, help="Output tokens per request (2 or more: TPOT needs two)."
+)
+@click.option(
+    "--budget", type=click.FloatRange(min=0), default=540, help="Stop measuring after this many seconds (resume later)."
+)
+@click.option(
+    "--no-transition",
+    is_flag=True,
+    help="Skip the transition workload (alternating C=4 and C=192 on A2 and its variants).",
+)
+@click.option(
+    "--transition-arms",
+    default="",
+    help="Arms whose engines (with their variants) run the transition workload (default A2); A1 or A0 beside A2 is a "
+    "control that never switches, so what a phase loses to the engine's own state shows there too.",
+)
+@click.option(
+    "--arms",
+    "arm_names",
+    default="A0,A1,A2,A3,A4",
+    help="Comma-separated arms (A0 no spec, A1 EAGLE-3, A2 threshold T, A3 threshold above any batch, A4 T=0).",
+)
+@click.option(
+    "--variant",
+    "variants",
+    multiple=True,
+    metavar="NAME=BASE:FIELD=VALUE[;FIELD=VALUE]",
+    help="An extra arm: BASE with server args of its own (ServerArgs field names, values as on the command "
+    "line), e.g. A4M=A4:speculative_disable_kv_only_margin=8 (a variant of A2 also runs the transition "
+    "workload, as a same-run control). Repeatable.",
+)
+@click.option(
+    "--max-engines",
+    type=click.IntRange(min=1),
+    default=MAX_ENGINES,
+    show_default=True,
+    help="Engines on the GPU at once; more arms run in waves (an 8B-shaped engine takes ~28 GiB).",
+)
+@click.option(
+    "--suggest-threshold",
+    "suggest",
+    is_flag=True,
+    help="Only print T from the recorded results in --out (every C measured there, or --concurrency), and "
+    "which C to measure between the last win and the first loss to place it more finely.",
+)
+@click.option(
+    "--profile",
+    "profile_steps",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Instead of the sweep: profile this many steady-state decode steps per arm and C (SGLang's profiler), "
+    "and report ms/step against GPU-busy ms/step (profile.md).",
+)
+@click.option(
+    "--load",
+    type=click.Choice(LOADS),
+    default="lockstep",
+    show_default=True,
+    help="lockstep: C clients start together (waves of C); staggered: an unmeasured ramp spreads their "
+    "starts over one request lifetime (docs/bench.md says why lockstep is the default).",
+)
+@click.option(
+    "--profile-load",
+    type=click.Choice(PROFILE_LOADS),
+    default="wave",
+    show_default=True,
+    help="wave: decode steps of one wave of 1024-token requests; lockstep: the sweep's own waves at "
+    "--out-len, prefills and wave ends included (profile enough steps for whole waves, e.g. 260 at "
+    "128); staggered: the sweep's steady load at --out-len, the prefills of arriving requests included.",
+)
+@click.option(
+    "--merge",
+    "merge_from",
+    multiple=True,
+    type=click.Path(file_okay=False, exists=True),
+    help="Instead of measuring (no GPU): one table, JSON and plot in --out from these result folders, e.g. "
+    "a sweep split over two GPUs or calls. Repeatable.",
+)
+@click.option(
+    "--engine-log-level",
+    type=click.Choice(["warning", "info", "debug"]),
+    default="warning",
+    show_default=True,
+    help="SGLang's log level in each engine's ARM.log: info logs every prefill batch (its requests, the running "
+    "and queued ones) and every 40th decode step, to see how a wave reaches the scheduler.",
+)
+@click.option(
+    "--port-base",
+    type=click.IntRange(1024, 65000),
+    default=PORT_BASE,
+    show_default=True,
+    help="First engine port (engine i takes PORT_BASE + 100*i, its rendezvous port inside that block); two "
+    "benches at once (one per GPU) need their own, e.g. 22000.",
+)
+@click.option(
+    "--fresh-engines",
+    is_flag=True,
+    help="Start every arm's engine anew for each repetition (1-4 minutes per start on the H200), "
+    "so one run averages over engine instances; the table then lists each repetition's own ratios.",
+)
+@click.option(
+    "--tp",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Tensor parallelism: each engine shards over this many GPUs (the first TP visible ones, "
+    "shared by all arms); a folder holds cells of one TP size only.",
+)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The engines' batch capacity (CUDA graph max batch, running requests, KV pool); default the "
+    "largest --concurrency. Give the full sweep's (256) to measure or profile some of its C on the "
+    "same engines, so the runs pool with it.",
+)
 @_json_opt
 @guarded
-def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len, out_len, budget, no_transition, transition_arms, arm_names,
-          variants, max_engines, suggest, load, profile_steps, profile_load, merge_from, engine_log_level, port_base,
-          fresh_engines, tp, max_batch, as_json):
+def bench(
+    sglang_dir,
+    out_dir,
+    threshold,
+    concurrency,
+    reps,
+    acc_len,
+    prompt_len,
+    out_len,
+    budget,
+    no_transition,
+    transition_arms,
+    arm_names,
+    variants,
+    max_engines,
+    suggest,
+    load,
+    profile_steps,
+    profile_load,
+    merge_from,
+    engine_log_level,
+    port_base,
+    fresh_engines,
+    tp,
+    max_batch,
+    as_json,
+):
     """Throughput sweep (GPU): no-spec, EAGLE-3, and the patched fallback, per concurrency."""
     from .bench import analyze
     from .bench.sweep import merge, run
@@ -133,17 +292,25 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
     if suggest:
         for a, folder in folders.items():
             if not (folder / "cells.jsonl").exists():
-                raise BadInputError(f"--suggest-threshold: {folder} has no cells.jsonl; measure there first "
-                                    "(spectool bench --out with the same folder).")
+                raise BadInputError(
+                    f"--suggest-threshold: {folder} has no cells.jsonl; measure there first "
+                    "(spectool bench --out with the same folder)."
+                )
             m = analyze.load_medians(folder, a)
             if not m:
                 present = sorted({c.get("acc_len") for c in analyze.read_cells(folder / "cells.jsonl")} - {None})
-                raise BadInputError(f"--suggest-threshold: {folder} has no cells at acceptance {a:g}; it holds "
-                                    f"{', '.join(f'{x:g}' for x in present) or 'none'} (pass --acc-len).")
+                raise BadInputError(
+                    f"--suggest-threshold: {folder} has no cells at acceptance {a:g}; it holds "
+                    f"{', '.join(f'{x:g}' for x in present) or 'none'} (pass --acc-len)."
+                )
             # Every C the folder measured (a merge with finer points included), unless named.
-            named = click.get_current_context().get_parameter_source("concurrency") != click.core.ParameterSource.DEFAULT
+            named = (
+                click.get_current_context().get_parameter_source("concurrency") != click.core.ParameterSource.DEFAULT
+            )
             res = analyze.suggest_threshold(m, cs if named else [C for _, C in m])
-            click.echo(to_json(res) if as_json else f"acceptance {a:g}: suggested threshold {res['threshold']} ({res['why']})")
+            click.echo(
+                to_json(res) if as_json else f"acceptance {a:g}: suggested threshold {res['threshold']} ({res['why']})"
+            )
         return
     if merge_from:
         report = merge(Path(out_dir), [Path(m) for m in merge_from], accs[0])
@@ -152,21 +319,51 @@ def bench(sglang_dir, out_dir, threshold, concurrency, reps, acc_len, prompt_len
     if profile_steps:
         from .bench.sweep import profile
 
-        rows = profile(Path(out_dir), threshold=threshold, concurrencies=cs, arm_names=arms_measured,
-                       variants=variants, steps=profile_steps, prompt_len=prompt_len, acc_len=accs[0], sglang_dir=sglang_dir,
-                       max_engines=max_engines, load=profile_load, port_base=port_base, tp=tp, max_batch=max_batch,
-                       console=_console(),
-                       **({"out_len": out_len} if profile_load != "wave" else {}))
+        rows = profile(
+            Path(out_dir),
+            threshold=threshold,
+            concurrencies=cs,
+            arm_names=arms_measured,
+            variants=variants,
+            steps=profile_steps,
+            prompt_len=prompt_len,
+            acc_len=accs[0],
+            sglang_dir=sglang_dir,
+            max_engines=max_engines,
+            load=profile_load,
+            port_base=port_base,
+            tp=tp,
+            max_batch=max_batch,
+            console=_console(),
+            **({"out_len": out_len} if profile_load != "wave" else {}),
+        )
         click.echo(to_json(rows) if as_json else (Path(out_dir) / "profile.md").read_text())
         return
     reports = {}
     for a, folder in folders.items():
-        reports[a] = run(folder, threshold=threshold, concurrencies=cs, reps=reps, prompt_len=prompt_len, out_len=out_len,
-                         acc_len=a, transition=not no_transition, budget_s=budget, sglang_dir=sglang_dir,
-                         arm_names=arms_measured, variants=variants, max_engines=max_engines,
-                         load=load, transition_arms=transition_named,
-                         engine_log_level=engine_log_level, port_base=port_base, fresh_engines=fresh_engines,
-                         tp=tp, max_batch=max_batch, console=_console())
+        reports[a] = run(
+            folder,
+            threshold=threshold,
+            concurrencies=cs,
+            reps=reps,
+            prompt_len=prompt_len,
+            out_len=out_len,
+            acc_len=a,
+            transition=not no_transition,
+            budget_s=budget,
+            sglang_dir=sglang_dir,
+            arm_names=arms_measured,
+            variants=variants,
+            max_engines=max_engines,
+            load=load,
+            transition_arms=transition_named,
+            engine_log_level=engine_log_level,
+            port_base=port_base,
+            fresh_engines=fresh_engines,
+            tp=tp,
+            max_batch=max_batch,
+            console=_console(),
+        )
     if as_json:
         click.echo(to_json(reports[accs[0]] if len(accs) == 1 else {f"{a:g}": r for a, r in reports.items()}))
     else:

@@ -79,7 +79,7 @@ def server_arg_value(name: str, text: str, annotation: str):
     'off' or 'None' for None where the field is Optional, the text itself otherwise. A
     ValueError says what the field takes."""
     optional = annotation.startswith("Optional[") and annotation.endswith("]")
-    kind = annotation[len("Optional["):-1] if optional else annotation
+    kind = annotation[len("Optional[") : -1] if optional else annotation
     if optional and text in ("off", "None"):
         return None
     none = " or off" if optional else ""

@@ -12,8 +12,18 @@ from .statements import AddArgument, InsertAfter, InsertBefore
 
 OPERATIONS: dict[str, type[Operation]] = {
     cls.kind: cls
-    for cls in (AddMethod, ReplaceMethod, AddField, AddDefinition, InsertBefore, InsertAfter, AddArgument,
-                ReplaceExpression, WrapExpression, AddImport)
+    for cls in (
+        AddMethod,
+        ReplaceMethod,
+        AddField,
+        AddDefinition,
+        InsertBefore,
+        InsertAfter,
+        AddArgument,
+        ReplaceExpression,
+        WrapExpression,
+        AddImport,
+    )
 }
 
 __all__ = ["OPERATIONS", "ALREADY", "APPLIED", "FileState", "OpContext", "Operation", "Target", "add_import"]

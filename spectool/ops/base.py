@@ -94,7 +94,7 @@ class OpContext:
     recipe_id: str
     variant: str
     index: int
-    tree: "SglangTree"
+    tree: SglangTree
     files: Any  # plan.FileSet
     options: dict
     ordered_after: frozenset = frozenset()  # recipes this one requires (directly or not)
@@ -112,7 +112,7 @@ class Target:
     qualname: str
 
     @classmethod
-    def parse(cls, text: Any, where: str) -> "Target":
+    def parse(cls, text: Any, where: str) -> Target:
         if not isinstance(text, str) or not _QUAL_RE.match(text):
             raise RecipeError(f"{where}: 'target' must look like 'sglang.srt.module:Class.method', got {text!r}.")
         module, _, qual = text.partition(":")
@@ -203,8 +203,9 @@ class Operation:
     def scope(self, ctx: OpContext, st: FileState) -> cstutil.Path:
         path = cstutil.find_definition(st.module, self.target.qualname)
         if path is None:
-            raise self.drift(ctx, st, f"no definition {self.target.qualname!r} in this file",
-                             self.nearest_definitions(ctx, st))
+            raise self.drift(
+                ctx, st, f"no definition {self.target.qualname!r} in this file", self.nearest_definitions(ctx, st)
+            )
         return path
 
     def drift(self, ctx: OpContext, st: FileState | None, what: str, candidates=None) -> DriftError:
@@ -213,8 +214,13 @@ class Operation:
             f"recipe '{ctx.recipe_id}' (variant {ctx.variant}), operation #{ctx.index + 1} "
             f"{self.kind} on {self.target} in {file}: {what}.",
             candidates=list(candidates or []),
-            recipe=ctx.recipe_id, variant=ctx.variant, operation=ctx.index + 1, op=self.kind,
-            file=file, target=str(self.target), anchor=self.anchor_text(),
+            recipe=ctx.recipe_id,
+            variant=ctx.variant,
+            operation=ctx.index + 1,
+            op=self.kind,
+            file=file,
+            target=str(self.target),
+            anchor=self.anchor_text(),
         )
 
     def conflict(self, ctx: OpContext, st: FileState, other: str, what: str) -> ConflictError:
@@ -222,7 +228,10 @@ class Operation:
             f"recipe '{ctx.recipe_id}' (variant {ctx.variant}), operation #{ctx.index + 1} "
             f"{self.kind} on {self.target} in {st.relpath}: {what} that recipe '{other}' "
             "already changed; two recipes may not touch the same node.",
-            recipe=ctx.recipe_id, other=other, file=st.relpath, target=str(self.target),
+            recipe=ctx.recipe_id,
+            other=other,
+            file=st.relpath,
+            target=str(self.target),
         )
 
     def queued_at(self, ctx: OpContext, st: FileState, anchor, side: str) -> int:
@@ -240,7 +249,10 @@ class Operation:
                     f"{self.kind} on {self.target} in {st.relpath}: inserts {side} {label!r}, as recipe "
                     f"'{owner}' does. Two recipes may insert at one anchor only when one requires the other "
                     f"(it then goes after it): add 'requires: [{owner}]' to one of them, or anchor elsewhere.",
-                    recipe=ctx.recipe_id, other=owner, file=st.relpath, target=str(self.target),
+                    recipe=ctx.recipe_id,
+                    other=owner,
+                    file=st.relpath,
+                    target=str(self.target),
                 )
             n += len(nodes)
         return n

@@ -13,10 +13,18 @@ from .base import ALREADY, APPLIED, OpContext, Operation
 
 # ast expression class -> libcst classes that can render to it (prefilter before parsing).
 _KINDS = {
-    "Call": (cst.Call,), "Compare": (cst.Comparison,), "Attribute": (cst.Attribute,),
-    "Name": (cst.Name,), "BinOp": (cst.BinaryOperation,), "BoolOp": (cst.BooleanOperation,),
-    "Subscript": (cst.Subscript,), "UnaryOp": (cst.UnaryOperation,), "IfExp": (cst.IfExp,),
-    "Tuple": (cst.Tuple,), "List": (cst.List,), "Dict": (cst.Dict,),
+    "Call": (cst.Call,),
+    "Compare": (cst.Comparison,),
+    "Attribute": (cst.Attribute,),
+    "Name": (cst.Name,),
+    "BinOp": (cst.BinaryOperation,),
+    "BoolOp": (cst.BooleanOperation,),
+    "Subscript": (cst.Subscript,),
+    "UnaryOp": (cst.UnaryOperation,),
+    "IfExp": (cst.IfExp,),
+    "Tuple": (cst.Tuple,),
+    "List": (cst.List,),
+    "Dict": (cst.Dict,),
     "Constant": (cst.Integer, cst.Float, cst.SimpleString, cst.ConcatenatedString, cst.Name),
 }
 
@@ -34,12 +42,16 @@ class ReplaceExpression(Operation):
         try:
             self.pattern = Pattern.parse(self.spec["pattern"], expression=True)
         except SyntaxError as exc:
-            raise RecipeError(f"{self.where}: pattern {self.spec['pattern']!r} is not a Python expression pattern: {exc}.") from None
+            raise RecipeError(
+                f"{self.where}: pattern {self.spec['pattern']!r} is not a Python expression pattern: {exc}."
+            ) from None
         self.template, self.params = self.code["code"].returned_expression()
         unknown = [p for p in self.params if p != "MATCH" and p not in self.pattern.wildcards]
         if unknown:
-            raise RecipeError(f"{self.where}: parameters {unknown} of {self.code['code']} are not "
-                              f"wildcards of the pattern (it has {self.pattern.wildcards}).")
+            raise RecipeError(
+                f"{self.where}: parameters {unknown} of {self.code['code']} are not "
+                f"wildcards of the pattern (it has {self.pattern.wildcards})."
+            )
         # The applied form, as a pattern: the template with its parameters as wildcards.
         src = cst.Module([]).code_for_node(self.template)
         tree = ast.parse(src, mode="eval").body
@@ -54,7 +66,6 @@ class ReplaceExpression(Operation):
     def _find(self, st, scope_node, pattern: Pattern, skip_inside: set[int] = frozenset()):
         want = _KINDS.get(type(pattern.tree).__name__)
         hits = []
-
 
         class Finder(cst.CSTVisitor):
             def on_visit(self, node):
@@ -85,9 +96,13 @@ class ReplaceExpression(Operation):
         if not todo and len(done) == self.count:
             return ALREADY
         if len(todo) + len(done) != self.count or (done and todo):
-            raise self.drift(ctx, st, f"pattern {self.anchor_text()!r} matched {len(todo)} expressions "
-                             f"(and {len(done)} already rewritten), expected {self.count}",
-                             self.nearest_statements(st, scope_node, self.anchor_text()))
+            raise self.drift(
+                ctx,
+                st,
+                f"pattern {self.anchor_text()!r} matched {len(todo)} expressions "
+                f"(and {len(done)} already rewritten), expected {self.count}",
+                self.nearest_statements(st, scope_node, self.anchor_text()),
+            )
         mapping = {}
         for node, caps, code in todo:
             other = st.owner_in(node, ctx.recipe_id)

@@ -14,8 +14,11 @@ def import_statement(text: str, where: str) -> cst.SimpleStatementLine:
         stmt = cst.parse_statement(text.strip() + "\n") if isinstance(text, str) else None
     except Exception:  # ParserSyntaxError, or libcst's parser on input it cannot handle at all
         stmt = None
-    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
-            and isinstance(stmt.body[0], (cst.Import, cst.ImportFrom))):
+    if not (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], (cst.Import, cst.ImportFrom))
+    ):
         raise RecipeError(f"{where}: {text!r} is not an import statement.")
     return stmt
 

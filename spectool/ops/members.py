@@ -131,14 +131,22 @@ class AddMethod(_ClassOp):
                 st.own(ctx.recipe_id, [old])
                 return ALREADY
             if not self.replace:
-                raise self.drift(ctx, st, f"class already has a different method {name!r} "
-                                 "(did upstream add it? then mark the variant 'upstreamed')")
+                raise self.drift(
+                    ctx,
+                    st,
+                    f"class already has a different method {name!r} "
+                    "(did upstream add it? then mark the variant 'upstreamed')",
+                )
             body[existing[0]] = new_def
         else:
             if self.replace:
                 names = [_def_name(s) for s in body if _def_name(s)]
-                raise self.drift(ctx, st, f"class has no method {name!r} to replace",
-                                 [f"{st.relpath}: {self.target.qualname}.{n}" for n in names][:8])
+                raise self.drift(
+                    ctx,
+                    st,
+                    f"class has no method {name!r} to replace",
+                    [f"{st.relpath}: {self.target.qualname}.{n}" for n in names][:8],
+                )
             pos = len(body)
             if after:
                 idx = [i for i, s in enumerate(body) if _def_name(s) == after or _field_name(s) == after]
@@ -146,8 +154,12 @@ class AddMethod(_ClassOp):
                     names = [n for n in (_def_name(s) or _field_name(s) for s in body) if n]
                     close = difflib.get_close_matches(after, names, n=4, cutoff=0.4)
                     moved = [f"{hit} (moved?)" for hit in ctx.tree.find_definition_elsewhere(after, st.relpath)]
-                    raise self.drift(ctx, st, f"no member {after!r} to place the method after",
-                                     moved + [f"{st.relpath}: {self.target.qualname}.{n}" for n in close])
+                    raise self.drift(
+                        ctx,
+                        st,
+                        f"no member {after!r} to place the method after",
+                        moved + [f"{st.relpath}: {self.target.qualname}.{n}" for n in close],
+                    )
                 pos = idx[0] + 1 + self.queued_at(ctx, st, key, "after")
             new_def = _with_blank_lines(new_def, 1)
             body.insert(pos, new_def)
@@ -193,9 +205,7 @@ class AddField(_ClassOp):
             if other:
                 raise self.conflict(ctx, st, other, f"field {n!r} was added")
         if done:
-            if len(done) == len(names) and self.same_code(
-                st, [present[n] for n in names], new_fields, ref.module()
-            ):
+            if len(done) == len(names) and self.same_code(st, [present[n] for n in names], new_fields, ref.module()):
                 found = [present[n] for n in names]
                 if self.spec["after"] in present:  # in place: they hold their spot at the anchor
                     key = ("member", self.target.qualname, self.spec["after"])
@@ -203,15 +213,22 @@ class AddField(_ClassOp):
                     self.mark_inserted(ctx, st, key, "after", found)
                 st.own(ctx.recipe_id, found)
                 return ALREADY
-            raise self.drift(ctx, st, f"class already has field(s) {', '.join(done)} with other code "
-                             "(upstream added them? then mark the variant 'upstreamed')")
+            raise self.drift(
+                ctx,
+                st,
+                f"class already has field(s) {', '.join(done)} with other code "
+                "(upstream added them? then mark the variant 'upstreamed')",
+            )
         after = self.spec["after"]
         idx = [i for i, s in enumerate(body) if _field_name(s) == after]
         if not idx:
             close = difflib.get_close_matches(after, list(present), n=5, cutoff=0.5)
-            raise self.drift(ctx, st, f"no field {after!r} to add after",
-                             [f"{st.relpath}:{st.line_of(present[c]) or '?'}: {self.target.qualname}.{c}"
-                              for c in close])
+            raise self.drift(
+                ctx,
+                st,
+                f"no field {after!r} to add after",
+                [f"{st.relpath}:{st.line_of(present[c]) or '?'}: {self.target.qualname}.{c}" for c in close],
+            )
         anchor = body[idx[0]]
         other = st.owner_in(anchor, ctx.recipe_id)
         if other:
@@ -241,11 +258,15 @@ class AddDefinition(Operation):
     def validate(self) -> None:
         super().validate()
         if self.target.qualname:
-            raise RecipeError(f"{self.where}: add_definition adds to a module: 'target' must name the module "
-                              f"alone ({self.target.module!r}), not {str(self.target)!r}.")
+            raise RecipeError(
+                f"{self.where}: add_definition adds to a module: 'target' must name the module "
+                f"alone ({self.target.module!r}), not {str(self.target)!r}."
+            )
         if ("before" in self.spec) == ("after" in self.spec):
-            raise RecipeError(f"{self.where}: add_definition needs exactly one of 'before' or 'after' "
-                              "(a top-level class or function of the target module).")
+            raise RecipeError(
+                f"{self.where}: add_definition needs exactly one of 'before' or 'after' "
+                "(a top-level class or function of the target module)."
+            )
         ref = self.code["code"]
         if "." in ref.qualname or not isinstance(ref.definition(), (cst.ClassDef, cst.FunctionDef)):
             raise RecipeError(f"{self.where}: {ref} must be a top-level class or function of its file.")
@@ -272,8 +293,12 @@ class AddDefinition(Operation):
                     self.mark_inserted(ctx, st, ("definition", self.spec[side]), side, existing[:1])
                 st.own(ctx.recipe_id, existing[:1])
                 return ALREADY
-            raise self.drift(ctx, st, f"module already has a different definition {name!r} "
-                             "(did upstream add it? then mark the variant 'upstreamed')")
+            raise self.drift(
+                ctx,
+                st,
+                f"module already has a different definition {name!r} "
+                "(did upstream add it? then mark the variant 'upstreamed')",
+            )
         before = "before" in self.spec
         anchor = self.spec["before" if before else "after"]
         idx = [i for i, s in enumerate(body) if _def_name(s) == anchor]
@@ -281,8 +306,12 @@ class AddDefinition(Operation):
             names = [n for n in map(_def_name, body) if n]
             close = difflib.get_close_matches(anchor, names, n=4, cutoff=0.4)
             moved = [f"{hit} (moved?)" for hit in ctx.tree.find_definition_elsewhere(anchor, st.relpath)]
-            raise self.drift(ctx, st, f"no top-level definition {anchor!r} to place {name!r} "
-                             f"{'before' if before else 'after'}", moved + [f"{st.relpath}: {n}" for n in close])
+            raise self.drift(
+                ctx,
+                st,
+                f"no top-level definition {anchor!r} to place {name!r} {'before' if before else 'after'}",
+                moved + [f"{st.relpath}: {n}" for n in close],
+            )
         new = _with_blank_lines(new, 2)
         side, key = ("before" if before else "after"), ("definition", anchor)  # rebuilt by edits: named
         queued = self.queued_at(ctx, st, key, side)

@@ -10,8 +10,14 @@ from ..patterns import Pattern, is_ellipsis, parse_candidate
 from .base import ALREADY, APPLIED, OpContext, Operation
 
 _COMPOUND = {
-    "If": cst.If, "For": cst.For, "While": cst.While, "With": cst.With, "Try": cst.Try,
-    "FunctionDef": cst.FunctionDef, "AsyncFunctionDef": cst.FunctionDef, "ClassDef": cst.ClassDef,
+    "If": cst.If,
+    "For": cst.For,
+    "While": cst.While,
+    "With": cst.With,
+    "Try": cst.Try,
+    "FunctionDef": cst.FunctionDef,
+    "AsyncFunctionDef": cst.FunctionDef,
+    "ClassDef": cst.ClassDef,
 }
 
 
@@ -60,7 +66,9 @@ class InsertStatements(Operation):
         try:
             self.pattern = Pattern.parse(self.spec["anchor"], expression=False)
         except SyntaxError as exc:
-            raise RecipeError(f"{self.where}: anchor {self.spec['anchor']!r} is not a Python statement pattern: {exc}.") from None
+            raise RecipeError(
+                f"{self.where}: anchor {self.spec['anchor']!r} is not a Python statement pattern: {exc}."
+            ) from None
 
     def anchor_text(self) -> str:
         return self.spec.get("anchor", "")
@@ -71,7 +79,7 @@ class InsertStatements(Operation):
         scope_node = spath[-1]
         hits = statement_matches(st, scope_node, self.pattern)
         if len(hits) != self.count:
-            what = (f"anchor {self.anchor_text()!r} matched {len(hits)} statements, expected {self.count}")
+            what = f"anchor {self.anchor_text()!r} matched {len(hits)} statements, expected {self.count}"
             raise self.drift(ctx, st, what, self.nearest_statements(st, scope_node, self.anchor_text()))
         ref = self.code["code"]
         new = ref.body_statements()
@@ -128,7 +136,9 @@ class AddArgument(InsertStatements):
         for stmt in self.code["code"].body_statements():
             flag = _flag_of(stmt)
             if flag is None:
-                raise RecipeError(f"{self.where}: {self.code['code']} must hold only parser.add_argument('--flag', ...) calls.")
+                raise RecipeError(
+                    f"{self.where}: {self.code['code']} must hold only parser.add_argument('--flag', ...) calls."
+                )
             flags.append(flag)
         self.flags = flags
 
@@ -156,14 +166,22 @@ class AddArgument(InsertStatements):
                     self.mark_inserted(ctx, st, by_flag[after][-1], "after", olds)
                 st.own(ctx.recipe_id, olds)
                 return ALREADY
-            raise self.drift(ctx, st, f"flag(s) {', '.join(present)} already defined with other code "
-                             "(upstream added them? then mark the variant 'upstreamed')")
+            raise self.drift(
+                ctx,
+                st,
+                f"flag(s) {', '.join(present)} already defined with other code "
+                "(upstream added them? then mark the variant 'upstreamed')",
+            )
         if after not in by_flag:
             import difflib
 
             close = difflib.get_close_matches(after, list(by_flag), n=5, cutoff=0.6)
-            raise self.drift(ctx, st, f"no add_argument call for {after!r}",
-                             [f"{st.relpath}:{st.line_of(by_flag[c][-1]) or '?'}: {c}" for c in close])
+            raise self.drift(
+                ctx,
+                st,
+                f"no add_argument call for {after!r}",
+                [f"{st.relpath}:{st.line_of(by_flag[c][-1]) or '?'}: {c}" for c in close],
+            )
         hit = by_flag[after]
         stmt, block = hit[-1], hit[-2]
         body = list(cstutil.body_of(block))
@@ -179,7 +197,9 @@ def _flag_of(stmt) -> str | None:
     if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr)):
         return None
     call = stmt.body[0].value
-    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "add_argument"):
+    if not (
+        isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "add_argument"
+    ):
         return None
     for arg in call.args:
         if arg.keyword is None and isinstance(arg.value, cst.SimpleString):

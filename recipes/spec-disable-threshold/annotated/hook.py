@@ -11,7 +11,8 @@ before looking up the tier, and its tiers have no batch-size hysteresis.
 import json
 import logging
 import tempfile
-from typing import Annotated as A, Optional
+from typing import Annotated as A
+from typing import Optional
 
 logger = logging.getLogger(__name__)
 

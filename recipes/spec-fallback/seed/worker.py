@@ -21,7 +21,6 @@ import logging
 import time
 
 import torch
-
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 from sglang.srt.server_args import ServerArgs

@@ -23,7 +23,6 @@ inserted as they are; the methods here are what neither fits.
 """
 
 import torch
-
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 
 

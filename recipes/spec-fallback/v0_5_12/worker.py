@@ -29,7 +29,6 @@ import logging
 import time
 
 import torch
-
 from sglang.srt.distributed.parallel_state import graph_capture
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode

@@ -17,7 +17,6 @@ What changed in 0.5.13, and how this code follows it:
 """
 
 import torch
-
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.speculative.eagle_info import EagleDraftInput

@@ -17,7 +17,6 @@ What changed in 0.5.14, and how this code follows it:
 """
 
 import torch
-
 from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
 
 

@@ -10,7 +10,6 @@ from collections import defaultdict
 from pathlib import Path
 
 from ...errors import BadInputError
-
 from .arms import DEFAULT_ARMS as BUILT_IN  # the rest are variants
 
 
@@ -37,20 +36,30 @@ def medians(cells: list[dict], acc_len: float | None = None) -> dict:
     for key, cs in _groups(cells, acc_len).items():
         vals = [c["output_tok_s"] for c in cs]
 
-        def med(field):
+        def med(field, cs=cs):
             xs = [c[field] for c in cs if c.get(field) is not None]
             return statistics.median(xs) if xs else None
 
-        out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "reps": len(vals),
-                    "tpot_ms": med("tpot_ms"), "ttft_ms": med("ttft_ms"), "acceptance": med("acceptance"),
-                    "spec_fraction": med("spec_fraction")}
+        out[key] = {
+            "median": statistics.median(vals),
+            "min": min(vals),
+            "max": max(vals),
+            "reps": len(vals),
+            "tpot_ms": med("tpot_ms"),
+            "ttft_ms": med("ttft_ms"),
+            "acceptance": med("acceptance"),
+            "spec_fraction": med("spec_fraction"),
+        }
     return out
 
 
 def envelope(m: dict, concurrencies: list[int]) -> dict:
     """E(C) = max(A0, A1): the best of never and always speculating."""
-    return {C: max(m[("A0", C)]["median"], m[("A1", C)]["median"]) for C in concurrencies
-            if ("A0", C) in m and ("A1", C) in m}
+    return {
+        C: max(m[("A0", C)]["median"], m[("A1", C)]["median"])
+        for C in concurrencies
+        if ("A0", C) in m and ("A1", C) in m
+    }
 
 
 def ratios(m: dict, concurrencies: list[int]) -> dict:
@@ -75,8 +84,15 @@ def ratios(m: dict, concurrencies: list[int]) -> dict:
     return out
 
 
-def ratio_intervals(cells: list[dict], concurrencies: list[int], acc_len: float | None = None, level: float = 0.9,
-                    draws: int = 2000, seed: int = 0, min_reps: int = 3) -> dict:
+def ratio_intervals(
+    cells: list[dict],
+    concurrencies: list[int],
+    acc_len: float | None = None,
+    level: float = 0.9,
+    draws: int = 2000,
+    seed: int = 0,
+    min_reps: int = 3,
+) -> dict:
     """C -> {ratio: [low, high]}: bootstrap intervals of `ratios`. Each arm's reps at a C are
     resampled with replacement, the medians and ratios recomputed, and the central `level`
     of the draws kept. Why: at C = 64-128 the same code's ratio moved by 1-2 points from run
@@ -110,12 +126,18 @@ def interval_markdown(intervals: dict, concurrencies: list[int], level: float = 
     names += sorted({n for C in concurrencies for n in intervals.get(C, {})} - set(names) - {"A1/A0"})
     if not names:
         return ""
-    lines = [f"{level:.0%} intervals of the ratios (each arm's reps resampled; arms with 3 reps or more):", "",
-             "| C | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+    lines = [
+        f"{level:.0%} intervals of the ratios (each arm's reps resampled; arms with 3 reps or more):",
+        "",
+        "| C | " + " | ".join(names) + " |",
+        "|" + "---|" * (len(names) + 1),
+    ]
     for C in concurrencies:
         iv = intervals.get(C, {})
         if any(n in iv for n in names):
-            lines.append(f"| {C} | " + " | ".join(f"{iv[n][0]:.3f}-{iv[n][1]:.3f}" if n in iv else "-" for n in names) + " |")
+            lines.append(
+                f"| {C} | " + " | ".join(f"{iv[n][0]:.3f}-{iv[n][1]:.3f}" if n in iv else "-" for n in names) + " |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -132,7 +154,7 @@ def sign_test_above(values, goal: float) -> tuple[int, int, float]:
     median run over the bar with p < 0.05 is over it beyond run-to-run noise (7 of 8 runs,
     or 5 of 5), a median run over it with p = 0.31 (3 of 4) is not."""
     n, k = len(values), sum(v >= goal for v in values)
-    return k, n, sum(math.comb(n, i) for i in range(k, n + 1)) / 2 ** n
+    return k, n, sum(math.comb(n, i) for i in range(k, n + 1)) / 2**n
 
 
 def rank_sum_p(xs, ys) -> float:
@@ -239,14 +261,22 @@ def per_run_markdown(per_run: dict, concurrencies: list[int]) -> str:
     """The table of `per_run_ratios`: per C and ratio, the median run, the range and count."""
     if not per_run:
         return ""
-    lines = ["Per run (a source folder, or one repetition of --fresh-engines: each run's ratio of its own medians; "
-             "the median run, its range, the runs; against the goal, the runs at or above it and a one-sided sign "
-             "test: p < 0.05 puts the median run above the goal beyond run-to-run noise):", "",
-             "| C | ratio | median run | range | runs | goal | at or above | p |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "Per run (a source folder, or one repetition of --fresh-engines: each run's ratio of its own medians; "
+        "the median run, its range, the runs; against the goal, the runs at or above it and a one-sided sign "
+        "test: p < 0.05 puts the median run above the goal beyond run-to-run noise):",
+        "",
+        "| C | ratio | median run | range | runs | goal | at or above | p |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for C in concurrencies:
         for name, v in per_run.get(C, {}).items():
             xs = sorted(v["runs"].values())
-            test = f"{v['goal']:.2f} | {v['at_or_above']} of {len(xs)} | {v['p_above']:.3f}" if "goal" in v else "- | - | -"
+            test = (
+                f"{v['goal']:.2f} | {v['at_or_above']} of {len(xs)} | {v['p_above']:.3f}"
+                if "goal" in v
+                else "- | - | -"
+            )
             lines.append(f"| {C} | {name} | {v['median']:.3f} | {xs[0]:.3f}-{xs[-1]:.3f} | {len(xs)} | {test} |")
     return "\n".join(lines) + "\n"
 
@@ -271,13 +301,17 @@ def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:
     wins = [C for C in measured if m[("A1", C)]["median"] >= m[("A0", C)]["median"]]
     first_loss = next((C for C in measured if C > T), None)
     refine = refine_between(T, first_loss) if T and first_loss and first_loss > 1.25 * T else []
-    why = ("speculation never wins: always fall back" if T == 0 else
-           f"EAGLE-3 is at least as fast as plain decoding up to C={T} and slower above")
+    why = (
+        "speculation never wins: always fall back"
+        if T == 0
+        else f"EAGLE-3 is at least as fast as plain decoding up to C={T} and slower above"
+    )
     if refine:
-        why += (f"; the crossover lies between {T} and {first_loss}: measure --concurrency "
-                f"{','.join(map(str, refine))} --arms A0,A1 and merge to place T more finely")
-    return {"threshold": T, "wins": wins, "loses": [C for C in measured if C not in wins],
-            "refine": refine, "why": why}
+        why += (
+            f"; the crossover lies between {T} and {first_loss}: measure --concurrency "
+            f"{','.join(map(str, refine))} --arms A0,A1 and merge to place T more finely"
+        )
+    return {"threshold": T, "wins": wins, "loses": [C for C in measured if C not in wins], "refine": refine, "why": why}
 
 
 def refine_between(low: int, high: int) -> list[int]:
@@ -289,8 +323,13 @@ def markdown(m: dict, concurrencies: list[int], arms: list[str], r: dict | None 
     """The main table; `r` the ratios when not those of `m` (a merge's, `within_runs`)."""
     r = ratios(m, concurrencies) if r is None else r
     variants = [a for a in arms if a not in BUILT_IN]
-    head = ("| C | " + " | ".join(f"{a} tok/s" for a in arms) + " | E=max(A0,A1) | A2/E | A4/A0 | "
-            + "".join(f"{a}/A0 | " for a in variants) + "A3/A1 | A2 spec frac | A1 accept |")
+    head = (
+        "| C | "
+        + " | ".join(f"{a} tok/s" for a in arms)
+        + " | E=max(A0,A1) | A2/E | A4/A0 | "
+        + "".join(f"{a}/A0 | " for a in variants)
+        + "A3/A1 | A2 spec frac | A1 accept |"
+    )
     lines = [head, "|" + "---|" * (len(arms) + 7 + len(variants))]
     for C in concurrencies:
         cells = []
@@ -304,9 +343,12 @@ def markdown(m: dict, concurrencies: list[int], arms: list[str], r: dict | None 
 
         sf = m.get(("A2", C), {}).get("spec_fraction")
         acc = m.get(("A1", C), {}).get("acceptance")
-        lines.append(f"| {C} | " + " | ".join(cells) + f" | {f(row.get('E'), '{:.0f}')} | {f(row.get('A2/E'))} | "
-                     f"{f(row.get('A4/A0'))} | " + "".join(f"{f(row.get(f'{a}/A0'))} | " for a in variants)
-                     + f"{f(row.get('A3/A1'))} | {f(sf, '{:.2f}')} | {f(acc, '{:.2f}')} |")
+        lines.append(
+            f"| {C} | " + " | ".join(cells) + f" | {f(row.get('E'), '{:.0f}')} | {f(row.get('A2/E'))} | "
+            f"{f(row.get('A4/A0'))} | "
+            + "".join(f"{f(row.get(f'{a}/A0'))} | " for a in variants)
+            + f"{f(row.get('A3/A1'))} | {f(sf, '{:.2f}')} | {f(acc, '{:.2f}')} |"
+        )
     return "\n".join(lines) + "\n\n" + latency_markdown(m, concurrencies, arms)
 
 
@@ -331,9 +373,11 @@ def transition_markdown(summary: dict) -> str:
     TPOT against theirs, and the host's busy CPUs during it against theirs (a C=4 phase is
     host-bound). '-' where a run did not record them."""
     host = any(r.get("host_busy_cpus") is not None for rows in summary.values() for r in rows)
-    lines = ["| arm | phase | C | tok/s | steady tok/s (runs) | phase/steady | TTFT ms phase / steady "
-             "| TPOT ms phase / steady |" + (" host CPUs busy phase / steady |" if host else ""),
-             "|---|---|---|---|---|---|---|---|" + ("---|" if host else "")]
+    lines = [
+        "| arm | phase | C | tok/s | steady tok/s (runs) | phase/steady | TTFT ms phase / steady "
+        "| TPOT ms phase / steady |" + (" host CPUs busy phase / steady |" if host else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|" if host else ""),
+    ]
 
     def pair(r, key, digits):
         a, b = r.get(key), r.get("steady_" + key)
@@ -346,13 +390,20 @@ def transition_markdown(summary: dict) -> str:
             if runs:
                 steady += " (" + " / ".join(f"{x:.0f}" for x in runs) + ")"
             ratio = "-" if r.get("ratio") is None else f"{r['ratio']:.3f}"
-            lines.append(f"| {arm} | {i} | {r['C']} | {r['tok_s']:.0f} | {steady} | {ratio} "
-                         f"| {pair(r, 'ttft_ms', 0)} | {pair(r, 'tpot_ms', 2)} |"
-                         + (f" {pair(r, 'host_busy_cpus', 1)} |" if host else ""))
-    lowest = {arm: min(r["ratio"] for r in rows if r.get("ratio") is not None)
-              for arm, rows in summary.items() if any(r.get("ratio") is not None for r in rows)}
+            lines.append(
+                f"| {arm} | {i} | {r['C']} | {r['tok_s']:.0f} | {steady} | {ratio} "
+                f"| {pair(r, 'ttft_ms', 0)} | {pair(r, 'tpot_ms', 2)} |"
+                + (f" {pair(r, 'host_busy_cpus', 1)} |" if host else "")
+            )
+    lowest = {
+        arm: min(r["ratio"] for r in rows if r.get("ratio") is not None)
+        for arm, rows in summary.items()
+        if any(r.get("ratio") is not None for r in rows)
+    }
     if lowest:
-        lines.append(f"\nLowest phase/steady: {min(lowest.values()):.3f} (goal: no phase more than 5% below, >= 0.950).")
+        lines.append(
+            f"\nLowest phase/steady: {min(lowest.values()):.3f} (goal: no phase more than 5% below, >= 0.950)."
+        )
         if len(lowest) > 1:
             lines.append("Per transition: " + ", ".join(f"{arm} {v:.3f}" for arm, v in lowest.items()) + ".")
     return "\n".join(lines) + "\n"
@@ -372,9 +423,14 @@ def plot(m: dict, concurrencies: list[int], arms: dict, path, title: str) -> Non
         pts = [(C, m[(a, C)]) for C in concurrencies if (a, C) in m]
         if not pts:
             continue
-        ax.errorbar([p[0] for p in pts], [p[1]["median"] for p in pts],
-                    yerr=[[p[1]["median"] - p[1]["min"] for p in pts], [p[1]["max"] - p[1]["median"] for p in pts]],
-                    marker="o", capsize=3, label=f"{a}: {label}")
+        ax.errorbar(
+            [p[0] for p in pts],
+            [p[1]["median"] for p in pts],
+            yerr=[[p[1]["median"] - p[1]["min"] for p in pts], [p[1]["max"] - p[1]["median"] for p in pts]],
+            marker="o",
+            capsize=3,
+            label=f"{a}: {label}",
+        )
     ax.set_yscale("log")
     _finish(fig, ax, "output tokens/s (median of reps)", title, path, [C for _, C in m if C in concurrencies])
 
@@ -427,13 +483,21 @@ def medians_from_table(text: str) -> dict:
     for ln in lines[2:]:
         cols = [c.strip() for c in ln.strip("|").split("|")]
         C = int(cols[0])
-        for a, col in zip(arms, cols[1:1 + len(arms)]):
+        for a, col in zip(arms, cols[1 : 1 + len(arms)]):
             if col == "-":
                 continue
             med, rng = col.split(" ", 1)
             lo, hi = rng.strip("()").split("-")
-            out[(a, C)] = {"median": float(med), "min": float(lo), "max": float(hi), "reps": None,
-                           "tpot_ms": None, "ttft_ms": None, "acceptance": None, "spec_fraction": None}
+            out[(a, C)] = {
+                "median": float(med),
+                "min": float(lo),
+                "max": float(hi),
+                "reps": None,
+                "tpot_ms": None,
+                "ttft_ms": None,
+                "acceptance": None,
+                "spec_fraction": None,
+            }
     return out
 
 
@@ -453,15 +517,20 @@ def read_cells(path) -> list[dict]:
 def read_json(path):
     """A bench results file (bench-results.json, transition.json), or a one-paragraph error
     naming it when it is not JSON."""
-    return _parse(Path(path).read_text(), str(path),
-                  "the file is damaged (perhaps a run cut while writing it): mend or remove it.")
+    return _parse(
+        Path(path).read_text(),
+        str(path),
+        "the file is damaged (perhaps a run cut while writing it): mend or remove it.",
+    )
 
 
 def _parse(text: str, where: str, fix: str):
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise BadInputError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); {fix}") from None
+        raise BadInputError(
+            f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); {fix}"
+        ) from None
 
 
 def load_medians(folder, acc_len: float | None = None) -> dict:
@@ -488,8 +557,10 @@ def compare_markdown(rat: dict, concurrencies: list[int]) -> str:
     """A2/E and A2/A0 per C for several runs (name -> `load_ratios`), e.g. ours vs upstream's
     switch."""
     names = list(rat)
-    lines = ["| C | " + " | ".join(f"A2/E {n}" for n in names) + " | " + " | ".join(f"A2 vs A0 {n}" for n in names) + " |",
-             "|" + "---|" * (1 + 2 * len(names))]
+    lines = [
+        "| C | " + " | ".join(f"A2/E {n}" for n in names) + " | " + " | ".join(f"A2 vs A0 {n}" for n in names) + " |",
+        "|" + "---|" * (1 + 2 * len(names)),
+    ]
     for C in concurrencies:
         a2e = [rat[n].get(C, {}).get("A2/E") for n in names]
         a2a0 = [rat[n].get(C, {}).get("A2/A0") for n in names]
@@ -505,8 +576,12 @@ def compare_runs_markdown(cells_by_name: dict, concurrencies: list[int], ratio: 
     per = {n: per_run_ratios(cs, concurrencies) for n, cs in cells_by_name.items()}
     names = list(per)
     pair = len(names) == 2
-    lines = ["| C | " + " | ".join(f"{ratio} {n}: median run (range, runs)" for n in names)
-             + (" | rank-sum p |" if pair else " |"), "|" + "---|" * (1 + len(names) + pair)]
+    lines = [
+        "| C | "
+        + " | ".join(f"{ratio} {n}: median run (range, runs)" for n in names)
+        + (" | rank-sum p |" if pair else " |"),
+        "|" + "---|" * (1 + len(names) + pair),
+    ]
     for C in concurrencies:
         runs = [list(per[n].get(C, {}).get(ratio, {}).get("runs", {}).values()) for n in names]
         if not any(runs):

@@ -73,24 +73,37 @@ def variant(spec: str, base_arms: list[Arm], server_args: dict[str, str] | Calla
         if key not in server_args:
             close = difflib.get_close_matches(key, list(server_args), n=3, cutoff=0.6)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise ValueError(f"{key!r} is not a ServerArgs field of this SGLang{hint}; give the field's name, "
-                             "as in speculative_disable_kv_only_margin=8")
+            raise ValueError(
+                f"{key!r} is not a ServerArgs field of this SGLang{hint}; give the field's name, "
+                "as in speculative_disable_kv_only_margin=8"
+            )
         values[key] = server_arg_value(key, text, server_args[key])
     label = f"{base.label}, " + ", ".join(f"{k}={text}" for k, text in assignments)
     return Arm(name, label, base.spec, base.threshold, {**base.extra, **values}, base.name)
 
 
-def engine_kwargs(arm: Arm, models: dict, *, max_bs: int, max_total_tokens: int, port: int,
-                  log_level: str = "warning", tp: int = 1) -> dict:
+def engine_kwargs(
+    arm: Arm, models: dict, *, max_bs: int, max_total_tokens: int, port: int, log_level: str = "warning", tp: int = 1
+) -> dict:
     """The engine's settings: the same for every arm but speculation and the threshold. `tp`
     > 1 shards each engine over that many GPUs (tensor parallelism; all engines share them)."""
     kw = dict(
-        model_path=models["target"], load_format="dummy", skip_tokenizer_init=True,
-        attention_backend="triton", sampling_backend="pytorch", grammar_backend="none",
-        cuda_graph_max_bs=max_bs, max_running_requests=max_bs, disable_piecewise_cuda_graph=True,
-        mem_fraction_static=0.9, max_total_tokens=max_total_tokens, random_seed=0, port=port,
+        model_path=models["target"],
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        attention_backend="triton",
+        sampling_backend="pytorch",
+        grammar_backend="none",
+        cuda_graph_max_bs=max_bs,
+        max_running_requests=max_bs,
+        disable_piecewise_cuda_graph=True,
+        mem_fraction_static=0.9,
+        max_total_tokens=max_total_tokens,
+        random_seed=0,
+        port=port,
         nccl_port=rendezvous_port(port),  # fixed, not picked at start-up: see rendezvous_port
-        enable_metrics=True, log_level=log_level,
+        enable_metrics=True,
+        log_level=log_level,
         # Up to four engines share the machine and are measured one at a time. An idle
         # SGLang scheduler polls its sockets without blocking (0.5.12 scheduler.py,
         # event_loop_overlap; IdleSleeper only with sleep_on_idle), pinning a core each, next
@@ -101,9 +114,14 @@ def engine_kwargs(arm: Arm, models: dict, *, max_bs: int, max_total_tokens: int,
     if tp > 1:
         kw["tp_size"] = tp
     if arm.spec:
-        kw.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=models["draft"],
-                  speculative_draft_load_format="dummy", speculative_num_steps=3,
-                  speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+        kw.update(
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=models["draft"],
+            speculative_draft_load_format="dummy",
+            speculative_num_steps=3,
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=4,
+        )
     if arm.threshold is not None:
         kw["speculative_disable_batch_size_threshold"] = arm.threshold
     kw.update(arm.extra)

@@ -16,8 +16,8 @@ import json
 import re
 from bisect import bisect_left
 from collections import Counter
-from statistics import median
 from pathlib import Path
+from statistics import median
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 FLOW_PHASES = {"s", "t", "f"}  # chrome-trace flow events (arrows), not activity
@@ -58,13 +58,16 @@ def _gpu_window(gpu: list[dict]) -> tuple[float, float]:
     return gpu[0]["ts"], max(e["ts"] + e.get("dur", 0) for e in gpu)
 
 
-def _largest_differences(a: dict, b: dict, value=lambda v: v, missing=0, top: int | None = None,
-                         at_least: float = 0.0) -> list[str]:
+def _largest_differences(
+    a: dict, b: dict, value=lambda v: v, missing=0, top: int | None = None, at_least: float = 0.0
+) -> list[str]:
     """The keys of `a` and `b` (one arm's figures against another's) by how much their values
     differ, the largest first and ties in name order (reproducible tables); a key one side
     lacks counts as `missing` there."""
+
     def diff(k):
         return abs(value(b.get(k, missing)) - value(a.get(k, missing)))
+
     names = sorted(set(a) | set(b), key=lambda k: (-diff(k), k))
     return [k for k in names if diff(k) >= at_least][:top]
 
@@ -113,31 +116,41 @@ def step_anatomy(events: list[dict], gpu: list[dict], kind: str = "DECODE") -> d
     difference is in `between`: how many kernels, their busy time, and which
     (`between_kernels`, launches per step). Medians over consecutive annotated steps (the
     mean interval spreads work that comes every few steps, such as a KV-only replay)."""
-    steps = sorted((e for e in events if e.get("cat") == "gpu_user_annotation" and e.get("ph") == "X"
-                    and e.get("name", "").startswith(f"step[{kind}")), key=lambda e: e["ts"])
+    steps = sorted(
+        (
+            e
+            for e in events
+            if e.get("cat") == "gpu_user_annotation"
+            and e.get("ph") == "X"
+            and e.get("name", "").startswith(f"step[{kind}")
+        ),
+        key=lambda e: e["ts"],
+    )
     if len(steps) < 2:
         return {}
     starts = [e["ts"] for e in gpu]  # in time order (summarize)
     spans, intervals, counts, busy, names = [], [], [], [], Counter()
     for a, b in zip(steps, steps[1:]):
         end = a["ts"] + a.get("dur", 0)
-        between = gpu[bisect_left(starts, end):bisect_left(starts, b["ts"])]
+        between = gpu[bisect_left(starts, end) : bisect_left(starts, b["ts"])]
         spans.append(a.get("dur", 0))
         intervals.append(b["ts"] - a["ts"])
         counts.append(len(between))
         busy.append(sum(e.get("dur", 0) for e in between))
         names.update(_short(e.get("name", "?")) for e in between)
     n = len(intervals)
-    return {"anatomy": {
-        "steps": n,
-        "forward_ms": median(spans) / 1e3,
-        "interval_ms": median(intervals) / 1e3,
-        "interval_mean_ms": sum(intervals) / n / 1e3,
-        "between_ms": median([i - s for i, s in zip(intervals, spans)]) / 1e3,
-        "between_kernels": median(counts),
-        "between_busy_ms": median(busy) / 1e3,
-        "between_by_kernel": {k: v / n for k, v in names.most_common()},
-    }}
+    return {
+        "anatomy": {
+            "steps": n,
+            "forward_ms": median(spans) / 1e3,
+            "interval_ms": median(intervals) / 1e3,
+            "interval_mean_ms": sum(intervals) / n / 1e3,
+            "between_ms": median([i - s for i, s in zip(intervals, spans)]) / 1e3,
+            "between_kernels": median(counts),
+            "between_busy_ms": median(busy) / 1e3,
+            "between_by_kernel": {k: v / n for k, v in names.most_common()},
+        }
+    }
 
 
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}
@@ -188,12 +201,11 @@ def _label(stack: list[str]) -> str:
     label = _frame(stack[inner])
     if len(frames) > 1:
         label += f" < {_frame(stack[frames[-2]]).split(':', 1)[1]}"
-    ops = [name for name in stack[inner + 1:] if "): " not in name]
+    ops = [name for name in stack[inner + 1 :] if "): " not in name]
     return label + (f" [{ops[-1]}]" if ops else "")
 
 
-def idle_gaps(events: list[dict], gpu: list[dict], steps: int, min_gap_us: float = 1.0,
-              top: int = 10) -> dict:
+def idle_gaps(events: list[dict], gpu: list[dict], steps: int, min_gap_us: float = 1.0, top: int = 10) -> dict:
     """Why the GPU was idle: each gap between busy spans, by the kernel (or copy) that ended
     it. If that work was launched after the GPU ran dry, the host was late ("host"), and
     the gap goes to where the host was when the GPU ran dry (_label); if it was launched
@@ -201,8 +213,11 @@ def idle_gaps(events: list[dict], gpu: list[dict], steps: int, min_gap_us: float
     to where it was launched. Extra time that the GPU spends idle shows up here; extra GPU
     work, such as small kernels between two forwards, in step_anatomy (on the H200 the
     fallback's extra time at C=64 is the latter)."""
-    launches = {e["args"]["correlation"]: e for e in events
-                if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})}
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})
+    }
     if not launches:
         return {}  # nothing joins the GPU work to the host: no attribution
     gaps = []
@@ -264,59 +279,82 @@ def markdown(rows: dict, base_arm: str = "A0") -> str:
     def at(C, k):
         return f"{C}" + (f" (wave {k + 1})" if k else "")
 
-    lines = ["| arm | C | ms/step | GPU busy ms | GPU idle ms | busy | kernels/step | graph launches/step |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| arm | C | ms/step | GPU busy ms | GPU idle ms | busy | kernels/step | graph launches/step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for (arm, C, k), r in order:
         if r.get("error"):
             lines.append(f"| {arm} | {at(C, k)} | {r['error']} |  |  |  |  |  |")
             continue
-        lines.append(f"| {arm} | {at(C, k)} | {r['step_ms']:.2f} | {r['gpu_busy_ms']:.2f} | {r['gpu_idle_ms']:.2f} | "
-                     f"{r['gpu_busy_fraction']:.0%} | {r['kernels_per_step']:.0f} | {r['graph_launches_per_step']:.1f} |")
+        lines.append(
+            f"| {arm} | {at(C, k)} | {r['step_ms']:.2f} | {r['gpu_busy_ms']:.2f} | {r['gpu_idle_ms']:.2f} | "
+            f"{r['gpu_busy_fraction']:.0%} | {r['kernels_per_step']:.0f} | {r['graph_launches_per_step']:.1f} |"
+        )
     anatomies = [(arm, C, k, r["anatomy"]) for (arm, C, k), r in order if r.get("anatomy")]
     if anatomies:
-        lines += ["\nDecode steps taken apart on the GPU (medians over consecutive steps; `between`: from the end of "
-                  "one step's forward to the start of the next):\n",
-                  "| arm | C | steps | forward ms | step to step ms (mean) | between ms | kernels between | busy between ms |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "\nDecode steps taken apart on the GPU (medians over consecutive steps; `between`: from the end of "
+            "one step's forward to the start of the next):\n",
+            "| arm | C | steps | forward ms | step to step ms (mean) | between ms | kernels between | busy between ms |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for arm, C, k, a in anatomies:
-            lines.append(f"| {arm} | {at(C, k)} | {a['steps']} | {a['forward_ms']:.3f} | {a['interval_ms']:.3f} "
-                         f"({a['interval_mean_ms']:.3f}) | {a['between_ms']:.3f} | {a['between_kernels']:g} | "
-                         f"{a['between_busy_ms']:.3f} |")
+            lines.append(
+                f"| {arm} | {at(C, k)} | {a['steps']} | {a['forward_ms']:.3f} | {a['interval_ms']:.3f} "
+                f"({a['interval_mean_ms']:.3f}) | {a['between_ms']:.3f} | {a['between_kernels']:g} | "
+                f"{a['between_busy_ms']:.3f} |"
+            )
     for (arm, C, k), r in order:
         if r.get("error"):
             continue
-        lines.append(f"\n{arm} at C={at(C, k)}: top kernels (ms/step): "
-                     + "; ".join(f"{name} {v:.3f}" for name, v in r["top_kernels_ms_per_step"]))
-        lines.append(f"{arm} at C={at(C, k)}: top host ops (ms/step): "
-                     + "; ".join(f"{name} {v:.3f}" for name, v in r["top_host_ms_per_step"]))
+        lines.append(
+            f"\n{arm} at C={at(C, k)}: top kernels (ms/step): "
+            + "; ".join(f"{name} {v:.3f}" for name, v in r["top_kernels_ms_per_step"])
+        )
+        lines.append(
+            f"{arm} at C={at(C, k)}: top host ops (ms/step): "
+            + "; ".join(f"{name} {v:.3f}" for name, v in r["top_host_ms_per_step"])
+        )
         if r.get("idle_where_ms_per_step"):
             kinds = ", ".join(f"{kind} {ms:.3f}" for kind, ms in sorted(r["idle_by_kind_ms_per_step"].items()))
-            lines.append(f"{arm} at C={at(C, k)}: GPU idle by cause (ms/step): {kinds}; where: "
-                         + "; ".join(f"{name} {v:.3f} ({n:.1f}x)" for name, v, n in r["idle_where_ms_per_step"]))
+            lines.append(
+                f"{arm} at C={at(C, k)}: GPU idle by cause (ms/step): {kinds}; where: "
+                + "; ".join(f"{name} {v:.3f} ({n:.1f}x)" for name, v, n in r["idle_where_ms_per_step"])
+            )
     for (arm, C, k), r in order:
         base = rows.get((base_arm, C, k))
         if arm == base_arm or not base or r.get("error") or base.get("error"):
             continue
-        lines += [f"\n{arm} against {base_arm} at C={at(C, k)}: {r['gpu_busy_ms'] - base['gpu_busy_ms']:+.3f} ms GPU busy, "
-                  f"{r['step_ms'] - base['step_ms']:+.3f} ms per step, "
-                  f"{r['kernels_per_step'] - base['kernels_per_step']:+.0f} kernels per step; "
-                  "the kernels that differ most:\n",
-                  f"| kernel | {base_arm} ms/step | {arm} ms/step | difference ms | {base_arm} launches/step | {arm} launches/step |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            f"\n{arm} against {base_arm} at C={at(C, k)}: {r['gpu_busy_ms'] - base['gpu_busy_ms']:+.3f} ms GPU busy, "
+            f"{r['step_ms'] - base['step_ms']:+.3f} ms per step, "
+            f"{r['kernels_per_step'] - base['kernels_per_step']:+.0f} kernels per step; "
+            "the kernels that differ most:\n",
+            f"| kernel | {base_arm} ms/step | {arm} ms/step | difference ms | {base_arm} launches/step | {arm} launches/step |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, ms_a, ms_b, n_a, n_b in kernel_diff(r, base):
             lines.append(f"| `{name}` | {ms_a:.3f} | {ms_b:.3f} | {ms_b - ms_a:+.3f} | {n_a:.1f} | {n_b:.1f} |")
         if r.get("anatomy") and base.get("anatomy"):
             a, b0 = r["anatomy"]["between_by_kernel"], base["anatomy"]["between_by_kernel"]
             diff = _largest_differences(b0, a, top=12, at_least=0.05)
             if diff:
-                lines += [f"\n{arm} against {base_arm} at C={at(C, k)}: the kernels between two forwards that differ "
-                          "(launches per step):\n", f"| kernel | {base_arm} | {arm} |", "|---|---|---|"]
+                lines += [
+                    f"\n{arm} against {base_arm} at C={at(C, k)}: the kernels between two forwards that differ "
+                    "(launches per step):\n",
+                    f"| kernel | {base_arm} | {arm} |",
+                    "|---|---|---|",
+                ]
                 lines += [f"| `{name}` | {b0.get(name, 0):.2f} | {a.get(name, 0):.2f} |" for name in diff]
         if "idle_where" in r and "idle_where" in base:
-            lines += [f"\n{arm} against {base_arm} at C={at(C, k)}: {r['gpu_idle_ms'] - base['gpu_idle_ms']:+.3f} ms "
-                      "GPU idle per step; where the GPU waits differently (host: launched after the GPU ran "
-                      "dry, at the host's place then; queued: launched earlier, at its launch):\n",
-                      f"| where | {base_arm} idle ms/step | {arm} idle ms/step | difference ms |", "|---|---|---|---|"]
+            lines += [
+                f"\n{arm} against {base_arm} at C={at(C, k)}: {r['gpu_idle_ms'] - base['gpu_idle_ms']:+.3f} ms "
+                "GPU idle per step; where the GPU waits differently (host: launched after the GPU ran "
+                "dry, at the host's place then; queued: launched earlier, at its launch):\n",
+                f"| where | {base_arm} idle ms/step | {arm} idle ms/step | difference ms |",
+                "|---|---|---|---|",
+            ]
             for name, ms_a, ms_b in idle_diff(r, base):
                 lines.append(f"| `{name}` | {ms_a:.3f} | {ms_b:.3f} | {ms_b - ms_a:+.3f} |")
     return "\n".join(lines) + "\n"
@@ -335,8 +373,12 @@ def excerpt(events: list[dict], steps: int, keep: int = 2) -> list[dict]:
     # Metadata (thread names) whole; everything else inside the cut, but no flow arrows (the
     # viewer's CPU-to-GPU links: a lockstep trace has some 70 000 per step, and the
     # correlation ids that join launches to kernels are in the events' own args).
-    return [e for e in events if e.get("ph") == "M"
-            or (e.get("ph") not in FLOW_PHASES and "ts" in e and e["ts"] < b and e["ts"] + e.get("dur", 0) > a)]
+    return [
+        e
+        for e in events
+        if e.get("ph") == "M"
+        or (e.get("ph") not in FLOW_PHASES and "ts" in e and e["ts"] < b and e["ts"] + e.get("dur", 0) > a)
+    ]
 
 
 # Excerpt files, one per profiled (arm, C): ARM-C64.trace.json.gz, and ARM-C64-2... for the

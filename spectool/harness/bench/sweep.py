@@ -16,9 +16,11 @@ import time
 from pathlib import Path
 
 from ...errors import BadInputError
-from . import analyze
 from ..engine_compat import server_arg_annotations
-from .arms import DEFAULT_ARMS, MAX_ENGINES, arms as make_arms, engine_kwargs, variant as make_variant
+from . import analyze
+from .arms import DEFAULT_ARMS, MAX_ENGINES, engine_kwargs
+from .arms import arms as make_arms
+from .arms import variant as make_variant
 from .models import write_models
 
 DEFAULT_C = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -83,11 +85,30 @@ def _profile_requests(C: int, load: str, steps: int, out_len: int) -> int:
     return C
 
 
-def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, prompt_len: int = 128,
-        out_len: int = 128, acc_len: float = 3.0, transition: bool = True, budget_s: float = 540,
-        sglang_dir: str | None = None, arm_names: list[str] | None = None, variants=(), max_engines: int = MAX_ENGINES,
-        load: str = "lockstep", transition_arms=None, engine_log_level: str = "warning", port_base: int = PORT_BASE,
-        fresh_engines: bool = False, tp: int = 1, max_batch: int | None = None, console=None) -> dict:
+def run(
+    out: Path,
+    *,
+    threshold: int,
+    concurrencies=DEFAULT_C,
+    reps: int = 3,
+    prompt_len: int = 128,
+    out_len: int = 128,
+    acc_len: float = 3.0,
+    transition: bool = True,
+    budget_s: float = 540,
+    sglang_dir: str | None = None,
+    arm_names: list[str] | None = None,
+    variants=(),
+    max_engines: int = MAX_ENGINES,
+    load: str = "lockstep",
+    transition_arms=None,
+    engine_log_level: str = "warning",
+    port_base: int = PORT_BASE,
+    fresh_engines: bool = False,
+    tp: int = 1,
+    max_batch: int | None = None,
+    console=None,
+) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..verify.runner import gpu_info
@@ -98,8 +119,10 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
     unknown = sorted(set(transition_arms or ()) - {a.name for a in arm_list})
     transition_arms = transition_arms or ("A2",)
     if transition and unknown:
-        raise BadInputError(f"--transition-arms {','.join(transition_arms)}: {unknown} not among the arms measured "
-                            f"({', '.join(a.name for a in arm_list)}); add them to --arms.")
+        raise BadInputError(
+            f"--transition-arms {','.join(transition_arms)}: {unknown} not among the arms measured "
+            f"({', '.join(a.name for a in arm_list)}); add them to --arms."
+        )
     if transition and not any(a.runs_transition(transition_arms) for a in arm_list):
         transition = False  # no arm of this run takes the transition workload
     cells_path = out / "cells.jsonl"
@@ -113,10 +136,24 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
     tpath = out / "transition.json"
     trans = analyze.read_json(tpath) if tpath.exists() else None
     startup = {}
-    plan = plan_steps(arm_list, concurrencies, reps, acc_len, done, transition and trans is None, max_engines,
-                      transition_arms, fresh_engines)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console) as bar:
+    plan = plan_steps(
+        arm_list,
+        concurrencies,
+        reps,
+        acc_len,
+        done,
+        transition and trans is None,
+        max_engines,
+        transition_arms,
+        fresh_engines,
+    )
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
         task = bar.add_task("cells", total=sum(1 for _, steps in plan for t in steps if t is not None))
 
         def over_budget() -> bool:
@@ -130,25 +167,57 @@ def run(out: Path, *, threshold: int, concurrencies=DEFAULT_C, reps: int = 3, pr
             if over_budget():  # before starting engines that would measure nothing
                 break
             if len(plan) > 1:
-                bar.console.print(f"engines for {', '.join(a.name for a in wave)} (at most {max_engines} share the GPU)")
-            with _engines(wave, out, env, max_bs, kv_pool_tokens(max_bs, prompt_len, out_len),
-                          log_level=engine_log_level, port_base=port_base, tp=tp) as (procs, started):
+                bar.console.print(
+                    f"engines for {', '.join(a.name for a in wave)} (at most {max_engines} share the GPU)"
+                )
+            with _engines(
+                wave,
+                out,
+                env,
+                max_bs,
+                kv_pool_tokens(max_bs, prompt_len, out_len),
+                log_level=engine_log_level,
+                port_base=port_base,
+                tp=tp,
+            ) as (procs, started):
                 startup.update(started)
                 for step in steps:
                     stopped = over_budget()
                     if stopped:
                         break
                     if step is None:  # A2 and its variants (and any control), each on its own engine
-                        trans = {a.name: _transition(procs[a.name], a.name, out, prompt_len, out_len)
-                                 for a in wave if a.runs_transition(transition_arms)}
+                        trans = {
+                            a.name: _transition(procs[a.name], a.name, out, prompt_len, out_len)
+                            for a in wave
+                            if a.runs_transition(transition_arms)
+                        }
                         tpath.write_text(json.dumps(trans, indent=1))
                         continue
                     rep, C, arm = step
-                    res = _command(procs[arm], arm, out, {"kind": "point", "C": C, "n": _requests_for(C, load), "prompt_len": prompt_len,
-                                                      "out_len": out_len, "seed": 1000 * rep + C,
-                                                      "stagger": load == "staggered"})
-                    cell = {"arm": arm, "C": C, "rep": rep, "acc_len": acc_len, **res, "max_batch": max_bs,
-                            **({"engines": f"rep{rep}"} if fresh_engines else {}), **({"tp": tp} if tp > 1 else {})}
+                    res = _command(
+                        procs[arm],
+                        arm,
+                        out,
+                        {
+                            "kind": "point",
+                            "C": C,
+                            "n": _requests_for(C, load),
+                            "prompt_len": prompt_len,
+                            "out_len": out_len,
+                            "seed": 1000 * rep + C,
+                            "stagger": load == "staggered",
+                        },
+                    )
+                    cell = {
+                        "arm": arm,
+                        "C": C,
+                        "rep": rep,
+                        "acc_len": acc_len,
+                        **res,
+                        "max_batch": max_bs,
+                        **({"engines": f"rep{rep}"} if fresh_engines else {}),
+                        **({"tp": tp} if tp > 1 else {}),
+                    }
                     cells.append(cell)
                     with open(cells_path, "a") as f:
                         f.write(json.dumps(cell) + "\n")
@@ -168,8 +237,10 @@ def engine_batch(concurrencies, max_batch: int | None = None) -> int:
     if max_batch is None:
         return largest
     if max_batch < largest:
-        raise BadInputError(f"--max-batch {max_batch} is below the largest --concurrency ({largest}): the engines "
-                            f"could not run that many requests at once. Give at least {largest}, or leave it out.")
+        raise BadInputError(
+            f"--max-batch {max_batch} is below the largest --concurrency ({largest}): the engines "
+            f"could not run that many requests at once. Give at least {largest}, or leave it out."
+        )
     return max_batch
 
 
@@ -201,13 +272,22 @@ def load_cells(cells_path: Path, acc_len: float, load: str = "lockstep", tp: int
             fix = f"Rerun with --{name} {held[0]}, or" if len(held) == 1 else "It cannot be resumed;"
             raise BadInputError(
                 f"{cells_path} holds cells measured with {describe(held)}, and this run asks for --{name} {asked[name]}; "
-                f"such cells must not share a table. {fix} measure into a new --out folder.")
+                f"such cells must not share a table. {fix} measure into a new --out folder."
+            )
     return cells, done
 
 
-def plan_steps(arm_list, concurrencies, reps: int, acc_len: float, done: set, transition: bool,
-               max_engines: int = MAX_ENGINES, transition_arms=("A2",),
-               fresh_engines: bool = False) -> list[tuple[list, list]]:
+def plan_steps(
+    arm_list,
+    concurrencies,
+    reps: int,
+    acc_len: float,
+    done: set,
+    transition: bool,
+    max_engines: int = MAX_ENGINES,
+    transition_arms=("A2",),
+    fresh_engines: bool = False,
+) -> list[tuple[list, list]]:
     """(wave, steps) for what is still to measure: cells (rep, C, arm) not in `done`, the arm
     order rotated per repetition, and None where A2's wave runs the transition workload on A2
     and its variants (after the first repetition, so a time budget rarely cuts it off). Waves
@@ -216,8 +296,13 @@ def plan_steps(arm_list, concurrencies, reps: int, acc_len: float, done: set, tr
     its own (each entry starts its engines)."""
     plan = []
     for wave in plan_waves(arm_list, max_engines):
-        steps = [(rep, C, arm.name) for rep in range(reps) for C in concurrencies for arm in _rotated(wave, rep)
-                 if (arm.name, C, rep, acc_len) not in done]
+        steps = [
+            (rep, C, arm.name)
+            for rep in range(reps)
+            for C in concurrencies
+            for arm in _rotated(wave, rep)
+            if (arm.name, C, rep, acc_len) not in done
+        ]
         if transition and any(a.runs_transition(transition_arms) for a in wave):
             steps.insert(next((i for i, t in enumerate(steps) if t[0] >= min(1, reps - 1)), len(steps)), None)
         if not fresh_engines:
@@ -240,7 +325,7 @@ def plan_waves(arm_list, max_engines: int = MAX_ENGINES) -> list[list]:
         raise BadInputError(f"--max-engines {max_engines}: at least one engine must run")
     rank = {name: i for i, name in enumerate(WAVE_ORDER)}
     ordered = sorted(arm_list, key=lambda a: rank.get(a.name, len(rank)))
-    return [ordered[i:i + max_engines] for i in range(0, len(ordered), max_engines)]
+    return [ordered[i : i + max_engines] for i in range(0, len(ordered), max_engines)]
 
 
 def _transition(proc, arm: str, out: Path, prompt_len: int, out_len: int) -> dict:
@@ -249,12 +334,30 @@ def _transition(proc, arm: str, out: Path, prompt_len: int, out_len: int) -> dic
     Every run has prompts of its own (seeds), so none finds another's in the radix cache."""
 
     def references(seed):
-        return {str(ph["C"]): _command(proc, arm, out, {"kind": "point", "C": ph["C"], "n": ph["n"], "prompt_len": prompt_len,
-                                                   "out_len": out_len, "seed": seed + ph["C"]})
-                for ph in (LOW, HIGH)}
+        return {
+            str(ph["C"]): _command(
+                proc,
+                arm,
+                out,
+                {
+                    "kind": "point",
+                    "C": ph["C"],
+                    "n": ph["n"],
+                    "prompt_len": prompt_len,
+                    "out_len": out_len,
+                    "seed": seed + ph["C"],
+                },
+            )
+            for ph in (LOW, HIGH)
+        }
 
     before = references(1077)
-    res = _command(proc, arm, out, {"kind": "phases", "schedule": TRANSITION, "prompt_len": prompt_len, "out_len": out_len, "seed": 77})
+    res = _command(
+        proc,
+        arm,
+        out,
+        {"kind": "phases", "schedule": TRANSITION, "prompt_len": prompt_len, "out_len": out_len, "seed": 77},
+    )
     after = references(2077)
     # The references' whole records (TTFT, TPOT, window): the steady state and its runs are
     # read from them (_reference), and a phase that reads slow can be told apart as slower
@@ -271,8 +374,14 @@ def _reference(res: dict, C: int) -> tuple[float | None, list | None, list]:
     return (sum(runs) / len(runs) if runs else res.get("reference", {}).get(str(C))), runs, records
 
 
-def select_arms(threshold: int, max_bs: int, arm_names, variants=(), sglang_dir: str | None = None,
-                server_args: dict[str, str] | None = None) -> list:
+def select_arms(
+    threshold: int,
+    max_bs: int,
+    arm_names,
+    variants=(),
+    sglang_dir: str | None = None,
+    server_args: dict[str, str] | None = None,
+) -> list:
     """The arms named (the default five when none are) plus every variant (see
     arms.variant), or a one-paragraph error naming what is wrong. A variant's fields are
     checked against `server_args` (field -> type), by default those of the SGLang under
@@ -297,9 +406,11 @@ def select_arms(threshold: int, max_bs: int, arm_names, variants=(), sglang_dir:
     known = {a.name for a in every + extra}
     unknown = sorted(set(arm_names or ()) - known)
     if unknown:
-        raise BadInputError(f"--arms {','.join(arm_names)}: unknown arm(s) {unknown}; the arms are A0 (no speculation), "
-                            "A1 (EAGLE-3), A2 (threshold T), A3 (threshold above any batch), A4 (threshold 0), "
-                            "and the --variant arms.")
+        raise BadInputError(
+            f"--arms {','.join(arm_names)}: unknown arm(s) {unknown}; the arms are A0 (no speculation), "
+            "A1 (EAGLE-3), A2 (threshold T), A3 (threshold above any batch), A4 (threshold 0), "
+            "and the --variant arms."
+        )
     wanted = set(arm_names or DEFAULT_ARMS) | {a.name for a in extra}
     return [a for a in every + extra if a.name in wanted]
 
@@ -313,7 +424,9 @@ def _environment(sglang_dir, acc_len):
 
         tree = locate(sglang_dir)
         version = str(tree.version)
-        env["PYTHONPATH"] = os.pathsep.join([str(tree.root), str(Path(__file__).resolve().parents[3]), env.get("PYTHONPATH", "")])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(tree.root), str(Path(__file__).resolve().parents[3]), env.get("PYTHONPATH", "")]
+        )
     return version, env
 
 
@@ -325,22 +438,45 @@ def kv_pool_tokens(max_bs: int, prompt_len: int, out_len: int) -> int:
 
 
 @contextlib.contextmanager
-def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int, log_level: str = "warning",
-             port_base: int = PORT_BASE, tp: int = 1):
+def _engines(
+    arm_list,
+    out: Path,
+    env: dict,
+    max_bs: int,
+    max_total_tokens: int,
+    log_level: str = "warning",
+    port_base: int = PORT_BASE,
+    tp: int = 1,
+):
     """Start one engine process per arm (in parallel), yield (procs, startup seconds), stop them.
     Engine i owns the ports from port_base + 100*i (its rendezvous port among them)."""
     models = write_models(out / "models")
     procs = {}
     for i, arm in enumerate(arm_list):
-        job = {"engine": engine_kwargs(arm, models, max_bs=max_bs, max_total_tokens=max_total_tokens,
-                                     port=arm_port(port_base, i), log_level=log_level, tp=tp),
-               "ready_path": str(out / f"{arm.name}.ready.json"),
-               "stats_path": str(out / f"{arm.name}.stats.json") if arm.threshold is not None else None}
+        job = {
+            "engine": engine_kwargs(
+                arm,
+                models,
+                max_bs=max_bs,
+                max_total_tokens=max_total_tokens,
+                port=arm_port(port_base, i),
+                log_level=log_level,
+                tp=tp,
+            ),
+            "ready_path": str(out / f"{arm.name}.ready.json"),
+            "stats_path": str(out / f"{arm.name}.stats.json") if arm.threshold is not None else None,
+        }
         Path(job["ready_path"]).unlink(missing_ok=True)
         log = open(out / f"{arm.name}.log", "w")
-        procs[arm.name] = subprocess.Popen([sys.executable, "-m", "spectool.harness.bench.worker", json.dumps(job)], stdin=subprocess.PIPE,
-                                           stdout=log, stderr=subprocess.STDOUT, env=env, text=True,
-                                           start_new_session=True)
+        procs[arm.name] = subprocess.Popen(
+            [sys.executable, "-m", "spectool.harness.bench.worker", json.dumps(job)],
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            text=True,
+            start_new_session=True,
+        )
     try:
         _wait_ready(procs, out, timeout=420)
         for name in procs:
@@ -365,10 +501,25 @@ def _engines(arm_list, out: Path, env: dict, max_bs: int, max_total_tokens: int,
                     pass
 
 
-def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"), variants=(), steps: int = 30,
-            prompt_len: int = 128, out_len: int = 1024, acc_len: float = 3.0, sglang_dir: str | None = None,
-            max_engines: int = MAX_ENGINES, load: str = "wave", port_base: int = PORT_BASE, tp: int = 1,
-            max_batch: int | None = None, console=None) -> dict:
+def profile(
+    out: Path,
+    *,
+    threshold: int,
+    concurrencies,
+    arm_names=("A0", "A4"),
+    variants=(),
+    steps: int = 30,
+    prompt_len: int = 128,
+    out_len: int = 1024,
+    acc_len: float = 3.0,
+    sglang_dir: str | None = None,
+    max_engines: int = MAX_ENGINES,
+    load: str = "wave",
+    port_base: int = PORT_BASE,
+    tp: int = 1,
+    max_batch: int | None = None,
+    console=None,
+) -> dict:
     """Profile `steps` steady-state steps per arm and C with SGLang's own profiler and reduce
     each trace (bench/profile.py): profile.json and profile.md in `out`. `load`: "wave" (decode
     steps of one wave of long requests), "lockstep" (the sweep's own waves of `out_len`, for
@@ -385,23 +536,39 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
     max_bs = engine_batch(concurrencies, max_batch)
     arm_list = select_arms(threshold, max_bs, arm_names, variants, sglang_dir)
     if len(arm_list) > max_engines:
-        raise BadInputError(f"--profile runs its arms side by side: {len(arm_list)} arms are more than --max-engines "
-                            f"{max_engines}; profile fewer at a time.")
+        raise BadInputError(
+            f"--profile runs its arms side by side: {len(arm_list)} arms are more than --max-engines "
+            f"{max_engines}; profile fewer at a time."
+        )
     gpu_info("bench")
     out.mkdir(parents=True, exist_ok=True)
     version, env = _environment(sglang_dir, acc_len)
     rows, raw = {}, {}
-    with _engines(arm_list, out, env, max_bs, kv_pool_tokens(max_bs, prompt_len, out_len),
-                  port_base=port_base, tp=tp) as (procs, _):
+    with _engines(
+        arm_list, out, env, max_bs, kv_pool_tokens(max_bs, prompt_len, out_len), port_base=port_base, tp=tp
+    ) as (procs, _):
         for i, C in enumerate(concurrencies):
             k = concurrencies[:i].count(C)  # how often this C was profiled before, on these engines
             tag = f"{C}" + (f"#{k + 1}" if k else "")
             for arm in arm_list:
                 tdir = out / "traces" / f"{arm.name}-C{tag}"
                 n = _profile_requests(C, load, steps, out_len)
-                res = _command(procs[arm.name], arm.name, out, {"kind": "profile", "C": C, "n": n, "prompt_len": prompt_len,
-                                                       "out_len": out_len, "seed": C + 1000 * k, "steps": steps,
-                                                       "dir": str(tdir), "stagger": load == "staggered"})
+                res = _command(
+                    procs[arm.name],
+                    arm.name,
+                    out,
+                    {
+                        "kind": "profile",
+                        "C": C,
+                        "n": n,
+                        "prompt_len": prompt_len,
+                        "out_len": out_len,
+                        "seed": C + 1000 * k,
+                        "steps": steps,
+                        "dir": str(tdir),
+                        "stagger": load == "staggered",
+                    },
+                )
                 traces = sorted(tdir.glob("*TP-0*.trace.json*")) or sorted(tdir.glob("*.trace.json*"))
                 events = prof.load_events(traces[0]) if traces else []
                 summary = prof.summarize(events, steps) if traces else {"error": "no trace written"}
@@ -413,13 +580,26 @@ def profile(out: Path, *, threshold: int, concurrencies, arm_names=("A0", "A4"),
                 rows[(arm.name, C, k)] = summary
                 raw[f"{arm.name}@{tag}"] = summary
                 # Written after every trace: an engine that dies later leaves what was measured.
-                (out / "profile.json").write_text(json.dumps(
-                    {"sglang_version": version, "threshold": threshold, "steps": steps, "load": load,
-                     "out_len": out_len, **({"tp": tp} if tp > 1 else {}), "rows": raw}, indent=1))
+                (out / "profile.json").write_text(
+                    json.dumps(
+                        {
+                            "sglang_version": version,
+                            "threshold": threshold,
+                            "steps": steps,
+                            "load": load,
+                            "out_len": out_len,
+                            **({"tp": tp} if tp > 1 else {}),
+                            "rows": raw,
+                        },
+                        indent=1,
+                    )
+                )
                 (out / "profile.md").write_text(prof.markdown(rows))
                 if console:
-                    console.print(f"profiled {arm.name} at C={tag}: {summary.get('step_ms', 0):.2f} ms/step, "
-                                  f"GPU busy {summary.get('gpu_busy_ms', 0):.2f} ms")
+                    console.print(
+                        f"profiled {arm.name} at C={tag}: {summary.get('step_ms', 0):.2f} ms/step, "
+                        f"GPU busy {summary.get('gpu_busy_ms', 0):.2f} ms"
+                    )
     return raw
 
 
@@ -431,8 +611,10 @@ def _rotated(arm_list, rep):
 # What to change when the engines do not fit the GPU together (each arm's engine holds a KV
 # pool for every request of its batch capacity at full length: engine_batch): degraded_engine,
 # engine_failure.
-MEMORY_ADVICE = ("Free GPU memory: fewer arms at once (--arms, --max-engines), a smaller largest C or --max-batch, "
-                 "or shorter requests (--out-len), and run again.")
+MEMORY_ADVICE = (
+    "Free GPU memory: fewer arms at once (--arms, --max-engines), a smaller largest C or --max-batch, "
+    "or shorter requests (--out-len), and run again."
+)
 
 
 def degraded_engine(arm: str, log: str) -> str | None:
@@ -444,13 +626,17 @@ def degraded_engine(arm: str, log: str) -> str | None:
     requests, retracting)."""
     for line in log.splitlines():
         if "spec-fallback: could not capture" in line:
-            return (f"bench arm {arm} started without its fallback CUDA graphs, so its timings would not be "
-                    f"the fallback's: {line.split('spec-fallback: ', 1)[1][:300]} {MEMORY_ADVICE}")
+            return (
+                f"bench arm {arm} started without its fallback CUDA graphs, so its timings would not be "
+                f"the fallback's: {line.split('spec-fallback: ', 1)[1][:300]} {MEMORY_ADVICE}"
+            )
         shrunk = re.search(r"max_total_tokens=(\d+) is larger than the profiled value (\d+)", line)
         if shrunk:
-            return (f"bench arm {arm}'s engine got a KV pool of {int(shrunk[2]):,} tokens, not the {int(shrunk[1]):,} "
-                    "the bench sizes every arm's for (every request of the largest C at full length), so it would "
-                    f"run smaller batches than the other arms. {MEMORY_ADVICE}")
+            return (
+                f"bench arm {arm}'s engine got a KV pool of {int(shrunk[2]):,} tokens, not the {int(shrunk[1]):,} "
+                "the bench sizes every arm's for (every request of the largest C at full length), so it would "
+                f"run smaller batches than the other arms. {MEMORY_ADVICE}"
+            )
     return None
 
 
@@ -500,8 +686,20 @@ def _command(proc, arm: str, out, cmd):
     return res
 
 
-def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startup, version=None, gpu=None,
-              arm_list=(), load="lockstep", extra=None) -> dict:
+def summarize(
+    out: Path,
+    cells,
+    concurrencies,
+    threshold,
+    acc_len,
+    trans,
+    startup,
+    version=None,
+    gpu=None,
+    arm_list=(),
+    load="lockstep",
+    extra=None,
+) -> dict:
     m = analyze.medians(cells, acc_len)
     r = analyze.merged_ratios(cells, concurrencies, acc_len)
     intervals = analyze.merged_intervals(cells, concurrencies, acc_len)
@@ -510,8 +708,13 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
     labels.update({a: a for a, _ in m if a not in labels})  # variants of an earlier run
     tp = max((cell_tp(c) for c in cells), default=1)  # one size per folder (load_cells, merge)
     report = {
-        "sglang_version": version, "gpu": gpu, "threshold": threshold, "acc_len": acc_len, "concurrencies": concurrencies,
-        "load": load, **({"tp": tp} if tp > 1 else {}),
+        "sglang_version": version,
+        "gpu": gpu,
+        "threshold": threshold,
+        "acc_len": acc_len,
+        "concurrencies": concurrencies,
+        "load": load,
+        **({"tp": tp} if tp > 1 else {}),
         "cells": {f"{a}@{C}": v for (a, C), v in sorted(m.items(), key=lambda kv: (kv[0][0], kv[0][1]))},
         "ratios": {str(C): v for C, v in r.items()},
         "ratio_intervals_90": {str(C): v for C, v in intervals.items()},
@@ -529,8 +732,10 @@ def summarize(out: Path, cells, concurrencies, threshold, acc_len, trans, startu
     if per_run:
         parts.append(analyze.per_run_markdown(per_run, concurrencies))
     if report["transition"]:
-        parts.append("Transition workload (alternating C=4 and C=192, closed loop):\n\n"
-                     + analyze.transition_markdown(report["transition"]))
+        parts.append(
+            "Transition workload (alternating C=4 and C=192, closed loop):\n\n"
+            + analyze.transition_markdown(report["transition"])
+        )
     (out / "bench-table.md").write_text("\n".join(parts))
     sharded = f", TP={tp}" if tp > 1 else ""
     title = f"Llama-3.1-8B shape, {gpu or '?'}{sharded}, SGLang {version or '?'}, acceptance {acc_len}, T={threshold}, {load} load"
@@ -561,13 +766,19 @@ def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
         if not has_cells and not tpath.exists():
             raise BadInputError(f"--merge: {src} has no cells.jsonl or transition.json (not a bench results folder).")
         report = analyze.read_json(src / "bench-results.json") if (src / "bench-results.json").exists() else {}
-        src_cells = [c for c in analyze.read_cells(src / "cells.jsonl") if c.get("acc_len", acc_len) == acc_len] if has_cells else []
+        src_cells = (
+            [c for c in analyze.read_cells(src / "cells.jsonl") if c.get("acc_len", acc_len) == acc_len]
+            if has_cells
+            else []
+        )
         held = [(name, v) for name, read, _ in CELL_SETUP for v in sorted({read(c) for c in src_cells})]
         held += [(k, report[k]) for k in ("sglang_version", "gpu", "threshold") if report.get(k) is not None]
         for key, value in held:
             if meta.setdefault(key, value) != value:
-                raise BadInputError(f"--merge: {src} was measured with {key} {value!r}, an earlier folder with "
-                                    f"{meta[key]!r}; only runs of the same setup make one table.")
+                raise BadInputError(
+                    f"--merge: {src} was measured with {key} {value!r}, an earlier folder with "
+                    f"{meta[key]!r}; only runs of the same setup make one table."
+                )
         cells += [{**c, "source": c.get("source", src.name)} for c in src_cells]
         for key, res in (analyze.read_json(tpath) if tpath.exists() else {}).items():
             arm = res.get("arm", key)
@@ -581,9 +792,19 @@ def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
     if trans:
         (out / "transition.json").write_text(json.dumps(trans, indent=1))
     concurrencies = sorted({c["C"] for c in cells})
-    return summarize(out, cells, concurrencies, meta.get("threshold", 0), acc_len, trans or None, {},
-                     meta.get("sglang_version"), meta.get("gpu"), load=meta.get("load", "lockstep"),
-                     extra={"merged_from": [src.name for src in sources]})
+    return summarize(
+        out,
+        cells,
+        concurrencies,
+        meta.get("threshold", 0),
+        acc_len,
+        trans or None,
+        {},
+        meta.get("sglang_version"),
+        meta.get("gpu"),
+        load=meta.get("load", "lockstep"),
+        extra={"merged_from": [src.name for src in sources]},
+    )
 
 
 def _transition_summary(trans, m):
@@ -596,14 +817,21 @@ def _transition_summary(trans, m):
         for ph in res["phases"]:
             ref, runs, records = _reference(res, ph["C"])
             steady = ref or m.get((arm, ph["C"]), {}).get("median") or _interp(m, arm, ph["C"])
-            rows.append({"C": ph["C"], "tok_s": ph["output_tok_s"], "steady": steady,
-                         "ratio": ph["output_tok_s"] / steady if steady else None,
-                         "reference_runs": runs,
-                         "ttft_ms": ph.get("ttft_ms"), "tpot_ms": ph.get("tpot_ms"),
-                         "steady_ttft_ms": _mean(r.get("ttft_ms") for r in records),
-                         "steady_tpot_ms": _mean(r.get("tpot_ms") for r in records),
-                         "host_busy_cpus": ph.get("host_busy_cpus"),
-                         "steady_host_busy_cpus": _mean(r.get("host_busy_cpus") for r in records)})
+            rows.append(
+                {
+                    "C": ph["C"],
+                    "tok_s": ph["output_tok_s"],
+                    "steady": steady,
+                    "ratio": ph["output_tok_s"] / steady if steady else None,
+                    "reference_runs": runs,
+                    "ttft_ms": ph.get("ttft_ms"),
+                    "tpot_ms": ph.get("tpot_ms"),
+                    "steady_ttft_ms": _mean(r.get("ttft_ms") for r in records),
+                    "steady_tpot_ms": _mean(r.get("tpot_ms") for r in records),
+                    "host_busy_cpus": ph.get("host_busy_cpus"),
+                    "steady_host_busy_cpus": _mean(r.get("host_busy_cpus") for r in records),
+                }
+            )
         out[label] = rows
     return out
 

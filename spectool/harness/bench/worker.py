@@ -13,14 +13,24 @@ import statistics
 import sys
 import time
 
-from . import hostload
-from .analyze import quantile  # the spreads' convention, shared with the intervals
 from ..verify.compare import stats_window  # the fallback's counters, read and differenced as verify does
 from ..verify.engine_worker import settled_stats
+from . import hostload
+from .analyze import quantile  # the spreads' convention, shared with the intervals
 
 
-async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, seed: int, vocab: int,
-                      stagger: bool = False, min_window_s: float = 0.5, on_steady=None) -> dict:
+async def closed_loop(
+    engine,
+    C: int,
+    n: int,
+    prompt_len: int,
+    out_len: int,
+    seed: int,
+    vocab: int,
+    stagger: bool = False,
+    min_window_s: float = 0.5,
+    on_steady=None,
+) -> dict:
     """C requests in flight until n are done; throughput over a steady-state window.
 
     Lockstep (the default): with equal output lengths, C clients started together move in
@@ -51,11 +61,18 @@ async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, see
         # at token SGLANG_FORCE_STREAM_INTERVAL, 50, so it read TPOT about 0.6x too short and
         # TTFT too long, and at a spec step's stride rather than per token.)
         start = time.perf_counter()
-        chunks = await engine.async_generate(input_ids=prompt, stream=True, sampling_params={
-            "temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True,
-            "stream_interval": max_new_tokens + 1})
+        chunks = await engine.async_generate(
+            input_ids=prompt,
+            stream=True,
+            sampling_params={
+                "temperature": 0.0,
+                "max_new_tokens": max_new_tokens,
+                "ignore_eos": True,
+                "stream_interval": max_new_tokens + 1,
+            },
+        )
         first, out = None, {}
-        async for out in chunks:
+        async for out in chunks:  # noqa: B007 - the last chunk is read after the loop
             if first is None:
                 first = time.perf_counter()
         end = time.perf_counter()
@@ -63,8 +80,14 @@ async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, see
         tokens = m.get("completion_tokens") or len(out.get("output_ids", []))
         ttft = (first or end) - start
         tpot = (end - first) / (tokens - 1) if first is not None and tokens > 1 and end > first else None
-        return {"start": start, "end": end, "tokens": tokens, "tpot": tpot, "ttft": ttft,
-                "accept": m.get("spec_accept_length")}
+        return {
+            "start": start,
+            "end": end,
+            "tokens": tokens,
+            "tpot": tpot,
+            "ttft": ttft,
+            "accept": m.get("spec_accept_length"),
+        }
 
     async def client(k):
         nonlocal nxt
@@ -101,7 +124,11 @@ async def closed_loop(engine, C: int, n: int, prompt_len: int, out_len: int, see
     accepts = [r["accept"] for r in measured if r["accept"]]
     ttfts = sorted(r["ttft"] for r in measured if r["ttft"] is not None)
     return {
-        "C": C, "n": n, "output_tok_s": produced / (w1 - w0), "window_s": w1 - w0, "wall_s": t_end - t0,
+        "C": C,
+        "n": n,
+        "output_tok_s": produced / (w1 - w0),
+        "window_s": w1 - w0,
+        "wall_s": t_end - t0,
         "overall_tok_s": sum(r["tokens"] for r in recs) / (t_end - t0),
         "tpot_ms": (med([r["tpot"] for r in measured if r["tpot"]]) or 0) * 1e3 or None,
         "ttft_ms": (med(ttfts) or 0) * 1e3 or None,
@@ -121,8 +148,11 @@ def ttft_spread_ms(ttfts: list[float]) -> dict:
     """10th and 90th percentile and maximum of the sorted TTFTs (seconds), in ms."""
     if not ttfts:
         return {}
-    return {"ttft_p10_ms": quantile(ttfts, 0.1) * 1e3, "ttft_p90_ms": quantile(ttfts, 0.9) * 1e3,
-            "ttft_max_ms": ttfts[-1] * 1e3}
+    return {
+        "ttft_p10_ms": quantile(ttfts, 0.1) * 1e3,
+        "ttft_p90_ms": quantile(ttfts, 0.9) * 1e3,
+        "ttft_max_ms": ttfts[-1] * 1e3,
+    }
 
 
 async def phases(engine, schedule: list[dict], prompt_len: int, out_len: int, seed: int, vocab: int) -> list[dict]:
@@ -133,8 +163,19 @@ async def phases(engine, schedule: list[dict], prompt_len: int, out_len: int, se
     return out
 
 
-async def profiled(engine, C: int, n: int, prompt_len: int, out_len: int, seed: int, vocab: int, steps: int,
-                   out_dir: str, warmup_s: float = 2.0, stagger: bool = False) -> dict:
+async def profiled(
+    engine,
+    C: int,
+    n: int,
+    prompt_len: int,
+    out_len: int,
+    seed: int,
+    vocab: int,
+    steps: int,
+    out_dir: str,
+    warmup_s: float = 2.0,
+    stagger: bool = False,
+) -> dict:
     """SGLang's own profiler records `steps` forward steps (CPU and GPU activity) into
     `out_dir`, during a closed loop of `n` requests. Default: one wave of long requests,
     profiled once their prefills are done (after `warmup_s`): decode steps only. `stagger`:
@@ -142,8 +183,9 @@ async def profiled(engine, C: int, n: int, prompt_len: int, out_len: int, seed: 
     prefills of arriving requests in their serving mix."""
 
     def start():
-        return engine.tokenizer_manager.start_profile(output_dir=out_dir, num_steps=steps, activities=["CPU", "GPU"],
-                                                      with_stack=False, record_shapes=False)
+        return engine.tokenizer_manager.start_profile(
+            output_dir=out_dir, num_steps=steps, activities=["CPU", "GPU"], with_stack=False, record_shapes=False
+        )
 
     if stagger:
         return await closed_loop(engine, C, n, prompt_len, out_len, seed, vocab, stagger=True, on_steady=start)
@@ -163,18 +205,45 @@ def handle(engine, cmd: dict, job: dict, loop, vocab: int, warmed: set) -> dict:
     yet, the measurement, and the fallback counters' difference over it (each read once the
     engine's steps before it are all in the stats file)."""
     if cmd["kind"] == "point" and cmd["C"] not in warmed:
-        loop.run_until_complete(closed_loop(engine, cmd["C"], cmd["C"], cmd["prompt_len"], WARMUP_OUT_LEN,
-                                            cmd["seed"] + 7919, vocab))
+        loop.run_until_complete(
+            closed_loop(engine, cmd["C"], cmd["C"], cmd["prompt_len"], WARMUP_OUT_LEN, cmd["seed"] + 7919, vocab)
+        )
         warmed.add(cmd["C"])
     before = settled_stats(job.get("stats_path"))
     if cmd["kind"] == "profile":
-        res = loop.run_until_complete(profiled(engine, cmd["C"], cmd["n"], cmd["prompt_len"], cmd["out_len"], cmd["seed"],
-                                               vocab, cmd["steps"], cmd["dir"], stagger=cmd.get("stagger", False)))
+        res = loop.run_until_complete(
+            profiled(
+                engine,
+                cmd["C"],
+                cmd["n"],
+                cmd["prompt_len"],
+                cmd["out_len"],
+                cmd["seed"],
+                vocab,
+                cmd["steps"],
+                cmd["dir"],
+                stagger=cmd.get("stagger", False),
+            )
+        )
     elif cmd["kind"] == "point":
-        res = loop.run_until_complete(closed_loop(engine, cmd["C"], cmd["n"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab,
-                                                  stagger=cmd.get("stagger", False)))
+        res = loop.run_until_complete(
+            closed_loop(
+                engine,
+                cmd["C"],
+                cmd["n"],
+                cmd["prompt_len"],
+                cmd["out_len"],
+                cmd["seed"],
+                vocab,
+                stagger=cmd.get("stagger", False),
+            )
+        )
     else:
-        res = {"phases": loop.run_until_complete(phases(engine, cmd["schedule"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab))}
+        res = {
+            "phases": loop.run_until_complete(
+                phases(engine, cmd["schedule"], cmd["prompt_len"], cmd["out_len"], cmd["seed"], vocab)
+            )
+        }
     after = settled_stats(job.get("stats_path"))
     if before or after:
         window = stats_window(before, after)

@@ -12,8 +12,16 @@ GOLDEN_SCHEMA = 1
 
 def stats_window(before: dict, after: dict) -> dict:
     """Counter deltas and the phases that ran between two snapshots of the stats file."""
-    keys = ("fallback_steps", "spec_steps", "switches_to_fallback", "switches_to_spec", "fallback_requests",
-            "draft_kv_only_steps", "draft_kv_only_graph_steps", "draft_kv_only_prefills")
+    keys = (
+        "fallback_steps",
+        "spec_steps",
+        "switches_to_fallback",
+        "switches_to_spec",
+        "fallback_requests",
+        "draft_kv_only_steps",
+        "draft_kv_only_graph_steps",
+        "draft_kv_only_prefills",
+    )
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in keys}
     prev = {p["id"]: p for p in before.get("phases", [])}
     phases = []
@@ -39,7 +47,7 @@ def transitions(phases: list[dict]) -> dict:
     first_fb = modes.index("fallback") if "fallback" in modes else None
     last_fb = len(modes) - 1 - modes[::-1].index("fallback") if "fallback" in modes else None
     spec_before = [p for p in phases[:first_fb] if p["mode"] == "spec"] if first_fb is not None else []
-    spec_after = [p for p in phases[last_fb + 1:] if p["mode"] == "spec"] if last_fb is not None else []
+    spec_after = [p for p in phases[last_fb + 1 :] if p["mode"] == "spec"] if last_fb is not None else []
     return {
         "spec_after_fallback": bool(spec_after) and sum(p["steps"] for p in spec_after) > 0,
         "fallback_after_spec": bool(spec_before) and sum(p["steps"] for p in spec_before) > 0,
@@ -97,7 +105,9 @@ def check_expectations(expect: dict, window: dict) -> list[str]:
         if a is None or b is None:
             fails.append("acceptance before/after the fallback could not be measured")
         elif b < a - 0.05:
-            fails.append(f"acceptance after speculation resumed ({b:.2f}) is below before the fallback ({a:.2f}): stale draft KV?")
+            fails.append(
+                f"acceptance after speculation resumed ({b:.2f}) is below before the fallback ({a:.2f}): stale draft KV?"
+            )
     return fails
 
 
@@ -113,7 +123,9 @@ class TokenComparison:
         return self.requests > 0 and self.equal == self.requests
 
 
-def compare_tokens(baseline: list[dict], candidate: list[dict], prompts: list[list[int]] | None = None) -> TokenComparison:
+def compare_tokens(
+    baseline: list[dict], candidate: list[dict], prompts: list[list[int]] | None = None
+) -> TokenComparison:
     """Exact equality per request; on a mismatch, where and how close the baseline was."""
     out = TokenComparison()
     for b, c in zip(baseline, candidate):
@@ -125,16 +137,21 @@ def compare_tokens(baseline: list[dict], candidate: list[dict], prompts: list[li
             continue
         pos = next((i for i, (x, y) in enumerate(zip(bi, ci)) if x != y), min(len(bi), len(ci)))
         margins = b.get("top2_margins") or []
-        out.mismatches.append({
-            "request": b.get("index"), "first_diff": pos,
-            "baseline_token": bi[pos] if pos < len(bi) else None,
-            "candidate_token": ci[pos] if pos < len(ci) else None,
-            "baseline_top2_margin": margins[pos] if pos < len(margins) else None,
-            "lengths": [len(bi), len(ci)],
-            "prompt_len": len(prompts[b["index"]]) if prompts else None,
-        })
+        out.mismatches.append(
+            {
+                "request": b.get("index"),
+                "first_diff": pos,
+                "baseline_token": bi[pos] if pos < len(bi) else None,
+                "candidate_token": ci[pos] if pos < len(ci) else None,
+                "baseline_top2_margin": margins[pos] if pos < len(margins) else None,
+                "lengths": [len(bi), len(ci)],
+                "prompt_len": len(prompts[b["index"]]) if prompts else None,
+            }
+        )
     if len(baseline) != len(candidate):
-        out.mismatches.append({"request": None, "error": f"{len(baseline)} baseline vs {len(candidate)} candidate requests"})
+        out.mismatches.append(
+            {"request": None, "error": f"{len(baseline)} baseline vs {len(candidate)} candidate requests"}
+        )
     return out
 
 
@@ -158,13 +175,18 @@ def compare_logprobs(baseline: list[dict], candidate: list[dict], tol: float) ->
             if len(got) != len(want) or not got:
                 fails.append(f"request {i}: {len(got)} {key} for the baseline's {len(want)}")
                 continue
-            flat = [(pos, g, w) for pos, (gs, ws) in enumerate(zip(got, want))
-                    for g, w in (zip(gs, ws) if isinstance(gs, list) else [(gs, ws)])]
+            flat = [
+                (pos, g, w)
+                for pos, (gs, ws) in enumerate(zip(got, want))
+                for g, w in (zip(gs, ws) if isinstance(gs, list) else [(gs, ws)])
+            ]
             bad = [(pos, g, w) for pos, g, w in flat if g is None or w is None or _far(g, w, tol)]
             if bad:
                 pos, g, w = bad[0]
-                fails.append(f"request {i}: {len(bad)} {key} differ from the baseline's beyond {tol} "
-                             f"(first at token {pos}: {g} vs {w})")
+                fails.append(
+                    f"request {i}: {len(bad)} {key} differ from the baseline's beyond {tol} "
+                    f"(first at token {pos}: {g} vs {w})"
+                )
     if not asked:
         fails.append("no request asked for logprobs, so none were compared")
     return fails
@@ -186,8 +208,10 @@ def compare_hidden_states(baseline: list[dict], candidate: list[dict], tol: floa
         for pos, (g, w) in enumerate(zip(got, want)):
             scale = max(abs(x) for x in w) or 1.0
             if len(g) != len(w) or max(abs(x - y) for x, y in zip(g, w)) > tol * scale:
-                fails.append(f"request {i}: hidden states differ from the baseline's at decode step {pos} "
-                             f"(width {len(g)} vs {len(w)}; beyond {tol} of the row's largest value)")
+                fails.append(
+                    f"request {i}: hidden states differ from the baseline's at decode step {pos} "
+                    f"(width {len(g)} vs {len(w)}; beyond {tol} of the row's largest value)"
+                )
                 break
     if not asked:
         fails.append("no request asked for hidden states, so none were compared")
@@ -220,11 +244,17 @@ def golden_path(root: Path, sglang_version: str, arch: str) -> Path:
 def make_golden(sglang_version: str, arch: str, model_meta: dict, settings: dict, baselines: dict) -> dict:
     """baselines: workload name -> {prompts, requests (with output_ids, top2_margins)}."""
     return {
-        "schema": GOLDEN_SCHEMA, "sglang_version": sglang_version, "gpu_arch": arch,
-        "model": model_meta, "settings": settings,
+        "schema": GOLDEN_SCHEMA,
+        "sglang_version": sglang_version,
+        "gpu_arch": arch,
+        "model": model_meta,
+        "settings": settings,
         "workloads": {
-            name: {"prompts_sha": prompts_hash(b["prompts"]), "min_top2_margin": min_margin(b["requests"]),
-                   "output_ids": [r["output_ids"] for r in b["requests"]]}
+            name: {
+                "prompts_sha": prompts_hash(b["prompts"]),
+                "min_top2_margin": min_margin(b["requests"]),
+                "output_ids": [r["output_ids"] for r in b["requests"]],
+            }
             for name, b in sorted(baselines.items())
         },
     }
@@ -253,5 +283,7 @@ def compare_to_golden(golden: dict, name: str, prompts: list[list[int]], request
     if w["prompts_sha"] != prompts_hash(prompts):
         return [f"workload {name}: prompts differ from the golden file (different seed or generator)"]
     cmp = compare_tokens([{"output_ids": o, "index": i} for i, o in enumerate(w["output_ids"])], requests)
-    return [f"workload {name}: baseline differs from golden in request {m.get('request')} at token {m.get('first_diff')}"
-            for m in cmp.mismatches]
+    return [
+        f"workload {name}: baseline differs from golden in request {m.get('request')} at token {m.get('first_diff')}"
+        for m in cmp.mismatches
+    ]

@@ -94,8 +94,12 @@ def engine_kwargs(job: dict) -> dict:
         kw["chunked_prefill_size"] = cfg["chunked_prefill"]
     algo = cfg["algorithm"]
     if algo:
-        kw.update(speculative_algorithm=algo, speculative_num_steps=3, speculative_eagle_topk=1,
-                  speculative_num_draft_tokens=4)
+        kw.update(
+            speculative_algorithm=algo,
+            speculative_num_steps=3,
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=4,
+        )
         if algo == "EAGLE3":
             kw.update(speculative_draft_model_path=job["eagle3_draft"])  # the trained head
         else:
@@ -133,8 +137,10 @@ def record(i: int, out: dict, req: dict, want_logprobs: bool, t0: float) -> dict
     if want_logprobs or req.get("return_logprob"):
         rec["asked_logprobs"] = bool(req.get("return_logprob"))
         rec["token_logprobs"] = [e[0] for e in meta.get("output_token_logprobs") or []]
-        top = [sorted((p[0] for p in pos if p and p[0] is not None), reverse=True)
-               for pos in meta.get("output_top_logprobs") or []]
+        top = [
+            sorted((p[0] for p in pos if p and p[0] is not None), reverse=True)
+            for pos in meta.get("output_top_logprobs") or []
+        ]
         rec["top_logprobs"] = [vals[:2] for vals in top]
         rec["top2_margins"] = [vals[0] - vals[1] if len(vals) >= 2 else None for vals in top]
     if req.get("return_hidden_states"):
@@ -184,8 +190,10 @@ def main(job_path: str, out_path: str) -> int:
             outs = loop.run_until_complete(_run_workload(engine, wl, want_lp))
             after = settled_stats(stats_path, job=job)
             result["workloads"][wl["name"]] = {
-                "requests": outs, "seconds": round(time.perf_counter() - t0, 3),
-                "stats_before": before, "stats_after": after,
+                "requests": outs,
+                "seconds": round(time.perf_counter() - t0, 3),
+                "stats_before": before,
+                "stats_after": after,
             }
         result["ok"] = True
     finally:

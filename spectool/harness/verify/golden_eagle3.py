@@ -75,7 +75,7 @@ def _head(spec: ModelSpec):
     class Head(nn.Module):
         def __init__(self):
             super().__init__()
-            H, I = spec.hidden, spec.intermediate
+            H, I = spec.hidden, spec.intermediate  # noqa: E741 - the paper's names
             self.fc = nn.Linear(3 * H, H, bias=False)
             self.hidden_norm = nn.Parameter(torch.ones(H))
             self.input_layernorm = nn.Parameter(torch.ones(H))
@@ -115,7 +115,7 @@ def _head(spec: ModelSpec):
             causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
             keys, vals, out_logits = [], [], []
             for s in range(steps):
-                q, k, v = self.qkv(embed(ids[:, s + 1: s + 1 + t]), h, pos + s)
+                q, k, v = self.qkv(embed(ids[:, s + 1 : s + 1 + t]), h, pos + s)
                 keys.append(k)
                 vals.append(v)
                 scale = 1.0 / math.sqrt(hd)
@@ -124,7 +124,7 @@ def _head(spec: ModelSpec):
                 w = torch.softmax(torch.cat(scores, -1), -1)
                 attn = w[..., :t] @ vals[0]
                 for j, vv in enumerate(vals[1:]):
-                    attn = attn + w[..., t + j: t + j + 1] * vv
+                    attn = attn + w[..., t + j : t + j + 1] * vv
                 logits, h = self.finish(attn, h)
                 out_logits.append(logits)
             return out_logits
@@ -134,7 +134,7 @@ def _head(spec: ModelSpec):
 
 def chain_targets(ids, steps: int, t: int):
     """What step s at position i must draft: the token i+s+2 of the sequence."""
-    return [ids[:, s + 2: s + 2 + t] for s in range(steps)]
+    return [ids[:, s + 2 : s + 2 + t] for s in range(steps)]
 
 
 def train_head(target, spec: ModelSpec, head_spec: HeadSpec = HeadSpec(), device: str = "cpu", log=print):
@@ -150,7 +150,8 @@ def train_head(target, spec: ModelSpec, head_spec: HeadSpec = HeadSpec(), device
     opt = torch.optim.AdamW(head.parameters(), lr=head_spec.lr, weight_decay=0.0)
     n = head_spec.steps
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / head_spec.warmup) * 0.5 * (1 + math.cos(math.pi * s / n)))
+        opt, lambda s: min(1.0, (s + 1) / head_spec.warmup) * 0.5 * (1 + math.cos(math.pi * s / n))
+    )
     t0, acc = time.time(), []
     L, K = head_spec.seq_len, head_spec.chain
     for step in range(n):
@@ -160,7 +161,13 @@ def train_head(target, spec: ModelSpec, head_spec: HeadSpec = HeadSpec(), device
             feats = target_features(target, ids[:, :L], spec)
         logits = head.chain(target.embed_tokens, feats[:, :t], ids, K)
         goals = chain_targets(ids, K, t)
-        loss = sum(torch.nn.functional.cross_entropy(lg.reshape(-1, spec.vocab), g.reshape(-1)) for lg, g in zip(logits, goals)) / K
+        loss = (
+            sum(
+                torch.nn.functional.cross_entropy(lg.reshape(-1, spec.vocab), g.reshape(-1))
+                for lg, g in zip(logits, goals)
+            )
+            / K
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -169,7 +176,9 @@ def train_head(target, spec: ModelSpec, head_spec: HeadSpec = HeadSpec(), device
         if step == n - 1 or (log and step % 100 == 0):  # the last step's always: it is saved with the head
             acc = [float((lg.argmax(-1) == g).float().mean()) for lg, g in zip(logits, goals)]
         if log and (step % 100 == 0 or step == n - 1):
-            log(f"golden EAGLE-3 head: step {step}/{n} loss {float(loss.detach()):.4f} accuracy per draft step {[round(a, 3) for a in acc]}")
+            log(
+                f"golden EAGLE-3 head: step {step}/{n} loss {float(loss.detach()):.4f} accuracy per draft step {[round(a, 3) for a in acc]}"
+            )
     return head, acc, time.time() - t0
 
 
@@ -177,9 +186,14 @@ def sglang_names() -> dict:
     """SGLang's checkpoint name of each of the head's parameters (``LlamaForCausalLMEagle3.
     load_weights`` stacks q/k/v and gate/up itself) -> the name in this module's state dict."""
     p = "model.layers.0."
-    names = {"model.fc.weight": "fc.weight", "model.norm.weight": "norm", "lm_head.weight": "lm_head.weight",
-             p + "hidden_norm.weight": "hidden_norm", p + "input_layernorm.weight": "input_layernorm",
-             p + "post_attention_layernorm.weight": "post_attention_layernorm"}
+    names = {
+        "model.fc.weight": "fc.weight",
+        "model.norm.weight": "norm",
+        "lm_head.weight": "lm_head.weight",
+        p + "hidden_norm.weight": "hidden_norm",
+        p + "input_layernorm.weight": "input_layernorm",
+        p + "post_attention_layernorm.weight": "post_attention_layernorm",
+    }
     for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
         names[p + f"self_attn.{name}.weight"] = f"{name}.weight"
     for name in ("gate_proj", "up_proj", "down_proj"):
@@ -194,8 +208,10 @@ def save_head(head, spec: ModelSpec, out: Path, extra: dict | None = None) -> No
 
     out.mkdir(parents=True, exist_ok=True)
     own = head.state_dict()
-    save_file({k: own[v].detach().to(torch.bfloat16).contiguous().cpu() for k, v in sglang_names().items()},
-              str(out / "model.safetensors"))
+    save_file(
+        {k: own[v].detach().to(torch.bfloat16).contiguous().cpu() for k, v in sglang_names().items()},
+        str(out / "model.safetensors"),
+    )
     (out / "config.json").write_text(json.dumps(eagle3_config_json(spec), indent=2))
     (out / "spectool-model.json").write_text(json.dumps(extra or {}, indent=2))
 
@@ -208,11 +224,12 @@ def greedy(target, prompt: list[int], new_tokens: int) -> list[int]:
     with torch.no_grad():
         for _ in range(new_tokens):
             ids.append(int(target(torch.tensor([ids]))[0, -1].argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
-def chain_acceptance(target, head, prompt: list[int], new_tokens: int, spec: ModelSpec, steps: int = 3,
-                     unsynced: range | None = None) -> float:
+def chain_acceptance(
+    target, head, prompt: list[int], new_tokens: int, spec: ModelSpec, steps: int = 3, unsynced: range | None = None
+) -> float:
     """Mean tokens accepted per verify step (bonus included) when the head drafts `steps`
     tokens a step for this prompt, as SGLang's chain drafting would on the greedy output.
     `unsynced`: positions whose draft K/V were written from zeros (a draft cache the
@@ -226,7 +243,7 @@ def chain_acceptance(target, head, prompt: list[int], new_tokens: int, spec: Mod
         t = len(seq) - steps - 1
         feats = feats[:, :t].clone()
         if unsynced is not None:
-            feats[:, unsynced.start:unsynced.stop] = 0
+            feats[:, unsynced.start : unsynced.stop] = 0
         drafts = [lg.argmax(-1)[0] for lg in head.chain(target.embed_tokens, feats, ids, steps)]
     p, end, accepted = len(prompt) - 1, len(prompt) - 1 + new_tokens, []
     while p < end:  # at p the target has just produced token p+1; the head drafts p+2..
@@ -248,13 +265,28 @@ def load_head(folder: Path, spec: ModelSpec):
     return head
 
 
-def ensure_head(cache: Path, spec: ModelSpec = ModelSpec(), head_spec: HeadSpec = HeadSpec(),
-                device: str = "cpu", log=print) -> Path:
+def ensure_head(
+    cache: Path,
+    spec: ModelSpec = ModelSpec(),  # noqa: B008 - frozen
+    head_spec: HeadSpec = HeadSpec(),
+    device: str = "cpu",
+    log=print,
+) -> Path:
     """The trained head of the cached target `spec`, trained once and cached by its key."""
     out = Path(cache) / f"golden-eagle3-head-{head_spec.key(spec)}"
     if not (out / "model.safetensors").exists():
         target = load(Path(cache) / f"golden-target-{spec.key()}", spec)
         head, acc, secs = train_head(target, spec, head_spec, device, log)
-        save_head(head, spec, out, {"target": spec.key(), "head_spec": asdict(head_spec), "key": head_spec.key(spec),
-                                    "final_accuracy_per_step": acc, "train_seconds": round(secs, 1)})
+        save_head(
+            head,
+            spec,
+            out,
+            {
+                "target": spec.key(),
+                "head_spec": asdict(head_spec),
+                "key": head_spec.key(spec),
+                "final_accuracy_per_step": acc,
+                "train_seconds": round(secs, 1),
+            },
+        )
     return out

@@ -22,7 +22,6 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-
 VECTOR_ELEMS = 8  # bf16 values in one 16-byte vector of SGLang's elementwise kernels
 
 
@@ -45,7 +44,7 @@ class ModelSpec:
     init_std: float = 0.0  # 0: PyTorch's default init (learns the copy task much faster)
     warmup: int = 100
 
-    def for_tp(self, tp_size: int) -> "ModelSpec":
+    def for_tp(self, tp_size: int) -> ModelSpec:
         """This spec, or the nearest one every rank of `tp_size` can hold: SGLang's fused
         activation kernel needs each rank's share of the MLP in whole 16-byte vectors (8 bf16
         values), and each rank whole attention heads. 344 splits for TP=1 only (172 per rank
@@ -93,7 +92,7 @@ def rope(x, pos, spec: ModelSpec):
     inv = 1.0 / (spec.rope_theta ** (torch.arange(0, hd, 2, device=x.device).float() / hd))
     freqs = pos[..., None].float() * inv
     emb = torch.cat([freqs, freqs], -1)
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
     return x * emb.cos() + torch.cat([-x2, x1], -1) * emb.sin()
 
 
@@ -167,7 +166,9 @@ def train(spec: ModelSpec, device: str = "cuda", steps: int | None = None, log=p
                 torch.nn.init.normal_(p, std=spec.init_std)
     steps = spec.steps if steps is None else steps
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, spec.warmup)) * 0.5 * (1 + math.cos(math.pi * s / max(1, steps))))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(1, spec.warmup)) * 0.5 * (1 + math.cos(math.pi * s / max(1, steps)))
+    )
     t0, loss_v = time.time(), float("nan")
     use_amp = device.startswith("cuda")
     for step in range(steps):
@@ -188,12 +189,22 @@ def train(spec: ModelSpec, device: str = "cuda", steps: int | None = None, log=p
 
 def config_json(spec: ModelSpec) -> dict:
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": spec.vocab,
-        "hidden_size": spec.hidden, "intermediate_size": spec.intermediate,
-        "num_hidden_layers": spec.layers, "num_attention_heads": spec.heads,
-        "num_key_value_heads": spec.heads, "max_position_embeddings": 4096,
-        "rms_norm_eps": spec.eps, "rope_theta": spec.rope_theta, "hidden_act": "silu",
-        "torch_dtype": "bfloat16", "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 0,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": spec.vocab,
+        "hidden_size": spec.hidden,
+        "intermediate_size": spec.intermediate,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.heads,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": spec.eps,
+        "rope_theta": spec.rope_theta,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 0,
     }
 
 
@@ -216,8 +227,11 @@ def eagle3_config_json(spec: ModelSpec) -> dict:
 def target_names(spec: ModelSpec) -> dict:
     """Hugging Face Llama's checkpoint name of each of the target's parameters -> its name in
     this module's state dict (save and load read the one table)."""
-    names = {"model.embed_tokens.weight": "embed_tokens.weight", "model.norm.weight": "norm.weight",
-             "lm_head.weight": "lm_head.weight"}
+    names = {
+        "model.embed_tokens.weight": "embed_tokens.weight",
+        "model.norm.weight": "norm.weight",
+        "lm_head.weight": "lm_head.weight",
+    }
     for i in range(spec.layers):
         p = f"model.layers.{i}."
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
@@ -236,10 +250,14 @@ def save(model, spec: ModelSpec, out: Path, extra: dict | None = None) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     own = model.state_dict()
-    save_file({k: own[v].detach().to(torch.bfloat16).contiguous().cpu() for k, v in target_names(spec).items()},
-              str(out / "model.safetensors"))
+    save_file(
+        {k: own[v].detach().to(torch.bfloat16).contiguous().cpu() for k, v in target_names(spec).items()},
+        str(out / "model.safetensors"),
+    )
     (out / "config.json").write_text(json.dumps(config_json(spec), indent=2))
-    (out / "spectool-model.json").write_text(json.dumps({"spec": asdict(spec), "key": spec.key(), **(extra or {})}, indent=2))
+    (out / "spectool-model.json").write_text(
+        json.dumps({"spec": asdict(spec), "key": spec.key(), **(extra or {})}, indent=2)
+    )
 
 
 def write_eagle3_draft(spec: ModelSpec, out: Path) -> Path:

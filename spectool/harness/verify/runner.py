@@ -26,7 +26,9 @@ def gpu_info(command: str = "verify") -> tuple[str, str]:
     except ImportError:
         raise BadInputError(f"spectool {command} needs torch with CUDA (pip install 'spectool[gpu]').") from None
     if not torch.cuda.is_available():
-        raise BadInputError(f"spectool {command} needs a CUDA GPU; none is visible (torch.cuda.is_available() is False).")
+        raise BadInputError(
+            f"spectool {command} needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)."
+        )
     major, minor = torch.cuda.get_device_capability()
     return f"sm{major}{minor}", torch.cuda.get_device_name()
 
@@ -41,8 +43,13 @@ def _launch(job: dict, workdir: Path, env: dict) -> tuple[subprocess.Popen, Path
         Path(job["stats_path"]).unlink(missing_ok=True)
     job_path.write_text(json.dumps(job))
     log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "spectool.harness.verify.engine_worker", str(job_path), str(out_path)],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spectool.harness.verify.engine_worker", str(job_path), str(out_path)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     return proc, out_path, log_path
 
 
@@ -88,7 +95,11 @@ def run_engines(jobs: list[dict], workdir: Path, env: dict, parallel: int, timeo
                         if not results[name].get("ok"):
                             results[name]["log_tail"] = _tail(log)
                     except (OSError, ValueError):
-                        results[name] = {"ok": False, "error": f"engine process exited with {rc}", "log_tail": _tail(log)}
+                        results[name] = {
+                            "ok": False,
+                            "error": f"engine process exited with {rc}",
+                            "log_tail": _tail(log),
+                        }
                 del running[name]
                 if progress:
                     progress(name, results[name])
@@ -98,9 +109,21 @@ def run_engines(jobs: list[dict], workdir: Path, env: dict, parallel: int, timeo
     return results
 
 
-def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: bool = False, parallel: int = 4,
-           timeout: float = 420, only: list[str] | None = None, tp_size: int = 1, model_cache: Path | None = None,
-           port_base: int = 31000, recipes: dict | None = None, console=None) -> dict:
+def verify(
+    sglang_dir: str | None,
+    out_dir: Path,
+    *,
+    golden_root: Path,
+    record: bool = False,
+    parallel: int = 4,
+    timeout: float = 420,
+    only: list[str] | None = None,
+    tp_size: int = 1,
+    model_cache: Path | None = None,
+    port_base: int = 31000,
+    recipes: dict | None = None,
+    console=None,
+) -> dict:
     """Run every engine configuration against the golden tokens. `recipes` (recipes_dir,
     select, options) names the recipes the tree must have applied (default: the shipped ones)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -108,15 +131,19 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
     known = [c.name for c in scenarios.configs()]
     unknown = sorted(set(only or ()) - set(known))
     if unknown:  # else a typo would run the baselines alone and pass
-        raise BadInputError(f"spectool verify --only {','.join(only)}: no engine config named {', '.join(unknown)}; "
-                            f"the configs are {', '.join(known)} (baselines always run).")
+        raise BadInputError(
+            f"spectool verify --only {','.join(only)}: no engine config named {', '.join(unknown)}; "
+            f"the configs are {', '.join(known)} (baselines always run)."
+        )
     try:
         spec = ModelSpec().for_tp(tp_size)
     except ValueError as exc:
         raise BadInputError(f"spectool verify --tp {tp_size}: {exc}; use --tp 1 or 2.") from None
     if record and spec != ModelSpec():
-        raise BadInputError(f"spectool verify --record --tp {tp_size}: golden files are recorded with the TP=1 model "
-                            f"(TP={tp_size} needs a model of its own, whose tokens no golden file holds); record at --tp 1.")
+        raise BadInputError(
+            f"spectool verify --record --tp {tp_size}: golden files are recorded with the TP=1 model "
+            f"(TP={tp_size} needs a model of its own, whose tokens no golden file holds); record at --tp 1."
+        )
     env = dict(os.environ)
     sg_version, upstream_switch = inspect_tree(sglang_dir, env, **(recipes or {}))  # bad input first, then the GPU
     arch, gpu_name = gpu_info()
@@ -127,23 +154,44 @@ def verify(sglang_dir: str | None, out_dir: Path, *, golden_root: Path, record: 
     # it is trained here (about a minute on a GPU) and cached in the output folder.
     if model_cache is None:
         shipped = golden_root / "models"
-        model_cache = shipped if (shipped / f"golden-target-{spec.key()}" / "model.safetensors").exists() else out_dir / "models"
+        model_cache = (
+            shipped if (shipped / f"golden-target-{spec.key()}" / "model.safetensors").exists() else out_dir / "models"
+        )
     models = ensure_models(model_cache, spec, log=log_lines.append)
     wls = scenarios.workloads(spec)
     cfgs = [c for c in scenarios.configs() if not only or c.name in only or c.algorithm is None]
     jobs, cfgs, skipped = plan_jobs(cfgs, wls, models, out_dir, sg_version, upstream_switch, tp_size, port_base)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=False) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as bar:
         task = bar.add_task("engines", total=len(jobs))
 
         def tick(name, res):
             status = "ok" if res.get("ok") else "FAILED"
-            bar.console.print(f"  engine {name}: {status} (startup {res.get('startup_s', '?')} s, total {res.get('total_s', '?')} s)")
+            bar.console.print(
+                f"  engine {name}: {status} (startup {res.get('startup_s', '?')} s, total {res.get('total_s', '?')} s)"
+            )
             bar.advance(task)
 
         results = run_engines(jobs, out_dir, env, parallel, timeout, tick)
-    report = evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root, record, skipped,
-                      recipe_counters=not upstream_switch)
+    report = evaluate(
+        results,
+        cfgs,
+        wls,
+        models,
+        sg_version,
+        arch,
+        gpu_name,
+        golden_root,
+        record,
+        skipped,
+        recipe_counters=not upstream_switch,
+    )
     report["tp_size"] = tp_size
     report["counters_from"] = "engine log (upstream's batch-size switch)" if upstream_switch else "spectool stats file"
     report["wall_seconds"] = round(time.time() - t_all, 1)
@@ -170,40 +218,62 @@ def inspect_tree(sglang_dir: str | None, env: dict, *, recipes_dir=None, select=
     chk = api.check(sglang_dir, recipes_dir=recipes_dir, select=select, options=options)
     if not all(r.status in (Status.ALREADY_APPLIED, Status.UPSTREAMED) for r in chk.plan.results):
         bad = ", ".join(f"{r.id}={r.status}" for r in chk.plan.results)
-        raise BadInputError(f"the SGLang tree {sglang_dir} is not patched ({bad}); run 'spectool apply --sglang-dir {sglang_dir}' first.")
+        raise BadInputError(
+            f"the SGLang tree {sglang_dir} is not patched ({bad}); run 'spectool apply --sglang-dir {sglang_dir}' first."
+        )
     # Where the fallback is upstream's, its counters come from the engine log instead.
     return str(tree.version), any(r.id == "spec-fallback" and r.status == Status.UPSTREAMED for r in chk.plan.results)
 
 
-def plan_jobs(cfgs, wls, models, out_dir: Path, sg_version: str, upstream_switch: bool, tp_size: int = 1,
-              port_base: int = 31000):
+def plan_jobs(
+    cfgs, wls, models, out_dir: Path, sg_version: str, upstream_switch: bool, tp_size: int = 1, port_base: int = 31000
+):
     """One job per engine configuration; (jobs, configs run, configs skipped with the reason)."""
     skipped = {}
     if upstream_switch:
         # Upstream's tiers (0.5.15+) cover EAGLE/EAGLE3 only; the threshold recipe refuses the
         # flag for other algorithms at start-up, so those scenarios do not apply there.
-        skipped = {c.name: "upstream's batch-size switch supports EAGLE/EAGLE3 only; the flag is refused for "
-                           f"{c.algorithm} on SGLang {sg_version}" for c in cfgs if c.algorithm not in (None, "EAGLE", "EAGLE3")}
+        skipped = {
+            c.name: "upstream's batch-size switch supports EAGLE/EAGLE3 only; the flag is refused for "
+            f"{c.algorithm} on SGLang {sg_version}"
+            for c in cfgs
+            if c.algorithm not in (None, "EAGLE", "EAGLE3")
+        }
         cfgs = [c for c in cfgs if c.name not in skipped]
     jobs = []
     for i, c in enumerate(cfgs):
         config = asdict(c)
         if upstream_switch:  # upstream's switch has none of the recipe's draft-sync paths or flags
             config["fallback_args"] = {}
-        jobs.append({
-            "config": config, "target": models["target"], "eagle3_draft": models["eagle3_draft"],
-            "workloads": [{"name": w, "requests": [asdict(r) for r in wls[w].requests]} for w in c.workloads],
-            "stats_path": str(out_dir / f"{c.name}.stats.json") if c.algorithm else None,
-            "port": port_base + 50 * i,
-            "tp_size": tp_size,
-        })
+        jobs.append(
+            {
+                "config": config,
+                "target": models["target"],
+                "eagle3_draft": models["eagle3_draft"],
+                "workloads": [{"name": w, "requests": [asdict(r) for r in wls[w].requests]} for w in c.workloads],
+                "stats_path": str(out_dir / f"{c.name}.stats.json") if c.algorithm else None,
+                "port": port_base + 50 * i,
+                "tp_size": tp_size,
+            }
+        )
         if upstream_switch and c.algorithm:
             jobs[-1].update(observe="log", log_path=str(out_dir / f"{c.name}.log"), initial_steps=3)
     return jobs, cfgs, skipped
 
 
-def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root, record, skipped=None,
-             recipe_counters: bool = True) -> dict:
+def evaluate(
+    results,
+    cfgs,
+    wls,
+    models,
+    sg_version,
+    arch,
+    gpu_name,
+    golden_root,
+    record,
+    skipped=None,
+    recipe_counters: bool = True,
+) -> dict:
     """Scenario rows, golden checks and the verdict. `recipe_counters`: the fallback counters
     are spectool's stats file (False where the switch is upstream's and they are rebuilt
     from its log, which has no KV-only path to count)."""
@@ -216,8 +286,13 @@ def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root
     for c in cfgs:
         if c.algorithm is None and results.get(c.name, {}).get("ok"):
             for w in c.workloads:
-                baselines.setdefault(w, {"prompts": [r.prompt for r in wls[w].requests],
-                                         "requests": results[c.name]["workloads"][w]["requests"]})
+                baselines.setdefault(
+                    w,
+                    {
+                        "prompts": [r.prompt for r in wls[w].requests],
+                        "requests": results[c.name]["workloads"][w]["requests"],
+                    },
+                )
     gpath = compare.golden_path(golden_root, sg_version, arch)
     golden_problems, golden_skipped = [], []
     cross = {}
@@ -226,8 +301,10 @@ def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root
         """A golden file speaks only for the model it was recorded with (TP>1 trains its own)."""
         if data.get("model", {}).get("key") == models["meta"]["key"]:
             return True
-        golden_skipped.append(f"{path}: recorded with model {data.get('model', {}).get('key')}, this run's is "
-                              f"{models['meta']['key']}; its engines are compared with their baselines only")
+        golden_skipped.append(
+            f"{path}: recorded with model {data.get('model', {}).get('key')}, this run's is "
+            f"{models['meta']['key']}; its engines are compared with their baselines only"
+        )
         return False
 
     for other in sorted(Path(golden_root).glob(f"*/{arch}/golden.json")):
@@ -238,16 +315,27 @@ def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root
         if not same_model(other, odata):
             continue
         cross[odata.get("sglang_version", other.parent.parent.name)] = [
-            p for w, b in baselines.items() for p in compare.compare_to_golden(odata, w, b["prompts"], b["requests"])]
+            p for w, b in baselines.items() for p in compare.compare_to_golden(odata, w, b["prompts"], b["requests"])
+        ]
     if record:
         # Recording adds workloads the file lacks; the ones it holds must still decode as
         # recorded (plain decoding did not change), else the run fails, naming them.
         if gpath.exists():
             old = json.loads(gpath.read_text())
             if same_model(gpath, old):
-                golden_problems += [p for w, b in baselines.items() if w in old.get("workloads", {})
-                                    for p in compare.compare_to_golden(old, w, b["prompts"], b["requests"])]
-        data = compare.make_golden(sg_version, arch, models["meta"], {"threshold": scenarios.THRESHOLD, "engine": "triton attention, pytorch sampling, greedy"}, baselines)
+                golden_problems += [
+                    p
+                    for w, b in baselines.items()
+                    if w in old.get("workloads", {})
+                    for p in compare.compare_to_golden(old, w, b["prompts"], b["requests"])
+                ]
+        data = compare.make_golden(
+            sg_version,
+            arch,
+            models["meta"],
+            {"threshold": scenarios.THRESHOLD, "engine": "triton attention, pytorch sampling, greedy"},
+            baselines,
+        )
         gpath.parent.mkdir(parents=True, exist_ok=True)
         gpath.write_text(json.dumps(data, indent=1))
     elif gpath.exists():
@@ -256,14 +344,24 @@ def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root
             for w, b in baselines.items():
                 golden_problems += compare.compare_to_golden(golden, w, b["prompts"], b["requests"])
     elif models["meta"]["key"] != ModelSpec().key():
-        golden_skipped.append(f"no golden file for model {models['meta']['key']}; its engines are compared with "
-                              "their baselines only")
+        golden_skipped.append(
+            f"no golden file for model {models['meta']['key']}; its engines are compared with their baselines only"
+        )
     else:
         golden_problems.append(f"no golden file at {gpath} (record one with --record)")
     for s in scenarios.scenarios():
         if s.config in (skipped or {}):
-            rows.append({"scenario": s.name, "config": s.config, "workload": s.workload, "what": s.what,
-                         "ok": True, "skipped": skipped[s.config], "failures": []})
+            rows.append(
+                {
+                    "scenario": s.name,
+                    "config": s.config,
+                    "workload": s.workload,
+                    "what": s.what,
+                    "ok": True,
+                    "skipped": skipped[s.config],
+                    "failures": [],
+                }
+            )
             continue
         c = by_name.get(s.config)
         if c is None:
@@ -288,23 +386,43 @@ def evaluate(results, cfgs, wls, models, sg_version, arch, gpu_name, golden_root
         # No step counted (the patch without the flag): the counts are unknown, not zero.
         counted = compare.counted_steps(window) > 0
         row.update(
-            ok=not fails, failures=fails, requests=cmp.requests, equal=cmp.equal, tokens=cmp.tokens,
-            mismatches=cmp.mismatches, fallback_steps=window["fallback_steps"] if counted else None,
+            ok=not fails,
+            failures=fails,
+            requests=cmp.requests,
+            equal=cmp.equal,
+            tokens=cmp.tokens,
+            mismatches=cmp.mismatches,
+            fallback_steps=window["fallback_steps"] if counted else None,
             spec_steps=window["spec_steps"] if counted else None,
-            kv_only_steps=window["draft_kv_only_steps"], kv_only_graph_steps=window["draft_kv_only_graph_steps"],
+            kv_only_steps=window["draft_kv_only_steps"],
+            kv_only_graph_steps=window["draft_kv_only_graph_steps"],
             kv_only_prefills=window["draft_kv_only_prefills"],
-            acceptance=compare.acceptance(window["phases"]), acceptance_before=tr["acceptance_before"],
-            acceptance_after=tr["acceptance_after"], min_baseline_margin=compare.min_margin(basew["requests"]),
-            seconds=cand["seconds"], fallback_memory_gib=cand["stats_after"].get("startup_memory_gib"),
+            acceptance=compare.acceptance(window["phases"]),
+            acceptance_before=tr["acceptance_before"],
+            acceptance_after=tr["acceptance_after"],
+            min_baseline_margin=compare.min_margin(basew["requests"]),
+            seconds=cand["seconds"],
+            fallback_memory_gib=cand["stats_after"].get("startup_memory_gib"),
         )
         rows.append(row)
     ok = all(r["ok"] for r in rows) and not engine_errors and not golden_problems
     return {
-        "ok": ok, "sglang_version": sg_version, "gpu_arch": arch, "gpu": gpu_name, "golden_file": str(gpath),
-        "recorded": record, "golden_problems": golden_problems, "golden_skipped": golden_skipped,
-        "other_releases_golden": cross, "engine_errors": engine_errors,
-        "scenarios": rows, "model": models["meta"],
-        "engines": {k: {"startup_s": v.get("startup_s"), "total_s": v.get("total_s"), "ok": v.get("ok")} for k, v in results.items()},
+        "ok": ok,
+        "sglang_version": sg_version,
+        "gpu_arch": arch,
+        "gpu": gpu_name,
+        "golden_file": str(gpath),
+        "recorded": record,
+        "golden_problems": golden_problems,
+        "golden_skipped": golden_skipped,
+        "other_releases_golden": cross,
+        "engine_errors": engine_errors,
+        "scenarios": rows,
+        "model": models["meta"],
+        "engines": {
+            k: {"startup_s": v.get("startup_s"), "total_s": v.get("total_s"), "ok": v.get("ok")}
+            for k, v in results.items()
+        },
     }
 
 
@@ -313,7 +431,17 @@ def print_report(report: dict, console) -> None:
 
     tp = f", TP={report['tp_size']}" if report.get("tp_size", 1) > 1 else ""
     t = Table(title=f"spectool verify: SGLang {report['sglang_version']} on {report['gpu']} ({report['gpu_arch']}){tp}")
-    for col in ("scenario", "result", "equal/req", "tokens", "fallback", "spec", "accept", "acc before/after", "min margin"):
+    for col in (
+        "scenario",
+        "result",
+        "equal/req",
+        "tokens",
+        "fallback",
+        "spec",
+        "accept",
+        "acc before/after",
+        "min margin",
+    ):
         t.add_column(col)
 
     def f(x, d=2):
@@ -323,24 +451,37 @@ def print_report(report: dict, console) -> None:
         if r.get("skipped"):
             t.add_row(r["scenario"], "[yellow]skip[/]", *["-"] * 7)
             continue
-        t.add_row(r["scenario"], "[green]pass[/]" if r["ok"] else "[red]FAIL[/]",
-                  f"{r.get('equal', '-')}/{r.get('requests', '-')}", str(r.get("tokens", "-")),
-                  f(r.get("fallback_steps"), 0), f(r.get("spec_steps"), 0), f(r.get("acceptance")),
-                  f"{f(r.get('acceptance_before'))}/{f(r.get('acceptance_after'))}", f(r.get("min_baseline_margin")))
+        t.add_row(
+            r["scenario"],
+            "[green]pass[/]" if r["ok"] else "[red]FAIL[/]",
+            f"{r.get('equal', '-')}/{r.get('requests', '-')}",
+            str(r.get("tokens", "-")),
+            f(r.get("fallback_steps"), 0),
+            f(r.get("spec_steps"), 0),
+            f(r.get("acceptance")),
+            f"{f(r.get('acceptance_before'))}/{f(r.get('acceptance_after'))}",
+            f(r.get("min_baseline_margin")),
+        )
     console.print(t)
     for r in report["scenarios"]:
         for fl in r.get("failures", []):
             console.print(f"[red]{r['scenario']}[/]: {fl}")
         for m in r.get("mismatches", [])[:3]:
-            console.print(f"    request {m.get('request')}: first difference at token {m.get('first_diff')} "
-                          f"(baseline {m.get('baseline_token')} vs {m.get('candidate_token')}, baseline top-2 gap {m.get('baseline_top2_margin')})")
+            console.print(
+                f"    request {m.get('request')}: first difference at token {m.get('first_diff')} "
+                f"(baseline {m.get('baseline_token')} vs {m.get('candidate_token')}, baseline top-2 gap {m.get('baseline_top2_margin')})"
+            )
     for r in report["scenarios"]:
         if r.get("skipped"):
             console.print(f"[yellow]{r['scenario']}[/]: skipped: {r['skipped']}")
-    memory = {r["config"]: r["fallback_memory_gib"] for r in report["scenarios"] if r.get("fallback_memory_gib") is not None}
+    memory = {
+        r["config"]: r["fallback_memory_gib"] for r in report["scenarios"] if r.get("fallback_memory_gib") is not None
+    }
     if memory:
-        console.print("GPU memory the fallback took at start-up: "
-                      + ", ".join(f"{name} {gib:.2f} GiB" for name, gib in sorted(memory.items())))
+        console.print(
+            "GPU memory the fallback took at start-up: "
+            + ", ".join(f"{name} {gib:.2f} GiB" for name, gib in sorted(memory.items()))
+        )
     for name, e in report["engine_errors"].items():
         console.print(f"[red]engine {name} failed[/]: {e['error']}\n{e['log_tail']}", markup=False)
     for p in report["golden_problems"]:
@@ -348,6 +489,8 @@ def print_report(report: dict, console) -> None:
     for p in report.get("golden_skipped") or []:
         console.print(f"[yellow]golden file not used[/]: {p}")
     for version, problems in (report.get("other_releases_golden") or {}).items():
-        console.print(f"plain decoding vs SGLang {version}'s golden file: "
-                      + ("identical tokens" if not problems else f"{len(problems)} difference(s): {problems[:3]}"))
+        console.print(
+            f"plain decoding vs SGLang {version}'s golden file: "
+            + ("identical tokens" if not problems else f"{len(problems)} difference(s): {problems[:3]}")
+        )
     console.print(f"overall: {'PASS' if report['ok'] else 'FAIL'} in {report.get('wall_seconds')} s")

@@ -122,7 +122,7 @@ class Scenario:
     what: str
 
 
-def workloads(spec: ModelSpec = ModelSpec(), seed: int = 1234) -> dict[str, Workload]:
+def workloads(spec: ModelSpec = ModelSpec(), seed: int = 1234) -> dict[str, Workload]:  # noqa: B008 - frozen
     rng = random.Random(seed)
 
     def batch(n, new, *, seg=None, repeats=2.5):
@@ -160,8 +160,10 @@ def workloads(spec: ModelSpec = ModelSpec(), seed: int = 1234) -> dict[str, Work
         ),
         Workload(
             "outputs",
-            [Request(copy_prompt(rng, spec), 48, return_logprob=i in (1, 4), return_hidden_states=True)
-             for i in range(T + 1)],
+            [
+                Request(copy_prompt(rng, spec), 48, return_logprob=i in (1, 4), return_hidden_states=True)
+                for i in range(T + 1)
+            ],
             "T+1 requests, all asking for hidden states, two of them for logprobs",
         ),
     ]
@@ -188,21 +190,40 @@ KV_ONLY_EACH_STEP = {"speculative_disable_kv_only_steps_per_replay": 1}
 def configs() -> list[EngineConfig]:
     T = THRESHOLD
     return [
-        EngineConfig("base-graph", None,
-                     workloads=["bs1", f"bs{T-1}", f"bs{T}", f"bs{T+1}", "bs8", "stagger", "arrive", "logprobs"]),
-        EngineConfig("base-eager", None, cuda_graph=False, workloads=[f"bs{T+1}", "stagger"]),
+        EngineConfig(
+            "base-graph",
+            None,
+            workloads=["bs1", f"bs{T - 1}", f"bs{T}", f"bs{T + 1}", "bs8", "stagger", "arrive", "logprobs"],
+        ),
+        EngineConfig("base-eager", None, cuda_graph=False, workloads=[f"bs{T + 1}", "stagger"]),
         EngineConfig("base-chunked", None, chunked_prefill=64, workloads=["long"]),
         EngineConfig("base-hidden", None, hidden_states=True, workloads=["outputs"]),
-        EngineConfig("eagle3-t4", "EAGLE3", T,
-                     workloads=["bs1", f"bs{T-1}", f"bs{T}", f"bs{T+1}", "stagger", "arrive", "logprobs"],
-                     fallback_args=MARGIN_8),
-        EngineConfig("eagle3-t0", "EAGLE3", 0, workloads=["bs8", "stagger"],
-                     fallback_args={**DRAFT_DECODE, **KV_ONLY_EACH_STEP, **MARGIN_8}),
-        EngineConfig("eagle3-t4-eager", "EAGLE3", T, cuda_graph=False, workloads=[f"bs{T+1}", "stagger"],
-                     fallback_args={**DRAFT_DECODE, **MARGIN_8}),
+        EngineConfig(
+            "eagle3-t4",
+            "EAGLE3",
+            T,
+            workloads=["bs1", f"bs{T - 1}", f"bs{T}", f"bs{T + 1}", "stagger", "arrive", "logprobs"],
+            fallback_args=MARGIN_8,
+        ),
+        EngineConfig(
+            "eagle3-t0",
+            "EAGLE3",
+            0,
+            workloads=["bs8", "stagger"],
+            fallback_args={**DRAFT_DECODE, **KV_ONLY_EACH_STEP, **MARGIN_8},
+        ),
+        EngineConfig(
+            "eagle3-t4-eager",
+            "EAGLE3",
+            T,
+            cuda_graph=False,
+            workloads=[f"bs{T + 1}", "stagger"],
+            fallback_args={**DRAFT_DECODE, **MARGIN_8},
+        ),
         EngineConfig("eagle3-t4-chunked", "EAGLE3", T, chunked_prefill=64, workloads=["long"], fallback_args=MARGIN_8),
-        EngineConfig("eagle3-t4-kv-only", "EAGLE3", T, workloads=[f"bs{T+1}", "stagger", "arrive"],
-                     fallback_args=DRAFT_KV_ONLY),
+        EngineConfig(
+            "eagle3-t4-kv-only", "EAGLE3", T, workloads=[f"bs{T + 1}", "stagger", "arrive"], fallback_args=DRAFT_KV_ONLY
+        ),
         EngineConfig("standalone-t4", "STANDALONE", T, workloads=["bs1", "stagger", "arrive"]),
         # STANDALONE returns the target's final hidden states, as the no-speculation engine does
         # (an EAGLE-3 target returns its EAGLE-3 features instead, on every kind of step).
@@ -215,57 +236,172 @@ def configs() -> list[EngineConfig]:
 def scenarios() -> list[Scenario]:
     T = THRESHOLD
     s = [
-        Scenario("eagle3 always-fallback (T=0)", "eagle3-t0", "bs8", Expect("all", kv_only="zero"),
-                 "threshold 0, draft decode sync (8 requests: within the KV-only margin)"),
-        Scenario("eagle3 always-fallback stagger (T=0)", "eagle3-t0", "stagger", Expect("all", kv_only="graph", kv_only_prefill="positive"),
-                 "threshold 0: KV-only prefill and sync (CUDA graph) above 8 requests (margin 8), then draft decode"),
-        Scenario("eagle3 bs=1 (always spec)", "eagle3-t4", "bs1", Expect("zero", min_acceptance=HEAD_ACCEPTANCE),
-                 "threshold far above the batch"),
-        Scenario(f"eagle3 bs=T-1={T-1}", "eagle3-t4", f"bs{T-1}", Expect("zero", min_acceptance=HEAD_ACCEPTANCE),
-                 "below threshold"),
-        Scenario(f"eagle3 bs=T={T}", "eagle3-t4", f"bs{T}", Expect("zero", min_acceptance=HEAD_ACCEPTANCE),
-                 "at threshold (drafting stays on)"),
-        Scenario(f"eagle3 bs=T+1={T+1}", "eagle3-t4", f"bs{T+1}", Expect("positive", kv_only="zero"),
-                 "above threshold, within the KV-only margin: full draft sync"),
-        Scenario("eagle3 transition down", "eagle3-t4", "stagger",
-                 Expect("positive", spec_after_fallback=True, min_acceptance_after=HEAD_ACCEPTANCE),
-                 "batch shrinks below T: speculation resumes mid-request, drafting from the synced draft KV"),
-        Scenario("eagle3 transition up", "eagle3-t4", "arrive",
-                 Expect("positive", fallback_after_spec=True, spec_after_fallback=True, min_acceptance=HEAD_ACCEPTANCE,
-                        min_acceptance_after=HEAD_ACCEPTANCE),
-                 "requests arrive while others decode: fallback starts mid-request, then spec resumes"),
-        Scenario("eagle3 logprob requests fall back", "eagle3-t4", "logprobs", Expect("all", logprobs_within=LOGPROB_TOL),
-                 "T+1 requests, two asking for logprobs: every step falls back, their logprobs are plain decoding's"),
-        Scenario("eagle3 no CUDA graph", "eagle3-t4-eager", f"bs{T+1}", Expect("positive"),
-                 "eager target and draft, draft decode sync"),
-        Scenario("eagle3 no CUDA graph transition", "eagle3-t4-eager", "stagger",
-                 Expect("positive", spec_after_fallback=True, min_acceptance_after=HEAD_ACCEPTANCE),
-                 "eager, draft decode sync, then speculation resumes"),
-        Scenario("eagle3 chunked prefill long prompt", "eagle3-t4-chunked", "long", Expect("positive"), "chunked prefill (64), 180-token prompts"),
-        Scenario("eagle3 KV-only draft sync", "eagle3-t4-kv-only", f"bs{T+1}", Expect("positive", kv_only="graph"),
-                 "KV-only draft sync above T (margin 0, the default), replayed from its CUDA graph padded to a captured size"),
-        Scenario("eagle3 KV-only transition down", "eagle3-t4-kv-only", "stagger",
-                 Expect("positive", spec_after_fallback=True, kv_only="positive", kv_only_prefill="positive",
-                        min_acceptance_after=HEAD_ACCEPTANCE),
-                 "KV-only prefill and sync, then speculation resumes from zero drafts over that draft KV"),
-        Scenario("eagle3 KV-only transition up", "eagle3-t4-kv-only", "arrive",
-                 Expect("positive", fallback_after_spec=True, spec_after_fallback=True, kv_only="positive",
-                        min_acceptance_after=HEAD_ACCEPTANCE),
-                 "KV-only sync mid-request"),
-        Scenario("standalone bs=1 (high acceptance)", "standalone-t4", "bs1", Expect("zero", min_acceptance=2.0), "multi-token accept path"),
-        Scenario("standalone transition down", "standalone-t4", "stagger", Expect("positive", spec_after_fallback=True),
-                 "batch shrinks below T: speculation resumes mid-request"),
-        Scenario("standalone spec-fallback-spec", "standalone-t4", "arrive",
-                 Expect("positive", fallback_after_spec=True, spec_after_fallback=True, resume_acceptance_not_lower=True),
-                 "draft KV kept in sync: acceptance after resume >= before"),
-        Scenario("standalone hidden states and logprobs", "standalone-t4-hidden", "outputs",
-                 Expect("all", logprobs_within=LOGPROB_TOL, hidden_states_within=HIDDEN_TOL),
-                 "T+1 requests asking for hidden states, two for logprobs: every step falls back, their "
-                 "logprobs and hidden states are plain decoding's"),
-        Scenario("eagle3 patched, flag unset", "eagle3-unset", "bs8", Expect(counted=False),
-                 "the release's own path on every step, prefill included"),
-        Scenario("eagle3 patched, flag unset stagger", "eagle3-unset", "stagger", Expect(counted=False),
-                 "requests finishing one by one, no flag"),
+        Scenario(
+            "eagle3 always-fallback (T=0)",
+            "eagle3-t0",
+            "bs8",
+            Expect("all", kv_only="zero"),
+            "threshold 0, draft decode sync (8 requests: within the KV-only margin)",
+        ),
+        Scenario(
+            "eagle3 always-fallback stagger (T=0)",
+            "eagle3-t0",
+            "stagger",
+            Expect("all", kv_only="graph", kv_only_prefill="positive"),
+            "threshold 0: KV-only prefill and sync (CUDA graph) above 8 requests (margin 8), then draft decode",
+        ),
+        Scenario(
+            "eagle3 bs=1 (always spec)",
+            "eagle3-t4",
+            "bs1",
+            Expect("zero", min_acceptance=HEAD_ACCEPTANCE),
+            "threshold far above the batch",
+        ),
+        Scenario(
+            f"eagle3 bs=T-1={T - 1}",
+            "eagle3-t4",
+            f"bs{T - 1}",
+            Expect("zero", min_acceptance=HEAD_ACCEPTANCE),
+            "below threshold",
+        ),
+        Scenario(
+            f"eagle3 bs=T={T}",
+            "eagle3-t4",
+            f"bs{T}",
+            Expect("zero", min_acceptance=HEAD_ACCEPTANCE),
+            "at threshold (drafting stays on)",
+        ),
+        Scenario(
+            f"eagle3 bs=T+1={T + 1}",
+            "eagle3-t4",
+            f"bs{T + 1}",
+            Expect("positive", kv_only="zero"),
+            "above threshold, within the KV-only margin: full draft sync",
+        ),
+        Scenario(
+            "eagle3 transition down",
+            "eagle3-t4",
+            "stagger",
+            Expect("positive", spec_after_fallback=True, min_acceptance_after=HEAD_ACCEPTANCE),
+            "batch shrinks below T: speculation resumes mid-request, drafting from the synced draft KV",
+        ),
+        Scenario(
+            "eagle3 transition up",
+            "eagle3-t4",
+            "arrive",
+            Expect(
+                "positive",
+                fallback_after_spec=True,
+                spec_after_fallback=True,
+                min_acceptance=HEAD_ACCEPTANCE,
+                min_acceptance_after=HEAD_ACCEPTANCE,
+            ),
+            "requests arrive while others decode: fallback starts mid-request, then spec resumes",
+        ),
+        Scenario(
+            "eagle3 logprob requests fall back",
+            "eagle3-t4",
+            "logprobs",
+            Expect("all", logprobs_within=LOGPROB_TOL),
+            "T+1 requests, two asking for logprobs: every step falls back, their logprobs are plain decoding's",
+        ),
+        Scenario(
+            "eagle3 no CUDA graph",
+            "eagle3-t4-eager",
+            f"bs{T + 1}",
+            Expect("positive"),
+            "eager target and draft, draft decode sync",
+        ),
+        Scenario(
+            "eagle3 no CUDA graph transition",
+            "eagle3-t4-eager",
+            "stagger",
+            Expect("positive", spec_after_fallback=True, min_acceptance_after=HEAD_ACCEPTANCE),
+            "eager, draft decode sync, then speculation resumes",
+        ),
+        Scenario(
+            "eagle3 chunked prefill long prompt",
+            "eagle3-t4-chunked",
+            "long",
+            Expect("positive"),
+            "chunked prefill (64), 180-token prompts",
+        ),
+        Scenario(
+            "eagle3 KV-only draft sync",
+            "eagle3-t4-kv-only",
+            f"bs{T + 1}",
+            Expect("positive", kv_only="graph"),
+            "KV-only draft sync above T (margin 0, the default), replayed from its CUDA graph padded to a captured size",
+        ),
+        Scenario(
+            "eagle3 KV-only transition down",
+            "eagle3-t4-kv-only",
+            "stagger",
+            Expect(
+                "positive",
+                spec_after_fallback=True,
+                kv_only="positive",
+                kv_only_prefill="positive",
+                min_acceptance_after=HEAD_ACCEPTANCE,
+            ),
+            "KV-only prefill and sync, then speculation resumes from zero drafts over that draft KV",
+        ),
+        Scenario(
+            "eagle3 KV-only transition up",
+            "eagle3-t4-kv-only",
+            "arrive",
+            Expect(
+                "positive",
+                fallback_after_spec=True,
+                spec_after_fallback=True,
+                kv_only="positive",
+                min_acceptance_after=HEAD_ACCEPTANCE,
+            ),
+            "KV-only sync mid-request",
+        ),
+        Scenario(
+            "standalone bs=1 (high acceptance)",
+            "standalone-t4",
+            "bs1",
+            Expect("zero", min_acceptance=2.0),
+            "multi-token accept path",
+        ),
+        Scenario(
+            "standalone transition down",
+            "standalone-t4",
+            "stagger",
+            Expect("positive", spec_after_fallback=True),
+            "batch shrinks below T: speculation resumes mid-request",
+        ),
+        Scenario(
+            "standalone spec-fallback-spec",
+            "standalone-t4",
+            "arrive",
+            Expect("positive", fallback_after_spec=True, spec_after_fallback=True, resume_acceptance_not_lower=True),
+            "draft KV kept in sync: acceptance after resume >= before",
+        ),
+        Scenario(
+            "standalone hidden states and logprobs",
+            "standalone-t4-hidden",
+            "outputs",
+            Expect("all", logprobs_within=LOGPROB_TOL, hidden_states_within=HIDDEN_TOL),
+            "T+1 requests asking for hidden states, two for logprobs: every step falls back, their "
+            "logprobs and hidden states are plain decoding's",
+        ),
+        Scenario(
+            "eagle3 patched, flag unset",
+            "eagle3-unset",
+            "bs8",
+            Expect(counted=False),
+            "the release's own path on every step, prefill included",
+        ),
+        Scenario(
+            "eagle3 patched, flag unset stagger",
+            "eagle3-unset",
+            "stagger",
+            Expect(counted=False),
+            "requests finishing one by one, no flag",
+        ),
     ]
     return s
 

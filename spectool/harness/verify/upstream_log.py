@@ -30,8 +30,15 @@ def stats_from_log(text: str, initial_steps: int, threshold: int | None = None) 
 
     `threshold`: the T the engine ran with (drafting off above T requests), used to place
     the decode line that follows a switch."""
-    stats = {"fallback_steps": 0, "spec_steps": 0, "switches_to_fallback": 0, "switches_to_spec": 0,
-             "fallback_requests": 0, "phases": [], "phase_count": 0}
+    stats = {
+        "fallback_steps": 0,
+        "spec_steps": 0,
+        "switches_to_fallback": 0,
+        "switches_to_spec": 0,
+        "fallback_requests": 0,
+        "phases": [],
+        "phase_count": 0,
+    }
     steps = initial_steps  # tier in force for the next decode line
     pending = None  # tier switched to since the previous decode line (takes effect one line later)
     since_switch = 2  # decode lines since the last switch line
