@@ -1,9 +1,12 @@
 """0.5.15+: the threshold flag is mapped onto upstream's adaptive batch-size tiers. The
-patched function of the real 0.5.17 source is called with simulated server args, and the
-config it writes is read back with upstream's own loader logic (keys = batch lower bounds)."""
+patched functions of the real 0.5.17, 0.5.19 and 0.5.23 sources are called with simulated
+server args, and the config they write is read back with upstream's own loader logic (keys
+= batch lower bounds). From 0.5.19 the mapping declares its fields to the release's own
+resolution pipeline (declare_resolution, read back through resolving_view)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import tempfile
@@ -15,15 +18,49 @@ from spectool.testing import load_function
 
 pytestmark = pytest.mark.network
 HOOK = "sglang/srt/arg_groups/speculative_hook.py"
+# 0.5.15 to 0.5.18 write the fields (the 0.5.17 code); 0.5.19+ declare them.
+RELEASES = ["0.5.17", "0.5.19", "0.5.23"]
 
 
-@pytest.fixture(scope="module")
-def mapping(patched_release):
-    return load_function(
-        patched_release("0.5.17") / HOOK,
-        "_spectool_threshold_to_adaptive",
-        {"json": json, "tempfile": tempfile, "logger": logging.getLogger("t")},
-    )
+class Mapping:
+    """The patched mapping of one release, and what the release decided after it ran."""
+
+    def __init__(self, version, tree):
+        self.version, self.tree = version, tree
+        self.ns = {"json": json, "tempfile": tempfile, "logger": logging.getLogger("t")}
+        if version != "0.5.17":  # the release's own resolution pipeline
+            arg_groups = tree / "sglang/srt/arg_groups"
+            view = load_function(arg_groups / "model_override_base.py", "ResolvingConfig", {})
+            self.ns["resolving_view"] = load_function(
+                arg_groups / "model_override_base.py", "resolving_view", {"ResolvingConfig": view}
+            )
+            # is_record (0.5.23) tells a record by msgspec.Struct or dataclass: a plain stand-in
+            # record is neither. No config is published while the hooks run.
+            utils = {"dataclasses": dataclasses, "msgspec": SimpleNamespace(Struct=type("Struct", (), {}))}
+            if "def is_record(" in (arg_groups / "arg_utils.py").read_text():
+                utils["is_record"] = load_function(arg_groups / "arg_utils.py", "is_record", utils)
+
+            def unpublished():
+                raise ValueError("no runtime context yet")
+
+            self.ns["declare_resolution"] = load_function(
+                arg_groups / "overrides.py",
+                "declare_resolution",
+                {**utils, "field_names": lambda cls: frozenset(), "get_context": unpublished},
+            )
+        self.ns["_spectool_adaptive_tiers"] = load_function(tree / HOOK, "_spectool_adaptive_tiers", self.ns)
+        self.fn = load_function(tree / HOOK, "_spectool_threshold_to_adaptive", self.ns)
+
+    def __call__(self, args):
+        self.fn(args)
+
+    def decided(self, args, name):
+        return getattr(self.ns["resolving_view"](args) if "resolving_view" in self.ns else args, name)
+
+
+@pytest.fixture(scope="module", params=RELEASES)
+def mapping(request, patched_release):
+    return Mapping(request.param, patched_release(request.param))
 
 
 def _args(**kw):
@@ -49,8 +86,8 @@ def _steps_for(cfg, bs):
 def test_threshold_becomes_steps_zero_tier(mapping):
     a = _args()
     mapping(a)
-    assert a.speculative_adaptive is True
-    cfg = json.loads(open(a.speculative_adaptive_config).read())
+    assert mapping.decided(a, "speculative_adaptive") is True
+    cfg = json.loads(open(mapping.decided(a, "speculative_adaptive_config")).read())
     assert _steps_for(cfg, 1) == [3] and _steps_for(cfg, 16) == [3]
     assert _steps_for(cfg, 17) == [0] and _steps_for(cfg, 256) == [0]
 
@@ -58,7 +95,7 @@ def test_threshold_becomes_steps_zero_tier(mapping):
 def test_threshold_zero_never_drafts(mapping):
     a = _args(speculative_disable_batch_size_threshold=0)
     mapping(a)
-    cfg = json.loads(open(a.speculative_adaptive_config).read())
+    cfg = json.loads(open(mapping.decided(a, "speculative_adaptive_config")).read())
     assert _steps_for(cfg, 1) == [0] and _steps_for(cfg, 1 << 20) == [0]
     # Upstream's start-up check (0.5.17 speculative_hook): the configured steps must be a
     # candidate somewhere, or the server refuses to start (seen on the H200 run).
@@ -68,7 +105,8 @@ def test_threshold_zero_never_drafts(mapping):
 def test_unset_flag_changes_nothing_and_conflicts_are_refused(mapping):
     a = _args(speculative_disable_batch_size_threshold=None)
     mapping(a)
-    assert a.speculative_adaptive is False and a.speculative_adaptive_config is None
+    assert mapping.decided(a, "speculative_adaptive") is False
+    assert mapping.decided(a, "speculative_adaptive_config") is None
     with pytest.raises(ValueError, match="do not combine"):
         mapping(_args(speculative_adaptive_config="/tmp/mine.json"))
     with pytest.raises(ValueError, match=">= 0"):
@@ -82,7 +120,7 @@ def test_a_hysteresis_the_recipe_refuses_is_refused_here_too(mapping, hysteresis
     a = _args(speculative_disable_batch_size_hysteresis=hysteresis)
     with pytest.raises(ValueError, match=rf"hysteresis must be 0 or below the threshold \(16\), got {hysteresis}"):
         mapping(a)
-    assert a.speculative_adaptive is False
+    assert mapping.decided(a, "speculative_adaptive") is False
 
 
 @pytest.mark.parametrize("algo,topk", [("STANDALONE", 1), ("EAGLE3", 4)])
@@ -91,17 +129,17 @@ def test_setups_upstream_cannot_switch_are_refused_loudly(mapping, algo, topk):
     a = _args(speculative_algorithm=algo, speculative_eagle_topk=topk)
     with pytest.raises(ValueError, match="support only EAGLE/EAGLE3"):
         mapping(a)
-    assert a.speculative_adaptive is False and a.speculative_adaptive_config is None
+    assert mapping.decided(a, "speculative_adaptive") is False
+    assert mapping.decided(a, "speculative_adaptive_config") is None
 
 
 @pytest.mark.parametrize("threshold", [0, 1, 32])
-def test_written_config_passes_upstreams_own_startup_check(threshold, cached_release, monkeypatch, mapping):
-    """Upstream's own loader and start-up check (0.5.17 source, not a re-implementation)
-    accept the config: the H200 run found that T=0 once failed this check."""
+def test_written_config_passes_upstreams_own_startup_check(threshold, monkeypatch, mapping):
+    """Upstream's own loader and start-up check (the release's source, not a
+    re-implementation) accept the config: the H200 run found that T=0 once failed this check."""
     import sys
 
-    tree = cached_release("0.5.17")
-    params = tree / "sglang/srt/speculative/adaptive_spec_params.py"
+    params = mapping.tree / "sglang/srt/speculative/adaptive_spec_params.py"
     ns = {"json": json, "DEFAULT_ADAPTIVE_CONFIG": {}}
     ns["_load_adaptive_config"] = load_function(params, "_load_adaptive_config", ns)
     resolve = load_function(params, "resolve_candidate_steps_from_config", ns)
@@ -110,8 +148,25 @@ def test_written_config_passes_upstreams_own_startup_check(threshold, cached_rel
         "sglang.srt.speculative.adaptive_spec_params",
         SimpleNamespace(resolve_candidate_steps_from_config=resolve),
     )
-    init = load_function(tree / HOOK, "_init_adaptive_speculative_params", {})
+    init = load_function(mapping.tree / HOOK, "_init_adaptive_speculative_params", mapping.ns)
     a = _args(speculative_disable_batch_size_threshold=threshold)
     mapping(a)
     init(a)  # raises ValueError if --speculative-num-steps is not a candidate
-    assert a.speculative_num_steps == 3 and a.speculative_num_draft_tokens == 4
+    assert mapping.decided(a, "speculative_num_steps") == 3
+    assert mapping.decided(a, "speculative_num_draft_tokens") == 4
+
+
+def test_the_mapping_runs_where_upstream_settles_adaptive_decoding(mapping):
+    """The call sits right before the release's adaptive block, which then sees the tiers
+    (0.5.19+: it reads them through the live resolving view)."""
+    import ast
+
+    fn = next(
+        n
+        for n in ast.parse((mapping.tree / HOOK).read_text()).body
+        if isinstance(n, ast.FunctionDef) and n.name == "handle_speculative_decoding"
+    )
+    text = [ast.unparse(s) for s in fn.body]
+    at = text.index("_spectool_threshold_to_adaptive(server_args)")
+    view = "server_args" if mapping.version == "0.5.17" else "cfg"
+    assert text[at + 1].startswith(f"if {view}.speculative_adaptive:\n    _maybe_disable_adaptive(server_args)")

@@ -1,11 +1,15 @@
 """The threshold flag on releases with upstream's batch-size switch (0.5.15+).
 
 There the worker already turns drafting off at large batches (steps-0 tier of
-``--speculative-adaptive``), so the fallback recipe is retired; this keeps the user's
-command line working across the upgrade: the same flag, with the same meaning, is mapped
-onto upstream's adaptive configuration (drafting with the configured steps up to T
-requests, steps 0 above). Upstream quantizes the batch size to a captured CUDA-graph size
-before looking up the tier, and its tiers have no batch-size hysteresis.
+``--speculative-adaptive``); this keeps the user's command line working: the same flag, with
+the same meaning, is mapped onto upstream's adaptive configuration (drafting with the
+configured steps up to T requests, steps 0 above). Upstream quantizes the batch size to a
+captured CUDA-graph size before looking up the tier, and its tiers have no batch-size
+hysteresis.
+
+``_spectool_adaptive_tiers`` checks the flags and writes the tiers; the two mappings differ
+only in how they set upstream's fields: written on the record (this file, 0.5.15 to 0.5.18),
+or declared to the resolution pipeline of 0.5.19+ (resolved.py).
 """
 
 import json
@@ -47,72 +51,76 @@ class Fields017:
     ] = 0
 
 
-class module_functions:  # noqa: N801 - a container: its body is inserted at module level
-    def _spectool_threshold_to_adaptive(server_args):
-        """spectool: --speculative-disable-batch-size-threshold on upstream's adaptive tiers."""
-        threshold = getattr(server_args, "speculative_disable_batch_size_threshold", None)
-        if threshold is None:
-            return
-        if threshold < 0:
-            raise ValueError(
-                f"--speculative-disable-batch-size-threshold must be >= 0 (got {threshold})."
-            )
-        hysteresis = getattr(server_args, "speculative_disable_batch_size_hysteresis", 0)
-        if hysteresis < 0 or (hysteresis > 0 and hysteresis >= threshold):
-            raise ValueError(
-                "--speculative-disable-batch-size-hysteresis must be 0 or below the threshold "
-                f"({threshold}), got {hysteresis}."
-            )
-        algorithm = server_args.speculative_algorithm
-        topk = getattr(server_args, "speculative_eagle_topk", None)
-        if algorithm not in ("EAGLE", "EAGLE3") or topk not in (None, 1):
-            # Upstream would switch its adaptive tiers off with a warning: the flag would
-            # silently do nothing. Say so at start-up instead.
-            raise ValueError(
-                "--speculative-disable-batch-size-threshold maps onto upstream's adaptive "
-                "batch-size tiers on this SGLang, which support only EAGLE/EAGLE3 with "
-                f"--speculative-eagle-topk 1 (got {algorithm}, topk {topk}). Drop the flag, "
-                "or stay on SGLang 0.5.12 where the spectool fallback covers this setup."
-            )
-        if server_args.speculative_adaptive_config is not None:
-            raise ValueError(
-                "--speculative-disable-batch-size-threshold writes its own adaptive config; "
-                "do not combine it with --speculative-adaptive-config."
-            )
-        if hysteresis:
-            logger.warning(
-                "--speculative-disable-batch-size-hysteresis is ignored on this SGLang: "
-                "upstream's batch-size tiers switch without hysteresis."
-            )
-        steps = server_args.speculative_num_steps or 3
-        tier = {"up_hysteresis": 0.0, "down_hysteresis": 0.0, "ceiling_coeff": 0}
-        config = {"1": {"candidate_steps": [steps], **tier}}
-        config[str(threshold + 1)] = {"candidate_steps": [0], **tier}
-        if threshold == 0:
-            # Upstream requires --speculative-num-steps among the candidate steps (start-up
-            # fails otherwise), so it sits on a tier no batch can reach.
-            config = {
-                "1": {"candidate_steps": [0], **tier},
-                str(2**31 - 1): {"candidate_steps": [steps], **tier},
-            }
-        with tempfile.NamedTemporaryFile(
-            "w", prefix="spectool-adaptive-", suffix=".json", delete=False
-        ) as f:
-            json.dump(config, f)
-        server_args.speculative_adaptive = True
-        server_args.speculative_adaptive_config = f.name
-        logger.info(
-            "spec-disable-threshold: drafting (steps=%s) up to %d requests, off above "
-            "(upstream adaptive tiers, config %s)",
-            steps,
-            threshold,
-            f.name,
+def _spectool_adaptive_tiers(cfg):
+    """spectool: the adaptive tiers of --speculative-disable-batch-size-threshold as a JSON
+    file (its path), or None when the flag is unset. `cfg` reads the server args as they
+    stand; a setting the tiers cannot serve is refused."""
+    threshold = getattr(cfg, "speculative_disable_batch_size_threshold", None)
+    if threshold is None:
+        return None
+    if threshold < 0:
+        raise ValueError(
+            f"--speculative-disable-batch-size-threshold must be >= 0 (got {threshold})."
         )
+    hysteresis = getattr(cfg, "speculative_disable_batch_size_hysteresis", 0)
+    if hysteresis < 0 or (hysteresis > 0 and hysteresis >= threshold):
+        raise ValueError(
+            "--speculative-disable-batch-size-hysteresis must be 0 or below the threshold "
+            f"({threshold}), got {hysteresis}."
+        )
+    algorithm = cfg.speculative_algorithm
+    topk = getattr(cfg, "speculative_eagle_topk", None)
+    if algorithm not in ("EAGLE", "EAGLE3") or topk not in (None, 1):
+        # Upstream would switch its adaptive tiers off with a warning: the flag would
+        # silently do nothing. Say so at start-up instead.
+        raise ValueError(
+            "--speculative-disable-batch-size-threshold maps onto upstream's adaptive "
+            "batch-size tiers on this SGLang, which support only EAGLE/EAGLE3 with "
+            f"--speculative-eagle-topk 1 (got {algorithm}, topk {topk}). Drop the flag, "
+            "or stay on SGLang 0.5.12 where the spectool fallback covers this setup."
+        )
+    if cfg.speculative_adaptive_config is not None:
+        raise ValueError(
+            "--speculative-disable-batch-size-threshold writes its own adaptive config; "
+            "do not combine it with --speculative-adaptive-config."
+        )
+    if hysteresis:
+        logger.warning(
+            "--speculative-disable-batch-size-hysteresis is ignored on this SGLang: "
+            "upstream's batch-size tiers switch without hysteresis."
+        )
+    steps = cfg.speculative_num_steps or 3
+    tier = {"up_hysteresis": 0.0, "down_hysteresis": 0.0, "ceiling_coeff": 0}
+    config = {"1": {"candidate_steps": [steps], **tier}}
+    config[str(threshold + 1)] = {"candidate_steps": [0], **tier}
+    if threshold == 0:
+        # Upstream requires --speculative-num-steps among the candidate steps (start-up
+        # fails otherwise), so it sits on a tier no batch can reach.
+        config = {
+            "1": {"candidate_steps": [0], **tier},
+            str(2**31 - 1): {"candidate_steps": [steps], **tier},
+        }
+    with tempfile.NamedTemporaryFile(
+        "w", prefix="spectool-adaptive-", suffix=".json", delete=False
+    ) as f:
+        json.dump(config, f)
+    logger.info(
+        "spec-disable-threshold: drafting (steps=%s) up to %d requests, off above "
+        "(upstream adaptive tiers, config %s)",
+        steps,
+        threshold,
+        f.name,
+    )
+    return f.name
+
+
+def _spectool_threshold_to_adaptive(server_args):
+    """spectool: --speculative-disable-batch-size-threshold on upstream's adaptive tiers."""
+    path = _spectool_adaptive_tiers(server_args)
+    if path is not None:
+        server_args.speculative_adaptive = True
+        server_args.speculative_adaptive_config = path
 
 
 def call_mapping(server_args):
     _spectool_threshold_to_adaptive(server_args)
-
-
-def _spectool_threshold_to_adaptive(server_args):  # stand-in for linting call_mapping
-    return module_functions._spectool_threshold_to_adaptive(server_args)
