@@ -27,6 +27,7 @@ import functools
 import json
 import logging
 import os
+import re
 import threading
 import time
 import types
@@ -371,6 +372,7 @@ def graph_runners(rank, ns):
     class DecodeGraphRunner:
         def __init__(self, model_runner, attn_backend=None):
             self.name = "target decode graph"
+            rank.capturing(self.name)
             self.capture_bs, _ = ns["get_batch_sizes_to_capture"](model_runner)
             rank.log.append(
                 (
@@ -385,6 +387,7 @@ def graph_runners(rank, ns):
 
     class DraftExtendGraphRunner:
         def __init__(self, draft_worker, draft_extend_attn_backend=None, speculative_num_steps=None):
+            rank.capturing("draft one-token extend graph")
             self.capture_bs, _ = ns["get_batch_sizes_to_capture"](draft_worker.draft_runner)
             rank.log.append(("capture", "draft one-token extend graph", tuple(self.capture_bs), speculative_num_steps))
 
@@ -445,10 +448,13 @@ class Rank:
     Rank-local things differ per rank as they do under TP: tp_rank and gpu_id, the clock the
     module's `time` reads (`clock`), and the values (never the shapes) of hidden states
     (`noise`: seeds the rank's own generator; None gives every rank the same values).
-    `stats_interval`: how often the stats writer writes, if this rank starts it."""
+    `stats_interval`: how often the stats writer writes, if this rank starts it;
+    `out_of_memory_in`: the graph whose capture runs out of GPU memory on this rank."""
 
-    def __init__(self, release, tp_rank, args, *, clock=time, noise=None, tp_size=2, stats_interval=None):
-        self.release, self.tp_rank, self.log = release, tp_rank, []
+    def __init__(
+        self, release, tp_rank, args, *, clock=time, noise=None, tp_size=2, stats_interval=None, out_of_memory_in=None
+    ):
+        self.release, self.tp_rank, self.log, self.out_of_memory_in = release, tp_rank, [], out_of_memory_in
         self.cuda = CudaOnCpu(self.log)
         self.generator = torch.Generator().manual_seed(0 if noise is None else noise)
         ns = dict(release.types)
@@ -534,6 +540,11 @@ class Rank:
         yield self.release.GraphCaptureContext(stream=self.cuda.current_stream())
         self.log.append(("capture", "graph_capture", "exit"))
 
+    def capturing(self, graph):
+        """A capture of `graph` starts: out of GPU memory if this rank is to fail there."""
+        if graph == self.out_of_memory_in:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB on GPU {self.tp_rank}")
+
     def _verify(self, batch):
         bs = len(batch.seq_lens)
         self.log.append(("forward", "target verify", bs, "target verify graph"))
@@ -544,6 +555,7 @@ class Rank:
     def _kv_only_write(self, tokens, hidden_states, positions, out_cache_loc):
         graph = self.cuda.capturing
         if graph is not None:
+            self.capturing("draft kv-only graph")
             graph.rows = len(out_cache_loc)
             self.log.append(("capture", "draft kv-only", graph.rows))
         else:
@@ -834,6 +846,27 @@ def test_capture_sizes_are_the_same_on_every_rank(release, tp_size, graph_bs, fl
         ("capture", "graph_capture", "exit"),
     ]
     assert all(tuple(rank.state.kv_only_graphs["graphs"]) == kv_only_bs for rank in ranks)
+
+
+@pytest.mark.parametrize(
+    "graph,what",
+    [
+        ("target decode graph", "a decode CUDA graph"),
+        ("draft one-token extend graph", "a one-token draft-extend CUDA graph"),
+        ("draft kv-only graph", "the KV-only draft sync's CUDA graphs"),
+    ],
+)
+def test_a_capture_failing_on_one_rank_stops_it_with_the_reason(release, graph, what):
+    """Out of GPU memory while one rank alone captures a fallback graph: that rank's start-up
+    stops with an error naming the graph and the cause, and SGLang then stops every rank.
+    Serving that rank eagerly instead would change its collectives (without the KV-only
+    graphs it writes the draft KV every step while the others replay every few steps): the
+    others would hang."""
+    Rank(release, 0, args_for(release, 8, 3, margin=2, per_replay=3))
+    reason = re.escape(f"could not capture {what} (OutOfMemoryError: CUDA out of memory")
+    with pytest.raises(RuntimeError, match=reason) as err:
+        Rank(release, 1, args_for(release, 8, 3, margin=2, per_replay=3), out_of_memory_in=graph)
+    assert isinstance(err.value.__cause__, torch.OutOfMemoryError)
 
 
 STEP = st.one_of(
