@@ -634,12 +634,12 @@ def test_new_claims_fail_by_name(tmp_path):
     name, failed = run(hs, hidden(lambda rows: rows[3].__setitem__(0, 1.0)))
     assert failed == {
         name: [
-            f"request 1: hidden states differ from the baseline's at decode step 3 (width 3 vs 3; "
+            f"request 0: hidden states differ from the baseline's at decode step 3 (width 3 vs 3; "
             f"beyond {scenarios.HIDDEN_TOL} of the row's largest value)"
         ]
     }
     name, failed = run(hs, hidden(lambda rows: rows.pop()))
-    assert failed == {name: ["request 1: hidden states of 46 decode steps for the baseline's 47"]}
+    assert failed == {name: ["request 0: hidden states of 46 decode steps for the baseline's 47"]}
 
 
 def test_every_output_scenario_asks_for_what_it_compares():
