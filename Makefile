@@ -7,17 +7,20 @@ BIN := $(VENV)/bin
 # Where pip finds torch for the CPU tests; e.g. https://download.pytorch.org/whl/cpu for the
 # CPU-only build (PyPI's Linux wheel is the CUDA one, with its CUDA libraries).
 TORCH_INDEX_URL ?=
+# No byte-compiling at install: Python compiles a module when it is first imported, and the
+# tests import a small part of torch, whose compile is otherwise most of the setup's time.
+PIP_INSTALL := $(BIN)/pip install -q --no-compile
 
 $(BIN)/spectool: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(PIP_INSTALL) -e '.[test]'
 	@touch $@
 
 # CPU extras for the tests that build golden models and plot bench results.
 $(VENV)/.test-extras: $(BIN)/spectool
-	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
-	$(BIN)/pip install -q safetensors matplotlib
+	$(PIP_INSTALL) torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
+	$(PIP_INSTALL) safetensors matplotlib
 	@touch $@
 
 .PHONY: run test lint clean

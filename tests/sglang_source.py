@@ -21,7 +21,7 @@ import time
 import typing
 from pathlib import Path
 
-from spectool.testing import function_source, load_function
+from spectool.testing import function_source, load_function, parsed_source
 
 ARGS = "sglang/srt/server_args.py"
 WORKER = "sglang/srt/speculative/eagle_worker_v2.py"
@@ -147,9 +147,7 @@ def _req_class(tree: Path) -> tuple[type, frozenset]:
 
 
 def _class_node(path: Path, name: str) -> ast.ClassDef:
-    return next(
-        n for n in ast.parse(path.read_text(encoding="utf-8")).body if isinstance(n, ast.ClassDef) and n.name == name
-    )
+    return next(n for n in parsed_source(path).tree.body if isinstance(n, ast.ClassDef) and n.name == name)
 
 
 def _defined_in(tree: Path, name: str) -> str:
@@ -206,7 +204,7 @@ def server_args_class(tree: Path, namespace: dict) -> type:
         **{name: getattr(typing, name) for name in typing.__all__},
         **namespace,
     }
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+    for node in parsed_source(path).tree.body:
         if isinstance(node, ast.Assign):  # the CHOICES lists and other constants
             try:
                 exec(compile(ast.Module([node], []), str(path), "exec"), ns)

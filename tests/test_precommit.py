@@ -1,8 +1,8 @@
-"""The upgrade gate through pre-commit itself (`pre-commit try-repo`) on a scratch repository,
-as a user runs it: a bump that passes (with the advice to retire what is upstream), one that
+"""The upgrade gate through pre-commit itself (`pre-commit run`, the hook named in the user's
+configuration) on a scratch repository, as a user runs it: a bump that passes (with the advice to retire what is upstream), one that
 drifts (the drift report with the nearest candidates, the old pin read from git), the PEP 503
 spellings of the pin, a range checked at its lowest release, and a requirement that names no
-release refused."""
+release refused. The tests share one pre-commit home, so the hook's environment is built once."""
 
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ def _git(cwd, *args):
 
 @pytest.fixture(scope="module")
 def hook_repo(tmp_path_factory):
-    """A committed copy of this repository (try-repo wants a git repo; CI's clone is one)."""
+    """A committed copy of this repository (pre-commit clones the hook's repository; CI's
+    clone is one)."""
     dst = tmp_path_factory.mktemp("hookrepo") / "spectool"
     ignore = shutil.ignore_patterns(
         ".venv", ".cache", "build", "results", ".git", "__pycache__", ".device-cache", ".whl"
@@ -56,20 +57,30 @@ def hook_repo(tmp_path_factory):
     return dst
 
 
-def _run_gate(tmp_path, hook_repo, requirement, *, env=None, before="sglang==0.5.12"):
-    """A user repository whose requirements.txt pinned `before` in HEAD and now says
-    `requirement`; the hook run through `pre-commit try-repo` as a user would (no --verbose)."""
+@pytest.fixture(scope="module")
+def pre_commit_home(tmp_path_factory):
+    return tmp_path_factory.mktemp("pre-commit-home")
+
+
+def _run_gate(tmp_path, hook_repo, home, requirement, *, env=None, before="sglang==0.5.12"):
+    """A user repository whose configuration names the gate and whose requirements.txt pinned
+    `before` in HEAD and now says `requirement`; the hook run by `pre-commit run` as a user's
+    commit would (no --verbose)."""
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=hook_repo, check=True, capture_output=True, text=True)
     work = tmp_path / "user"
     work.mkdir()
     _git(work, "init", "-q")
+    (work / ".pre-commit-config.yaml").write_text(
+        f"repos:\n  - repo: {hook_repo}\n    rev: {rev.stdout.strip()}\n    hooks:\n      - id: spectool-upgrade-gate\n"
+    )
     (work / "requirements.txt").write_text(f"torch==2.11.0\n{before}\n")
     _git(work, "add", "-A")
     _git(work, "commit", "-qm", "pin")
     (work / "requirements.txt").write_text(f"torch==2.11.0\n{requirement}\n")
     _git(work, "add", "-A")
-    env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path.parent / "pre-commit-home"), **(env or {})}
+    env = {**os.environ, "PRE_COMMIT_HOME": str(home), **(env or {})}
     r = subprocess.run(
-        [_pre_commit(), "try-repo", str(hook_repo), "spectool-upgrade-gate", "--files", "requirements.txt"],
+        [_pre_commit(), "run", "spectool-upgrade-gate", "--files", "requirements.txt"],
         cwd=work,
         capture_output=True,
         text=True,
@@ -93,18 +104,18 @@ def _fake_release(sglang_release, cache: Path, version: str) -> None:
     (dest / ".spectool-fetched").write_text(json.dumps({"file": "test", "sha256": "-"}))
 
 
-def test_a_good_bump_passes_and_shows_what_to_retire(tmp_path, hook_repo):
-    r = _run_gate(tmp_path, hook_repo, "sglang==0.5.17")
+def test_a_good_bump_passes_and_shows_what_to_retire(tmp_path, hook_repo, pre_commit_home):
+    r = _run_gate(tmp_path, hook_repo, pre_commit_home, "sglang==0.5.17")
     assert r.returncode == 0, r.output[-3000:]
     assert "requirements.txt pins SGLang 0.5.17 (from 0.5.12)" in r.output
     assert "upgrade to SGLang 0.5.17: ready" in r.output
     assert "retire: sm120 is upstream in SGLang 0.5.17" in r.output  # shown without -v: the hook is verbose
 
 
-def test_a_drifting_bump_fails_with_the_drift_report(tmp_path, hook_repo, sglang_release):
+def test_a_drifting_bump_fails_with_the_drift_report(tmp_path, hook_repo, pre_commit_home, sglang_release):
     cache = tmp_path / "cache"
     _fake_release(sglang_release, cache, "0.5.12.post99")
-    r = _run_gate(tmp_path, hook_repo, "sglang==0.5.12.post99", env={"SPECTOOL_CACHE": str(cache)})
+    r = _run_gate(tmp_path, hook_repo, pre_commit_home, "sglang==0.5.12.post99", env={"SPECTOOL_CACHE": str(cache)})
     assert r.returncode == 1, r.output[-3000:]
     assert "need work" in r.output and "spec-fallback (drift)" in r.output
     assert "no member 'clear_cache_pool' to place the method after" in " ".join(r.output.split())
@@ -120,22 +131,22 @@ def test_a_drifting_bump_fails_with_the_drift_report(tmp_path, hook_repo, sglang
         "Sglang==0.5.12.post1 --hash=sha256:" + "0" * 64,
     ],
 )
-def test_every_spelling_of_the_pin_is_checked(tmp_path, hook_repo, requirement):
-    r = _run_gate(tmp_path, hook_repo, requirement)
+def test_every_spelling_of_the_pin_is_checked(tmp_path, hook_repo, pre_commit_home, requirement):
+    r = _run_gate(tmp_path, hook_repo, pre_commit_home, requirement)
     assert r.returncode == 0, r.output[-3000:]
     assert "requirements.txt pins SGLang 0.5.12.post1 (from 0.5.12)" in r.output
     assert "upgrade to SGLang 0.5.12.post1: ready" in r.output
 
 
-def test_a_range_is_checked_at_its_lowest_allowed_release(tmp_path, hook_repo):
-    r = _run_gate(tmp_path, hook_repo, "sglang>=0.5.12.post1,<0.5.13")
+def test_a_range_is_checked_at_its_lowest_allowed_release(tmp_path, hook_repo, pre_commit_home):
+    r = _run_gate(tmp_path, hook_repo, pre_commit_home, "sglang>=0.5.12.post1,<0.5.13")
     assert r.returncode == 0, r.output[-3000:]
     assert "'sglang>=0.5.12.post1,<0.5.13' is a range: checked at its lowest allowed release, 0.5.12.post1" in r.output
     assert "upgrade to SGLang 0.5.12.post1: ready" in r.output
 
 
-def test_a_requirement_without_a_release_is_refused(tmp_path, hook_repo):
-    r = _run_gate(tmp_path, hook_repo, "sglang<0.6")
+def test_a_requirement_without_a_release_is_refused(tmp_path, hook_repo, pre_commit_home):
+    r = _run_gate(tmp_path, hook_repo, pre_commit_home, "sglang<0.6")
     assert r.returncode == 1 and "- exit code: 2" in r.output, r.output[-3000:]  # pre-commit exits 1 on any failure
     assert "'sglang<0.6' does not pin SGLang to a release" in " ".join(r.output.split())
     assert "nothing to check" not in r.output
