@@ -182,7 +182,7 @@ def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(
     from spectool.errors import BadInputError
     from spectool.harness.verify import runner, scenarios
 
-    models = {"target": "t", "eagle3_draft": "d"}
+    models = {"target": "t", "eagle3_draft": "d", "moe": {"target": "mt", "eagle3_draft": "md", "meta": {"key": "m"}}}
     wls = scenarios.workloads()
     for version, upstream in (("0.5.12", False), ("0.5.17", True)):
         with _pytest.raises(BadInputError, match="is not patched"):

@@ -72,7 +72,7 @@ def test_engines_get_the_flags_only_where_the_fallback_is_the_recipes(tmp_path):
     from spectool.harness.verify import runner
     from spectool.harness.verify.engine_worker import engine_kwargs
 
-    models = {"target": "t", "eagle3_draft": "d"}
+    models = {"target": "t", "eagle3_draft": "d", "moe": {"target": "mt", "eagle3_draft": "md", "meta": {"key": "m"}}}
     for version, upstream in (("0.5.12", False), ("0.5.17", True)):
         jobs, _, _ = runner.plan_jobs(scenarios.configs(), scenarios.workloads(), models, tmp_path, version, upstream)
         for job in jobs:
@@ -265,7 +265,7 @@ def test_tensor_parallel_reaches_every_engine(tmp_path):
     from spectool.harness.verify import runner, scenarios
     from spectool.harness.verify.engine_worker import engine_kwargs
 
-    models = {"target": "t", "eagle3_draft": "d"}
+    models = {"target": "t", "eagle3_draft": "d", "moe": {"target": "mt", "eagle3_draft": "md", "meta": {"key": "m"}}}
     wls = scenarios.workloads()
     for tp in (1, 2):
         jobs, cfgs, _ = runner.plan_jobs(scenarios.configs(), wls, models, tmp_path, "0.5.12", False, tp)
@@ -283,7 +283,7 @@ def test_every_engine_has_its_own_fixed_rendezvous_port(tmp_path):
     from spectool.harness.verify import runner, scenarios
     from spectool.harness.verify.engine_worker import engine_kwargs
 
-    models = {"target": "t", "eagle3_draft": "d"}
+    models = {"target": "t", "eagle3_draft": "d", "moe": {"target": "mt", "eagle3_draft": "md", "meta": {"key": "m"}}}
     taken, rendezvous = set(), []
     for base in (31000, 29000):  # the default and the second run's (tools/device/README.md)
         jobs, _, _ = runner.plan_jobs(
@@ -648,7 +648,12 @@ def test_every_output_scenario_asks_for_what_it_compares():
     cfgs = {c.name: c for c in scenarios.configs()}
     wls = scenarios.workloads()
     compared = [s for s in scenarios.scenarios() if s.expect.logprobs_within or s.expect.hidden_states_within]
-    assert {s.config for s in compared} == {"eagle3-t4", "standalone-t4-hidden"}
+    assert {s.config for s in compared} == {
+        "eagle3-t4",
+        "standalone-t4-hidden",
+        "eagle3-moe-t4",
+        "eagle3-t4-flashinfer",
+    }
     for s in compared:
         reqs = wls[s.workload].requests
         assert any(r.return_logprob for r in reqs) and not all(r.return_logprob for r in reqs), s.name
@@ -708,3 +713,78 @@ def test_recording_keeps_what_the_golden_file_holds(tmp_path):
             res["workloads"]["bs1"]["requests"][0]["output_ids"][0] += 1
     report = _evaluate(results, tmp_path, record=True)
     assert not report["ok"] and len(report["golden_problems"]) == 1 and "bs1" in report["golden_problems"][0]
+
+
+def test_new_targets_and_backends_have_their_own_baselines_and_golden_keys(tmp_path):
+    """The MoE target and the flashinfer engines are compared with a no-speculation engine of
+    their own model and backend, and their tokens recorded under keys of their own (the dense
+    triton workloads keep their names); MoE tokens are keyed by the weights that decoded them,
+    so a retrained MoE model is compared with its baseline only, never failed by name."""
+    cfgs = scenarios.configs()
+    by_name = {c.name: c for c in cfgs}
+    for name, base in (("eagle3-moe-t4", "base-moe"), ("eagle3-t4-flashinfer", "base-flashinfer")):
+        for w in by_name[name].workloads:
+            assert scenarios.baseline_for(by_name[name], cfgs, w).name == base
+    assert by_name["base-moe"].golden_key("stagger") == "moe/stagger"
+    assert by_name["base-flashinfer"].golden_key("stagger") == "flashinfer/stagger"
+    assert by_name["base-graph"].golden_key("stagger") == "stagger"
+
+    def run(sha, record=False, only=None):
+        from spectool.harness.verify import runner
+
+        models = {"meta": {"key": ModelSpec().key()}, "moe": {"meta": {"weights_sha": sha}}}
+        run_cfgs = runner.select_configs(only)
+        results = {k: v for k, v in _engine_results().items() if k in {c.name for c in run_cfgs}}
+        return runner.evaluate(
+            results, run_cfgs, scenarios.workloads(), models, "0.5.12", "sm90", "H200", tmp_path, record
+        )
+
+    assert run("aaaa", record=True)["ok"]
+    held = json.loads((tmp_path / "0.5.12/sm90/golden.json").read_text())["workloads"]
+    assert held["moe/arrive-logprobs"]["model_weights"] == "aaaa" and "model_weights" not in held["stagger"]
+    assert "flashinfer/arrive-logprobs" in held and "arrive-logprobs" not in held
+    report = run("aaaa")
+    assert report["ok"] and not report["golden_skipped"]
+    report = run("bbbb")
+    assert report["ok"] and len(report["golden_skipped"]) == 2
+    assert all("moe/" in why and "bbbb" in why for why in report["golden_skipped"])
+    # Recording a few engines keeps what the file holds for the others.
+    assert run("cccc", record=True, only=["eagle3-moe-t4"])["ok"]
+    after = json.loads((tmp_path / "0.5.12/sm90/golden.json").read_text())["workloads"]
+    assert set(after) == set(held) and after["moe/stagger"]["model_weights"] == "cccc"
+
+
+def test_only_runs_the_named_engines_and_their_baselines():
+    from spectool.harness.verify import runner
+
+    new = ["eagle3-moe-t4", "eagle3-t4-flashinfer"]
+    assert [c.name for c in runner.select_configs(new)] == [
+        "base-flashinfer",
+        "eagle3-t4-flashinfer",
+        "base-moe",
+        "eagle3-moe-t4",
+    ]
+    assert {c.name for c in runner.select_configs(["eagle3-t4"])} == {"base-graph", "eagle3-t4"}
+    assert runner.select_configs(None) == scenarios.configs()
+
+
+def test_flashinfer_starts_first_and_moe_engines_wait_for_their_training(tmp_path):
+    """flashinfer compiles at first use, so its engines are launched first; the engines of a
+    MoE model that the run trains start once that job is done, and never when it failed."""
+    from spectool.harness.verify import runner
+    from spectool.harness.verify.engine_worker import engine_kwargs
+
+    models = {"target": "t", "eagle3_draft": "d", "moe": {"target": "mt", "eagle3_draft": "md", "meta": {}}}
+    jobs, cfgs, _ = runner.plan_jobs(
+        runner.select_configs(None), scenarios.workloads(), models, tmp_path, "0.5.12", False
+    )
+    assert [j["config"]["attention"] for j in jobs[:2]] == ["flashinfer", "flashinfer"]
+    assert {engine_kwargs(j)["attention_backend"] for j in jobs[2:]} == {"triton"}
+    moe = [j for j in jobs if j["config"]["model"] == "moe"]
+    assert {j["target"] for j in moe} == {"mt"} and {j["after"] for j in moe} == {runner.TRAIN_MOE}
+    assert all("after" not in j and j["target"] == "t" for j in jobs if j["config"]["model"] == "dense")
+    pending = [{"config": {"name": "a"}, "after": "train"}, {"config": {"name": "b"}}]
+    assert runner.next_ready(pending, {})["config"]["name"] == "b" and len(pending) == 1
+    assert runner.next_ready(pending, {}) is None
+    results = {"train": {"ok": False}}
+    assert runner.next_ready(pending, results) is None and results["a"]["error"] == "not started: train failed"

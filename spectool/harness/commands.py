@@ -39,7 +39,9 @@ from .bench.sweep import LOADS, PORT_BASE, PROFILE_LOADS
 )
 @click.option("--record", is_flag=True, help="Record the baseline tokens as the golden file.")
 @click.option("--parallel", type=click.IntRange(min=1), default=4, help="Engines run at once on the GPU.")
-@click.option("--only", default="", help="Comma-separated engine configs (baselines always run).")
+@click.option(
+    "--only", default="", help="Comma-separated engine configs; the baselines they are compared with run too."
+)
 @click.option(
     "--tp",
     "tp_size",

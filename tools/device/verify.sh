@@ -21,6 +21,11 @@ PACK="$OUT/$(basename "$VERIFY_DIR")"
 mkdir -p "$PACK"
 cp "$VERIFY_DIR/verify-results.json" "$PACK/" 2>/dev/null || true
 cp golden/"$SGLANG_VERSION"/*/golden.json "$PACK/" 2>/dev/null || true
+# Golden models the run trained on the GPU (the MoE target and its head, when not committed)
+# come back to be committed under golden/models/.
+for m in "$VERIFY_DIR"/models/golden-moe-*; do
+  if [ -d "$m" ]; then mkdir -p "$PACK/models" && cp -r "$m" "$PACK/models/"; fi
+done
 tar czf "$PACK/verify-logs.tgz" -C "$VERIFY_DIR" --exclude='*.job.json' --exclude=models . 2>/dev/null || true
 tar czf "$PACK.tgz" -C "$PACK" . && rm -rf "$PACK"
 exit $rc

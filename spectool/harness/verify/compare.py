@@ -242,7 +242,8 @@ def golden_path(root: Path, sglang_version: str, arch: str) -> Path:
 
 
 def make_golden(sglang_version: str, arch: str, model_meta: dict, settings: dict, baselines: dict) -> dict:
-    """baselines: workload name -> {prompts, requests (with output_ids, top2_margins)}."""
+    """baselines: golden key -> {prompts, requests (with output_ids, top2_margins), and the
+    model_weights its tokens are keyed by where the spec alone does not fix them}."""
     return {
         "schema": GOLDEN_SCHEMA,
         "sglang_version": sglang_version,
@@ -254,6 +255,7 @@ def make_golden(sglang_version: str, arch: str, model_meta: dict, settings: dict
                 "prompts_sha": prompts_hash(b["prompts"]),
                 "min_top2_margin": min_margin(b["requests"]),
                 "output_ids": [r["output_ids"] for r in b["requests"]],
+                **({"model_weights": b["model_weights"]} if b.get("model_weights") else {}),
             }
             for name, b in sorted(baselines.items())
         },

@@ -68,7 +68,7 @@ def engine_kwargs(job: dict) -> dict:
     kw = dict(
         model_path=job["target"],
         skip_tokenizer_init=True,
-        attention_backend="triton",
+        attention_backend=cfg.get("attention", "triton"),
         sampling_backend="pytorch",
         grammar_backend="none",
         cuda_graph_max_bs=32,

@@ -271,11 +271,15 @@ def ensure_head(
     head_spec: HeadSpec = HeadSpec(),
     device: str = "cpu",
     log=print,
+    target=None,
+    out: Path | None = None,
 ) -> Path:
-    """The trained head of the cached target `spec`, trained once and cached by its key."""
-    out = Path(cache) / f"golden-eagle3-head-{head_spec.key(spec)}"
+    """The trained head of the cached target `spec`, trained once and cached by its key
+    (`target`, `out`: another architecture's loaded target and the head's folder)."""
+    out = Path(out) if out is not None else Path(cache) / f"golden-eagle3-head-{head_spec.key(spec)}"
     if not (out / "model.safetensors").exists():
-        target = load(Path(cache) / f"golden-target-{spec.key()}", spec)
+        if target is None:
+            target = load(Path(cache) / f"golden-target-{spec.key()}", spec)
         head, acc, secs = train_head(target, spec, head_spec, device, log)
         save_head(
             head,

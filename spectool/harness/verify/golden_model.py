@@ -153,13 +153,14 @@ def _model(spec: ModelSpec):
     return Llama()
 
 
-def train(spec: ModelSpec, device: str = "cuda", steps: int | None = None, log=print):
-    """Train the copy-task Llama; returns (model, final loss, seconds)."""
+def train(spec: ModelSpec, device: str = "cuda", steps: int | None = None, log=print, build=None):
+    """Train the copy-task Llama (or the model `build(spec)` makes: the MoE target); returns
+    (model, final loss, seconds)."""
     import torch
 
     torch.manual_seed(spec.seed)
     rng = random.Random(spec.seed)
-    model = _model(spec).to(device)
+    model = (build or _model)(spec).to(device)
     if spec.init_std:
         for p in model.parameters():
             if p.dim() == 2:

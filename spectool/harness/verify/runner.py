@@ -15,8 +15,11 @@ from pathlib import Path
 
 from ...errors import BadInputError
 from ...statuses import Status
-from . import compare, scenarios
+from . import compare, golden_moe, scenarios
 from .golden_model import ModelSpec, ensure_models
+from .golden_moe import MoeSpec
+
+TRAIN_MOE = "train-moe"  # the runner's job that trains the MoE golden models on the GPU
 
 
 def gpu_info(command: str = "verify") -> tuple[str, str]:
@@ -36,6 +39,7 @@ def gpu_info(command: str = "verify") -> tuple[str, str]:
 def _launch(job: dict, workdir: Path, env: dict) -> tuple[subprocess.Popen, Path, Path]:
     name = job["config"]["name"]
     job_path, out_path, log_path = workdir / f"{name}.job.json", workdir / f"{name}.out.json", workdir / f"{name}.log"
+    module = job.get("module", "spectool.harness.verify.engine_worker")
     # A result or counter file left by an earlier run in the same folder must never be read
     # as this engine's (counters would go negative, a crash would look like a pass).
     out_path.unlink(missing_ok=True)
@@ -44,7 +48,7 @@ def _launch(job: dict, workdir: Path, env: dict) -> tuple[subprocess.Popen, Path
     job_path.write_text(json.dumps(job))
     log = open(log_path, "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spectool.harness.verify.engine_worker", str(job_path), str(out_path)],
+        [sys.executable, "-m", module, str(job_path), str(out_path)],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
@@ -71,15 +75,34 @@ def _tail(path: Path, n: int = 25) -> str:
         return ""
 
 
+def next_ready(pending: list[dict], results: dict) -> dict | None:
+    """The first pending job whose prerequisite (`after`: a job's name) has finished, taken
+    off the list; a job whose prerequisite failed is answered with that, never started."""
+    for job in pending:
+        after = job.get("after")
+        if after and after not in results:
+            continue
+        pending.remove(job)
+        if after and not results[after].get("ok"):
+            results[job["config"]["name"]] = {"ok": False, "error": f"not started: {after} failed"}
+            return next_ready(pending, results)
+        return job
+    return None
+
+
 def run_engines(jobs: list[dict], workdir: Path, env: dict, parallel: int, timeout: float, progress=None) -> dict:
-    """Run jobs, `parallel` at a time; returns name -> result (or an error with the log tail)."""
+    """Run jobs, `parallel` at a time, each once its prerequisite is done; returns name ->
+    result (or an error with the log tail)."""
     pending, running, results = list(jobs), {}, {}
     try:
         while pending or running:
-            while pending and len(running) < parallel:
-                job = pending.pop(0)
+            while len(running) < parallel and (job := next_ready(pending, results)) is not None:
                 proc, out, log = _launch(job, workdir, env)
                 running[job["config"]["name"]] = (proc, out, log, time.time())
+            if pending and not running:  # every pending job waits on one that will never run
+                for job in pending:
+                    results[job["config"]["name"]] = {"ok": False, "error": f"not started: {job.get('after')} missing"}
+                break
             time.sleep(1.0)
             for name, (proc, out, log, t0) in list(running.items()):
                 rc = proc.poll()
@@ -133,7 +156,7 @@ def verify(
     if unknown:  # else a typo would run the baselines alone and pass
         raise BadInputError(
             f"spectool verify --only {','.join(only)}: no engine config named {', '.join(unknown)}; "
-            f"the configs are {', '.join(known)} (baselines always run)."
+            f"the configs are {', '.join(known)} (the baselines they are compared with run too)."
         )
     try:
         spec = ModelSpec().for_tp(tp_size)
@@ -152,15 +175,21 @@ def verify(
     log_lines = []
     # The committed golden model (golden/models) is used when it matches the spec; otherwise
     # it is trained here (about a minute on a GPU) and cached in the output folder.
+    moe_cache = model_cache or out_dir / "models"
     if model_cache is None:
         shipped = golden_root / "models"
         model_cache = (
             shipped if (shipped / f"golden-target-{spec.key()}" / "model.safetensors").exists() else out_dir / "models"
         )
-    models = ensure_models(model_cache, spec, log=log_lines.append)
     wls = scenarios.workloads(spec)
-    cfgs = [c for c in scenarios.configs() if not only or c.name in only or c.algorithm is None]
+    cfgs = select_configs(only)
+    models = ensure_models(model_cache, spec, log=log_lines.append)
+    moe_job = None
+    if any(c.model == "moe" for c in cfgs):
+        models["moe"], moe_job = moe_models(golden_root / "models", moe_cache, MoeSpec().for_tp(tp_size))
     jobs, cfgs, skipped = plan_jobs(cfgs, wls, models, out_dir, sg_version, upstream_switch, tp_size, port_base)
+    if moe_job:  # trained next to the engines that need neither, started as early as they are
+        jobs.insert(sum(c.attention != "triton" for c in cfgs), moe_job)
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -179,6 +208,9 @@ def verify(
             bar.advance(task)
 
         results = run_engines(jobs, out_dir, env, parallel, timeout, tick)
+    if moe_job and results.get(TRAIN_MOE, {}).get("ok"):
+        models["moe"] = results[TRAIN_MOE]["models"]
+        log_lines += results[TRAIN_MOE].get("log", [])
     report = evaluate(
         results,
         cfgs,
@@ -198,6 +230,35 @@ def verify(
     report["model_build_log"] = log_lines
     (out_dir / "verify-results.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def select_configs(only: list[str] | None) -> list:
+    """The engine configs to run: all, or those named and the baselines they are compared
+    with (only those, so that a run of a few new engines stays short)."""
+    every = scenarios.configs()
+    if not only:
+        return every
+    named = [c for c in every if c.name in only]
+    needed = {c.name for c in named}
+    for c in named:
+        needed |= {scenarios.baseline_for(c, every, w).name for w in c.workloads} if c.algorithm else set()
+    return [c for c in every if c.name in needed]
+
+
+def moe_models(shipped: Path, cache: Path, spec: MoeSpec) -> tuple[dict, dict | None]:
+    """The MoE golden models: the committed ones when they match the spec, else the ones in
+    `cache`, with the job that trains them there on the GPU when they are missing (its
+    engines wait for it; the dense engines need not)."""
+    for folder in (shipped, cache):
+        if golden_moe.trained(folder, spec):
+            return golden_moe.ensure_models(folder, spec), None
+    job = {
+        "config": {"name": TRAIN_MOE},
+        "module": "spectool.harness.verify.golden_moe",
+        "cache": str(cache),
+        "spec": asdict(spec),
+    }
+    return {**golden_moe.paths(cache, spec), "meta": {}}, job
 
 
 def inspect_tree(sglang_dir: str | None, env: dict, *, recipes_dir=None, select=None, options=None) -> tuple[str, bool]:
@@ -240,16 +301,19 @@ def plan_jobs(
             if c.algorithm not in (None, "EAGLE", "EAGLE3")
         }
         cfgs = [c for c in cfgs if c.name not in skipped]
+    # flashinfer compiles its kernels at first use (minutes): its engines start first.
+    cfgs = sorted(cfgs, key=lambda c: c.attention == "triton")
     jobs = []
     for i, c in enumerate(cfgs):
         config = asdict(c)
+        m = models if c.model == "dense" else models[c.model]
         if upstream_switch:  # upstream's switch has none of the recipe's draft-sync paths or flags
             config["fallback_args"] = {}
         jobs.append(
             {
                 "config": config,
-                "target": models["target"],
-                "eagle3_draft": models["eagle3_draft"],
+                "target": m["target"],
+                "eagle3_draft": m["eagle3_draft"],
                 "workloads": [{"name": w, "requests": [asdict(r) for r in wls[w].requests]} for w in c.workloads],
                 "stats_path": str(out_dir / f"{c.name}.stats.json") if c.algorithm else None,
                 "port": port_base + 50 * i,
@@ -258,6 +322,8 @@ def plan_jobs(
         )
         if upstream_switch and c.algorithm:
             jobs[-1].update(observe="log", log_path=str(out_dir / f"{c.name}.log"), initial_steps=3)
+        if c.model != "dense" and not m.get("meta"):  # its models are trained by a job of the run
+            jobs[-1]["after"] = TRAIN_MOE
     return jobs, cfgs, skipped
 
 
@@ -282,15 +348,20 @@ def evaluate(
     for name, res in results.items():
         if not res.get("ok"):
             engine_errors[name] = {"error": res.get("error", "failed"), "log_tail": res.get("log_tail", "")}
+    # Each baseline's tokens under its golden key (the workload, or model/backend/workload),
+    # with the weights of a model that is keyed by them (the MoE target: trained on a GPU, it
+    # differs from run to run unless committed).
+    moe_sha = (models.get("moe") or {}).get("meta", {}).get("weights_sha")
     baselines = {}
     for c in cfgs:
         if c.algorithm is None and results.get(c.name, {}).get("ok"):
             for w in c.workloads:
                 baselines.setdefault(
-                    w,
+                    c.golden_key(w),
                     {
                         "prompts": [r.prompt for r in wls[w].requests],
                         "requests": results[c.name]["workloads"][w]["requests"],
+                        **({"model_weights": moe_sha} if c.model == "moe" else {}),
                     },
                 )
     gpath = compare.golden_path(golden_root, sg_version, arch)
@@ -307,6 +378,23 @@ def evaluate(
         )
         return False
 
+    def checked(path: Path, data: dict, *, only_held: bool = False) -> list[str]:
+        """The baselines against a golden file: those whose workload it holds for these
+        weights (every one, unless `only_held`: one it lacks is a problem then)."""
+        problems = []
+        for key, b in baselines.items():
+            held = data.get("workloads", {}).get(key)
+            if held is None and only_held:
+                continue
+            if held is not None and held.get("model_weights") != b.get("model_weights"):
+                golden_skipped.append(
+                    f"{path}: {key} was recorded with model weights {held.get('model_weights')}, this run's are "
+                    f"{b.get('model_weights')}; compared with its baseline only"
+                )
+                continue
+            problems += compare.compare_to_golden(data, key, b["prompts"], b["requests"])
+        return problems
+
     for other in sorted(Path(golden_root).glob(f"*/{arch}/golden.json")):
         if other == gpath:
             continue
@@ -314,35 +402,31 @@ def evaluate(
         odata = json.loads(other.read_text())
         if not same_model(other, odata):
             continue
-        cross[odata.get("sglang_version", other.parent.parent.name)] = [
-            p for w, b in baselines.items() for p in compare.compare_to_golden(odata, w, b["prompts"], b["requests"])
-        ]
+        cross[odata.get("sglang_version", other.parent.parent.name)] = checked(other, odata, only_held=True)
     if record:
-        # Recording adds workloads the file lacks; the ones it holds must still decode as
-        # recorded (plain decoding did not change), else the run fails, naming them.
+        # Recording adds workloads the file lacks and keeps those this run did not decode; the
+        # ones it holds must still decode as recorded (plain decoding did not change), else
+        # the run fails, naming them.
+        kept = {}
         if gpath.exists():
             old = json.loads(gpath.read_text())
             if same_model(gpath, old):
-                golden_problems += [
-                    p
-                    for w, b in baselines.items()
-                    if w in old.get("workloads", {})
-                    for p in compare.compare_to_golden(old, w, b["prompts"], b["requests"])
-                ]
+                golden_problems += checked(gpath, old, only_held=True)
+                kept = {k: v for k, v in old.get("workloads", {}).items() if k not in baselines}
         data = compare.make_golden(
             sg_version,
             arch,
             models["meta"],
-            {"threshold": scenarios.THRESHOLD, "engine": "triton attention, pytorch sampling, greedy"},
+            {"threshold": scenarios.THRESHOLD, "engine": "pytorch sampling, greedy; triton attention unless keyed"},
             baselines,
         )
+        data["workloads"] = dict(sorted({**kept, **data["workloads"]}.items()))
         gpath.parent.mkdir(parents=True, exist_ok=True)
         gpath.write_text(json.dumps(data, indent=1))
     elif gpath.exists():
         golden = json.loads(gpath.read_text())
         if same_model(gpath, golden):
-            for w, b in baselines.items():
-                golden_problems += compare.compare_to_golden(golden, w, b["prompts"], b["requests"])
+            golden_problems += checked(gpath, golden)
     elif models["meta"]["key"] != ModelSpec().key():
         golden_skipped.append(
             f"no golden file for model {models['meta']['key']}; its engines are compared with their baselines only"
@@ -419,6 +503,7 @@ def evaluate(
         "engine_errors": engine_errors,
         "scenarios": rows,
         "model": models["meta"],
+        "moe_model": (models.get("moe") or {}).get("meta"),
         "engines": {
             k: {"startup_s": v.get("startup_s"), "total_s": v.get("total_s"), "ok": v.get("ok")}
             for k, v in results.items()

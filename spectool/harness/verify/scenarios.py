@@ -24,6 +24,12 @@ HEAD_ACCEPTANCE = 2.5
 # (logprobs to max(1, |value|), hidden states to the row's largest value).
 LOGPROB_TOL = 0.02
 HIDDEN_TOL = 0.02
+# Logprobs of requests whose decoding crosses speculative steps: a speculative step's
+# logprobs come from the target's verify forward (extend kernels over the draft tokens),
+# plain decoding's from its decode kernels, so they differ by bf16 noise of two
+# computations, not one (the copy model's top-2 logprobs are about -10, so 0.05 is half a
+# nat there; a logprob of a wrong token or position is off by several).
+LOGPROB_SPEC_TOL = 0.05
 
 
 @dataclass
@@ -59,11 +65,20 @@ class EngineConfig:
     # --enable-return-hidden-states: requests may ask for hidden states (the decode graphs
     # then capture them, so it is part of the settings a baseline must share).
     hidden_states: bool = False
+    # The target: "dense" (the golden Llama) or "moe" (the golden Qwen3-MoE, golden_moe.py).
+    model: str = "dense"
+    attention: str = "triton"  # SGLang's attention backend
 
     @property
     def settings_key(self) -> tuple:
-        """Engines with equal keys are comparable: same kernels apart from speculation."""
-        return (self.cuda_graph, self.chunked_prefill, self.hidden_states)
+        """Engines with equal keys are comparable: same model and kernels apart from speculation."""
+        return (self.cuda_graph, self.chunked_prefill, self.hidden_states, self.model, self.attention)
+
+    def golden_key(self, workload: str) -> str:
+        """The workload's name in the golden file: the dense target on triton attention keeps
+        the plain name; another model or attention backend decodes tokens of its own."""
+        variant = [x for x in (self.model, self.attention) if x not in ("dense", "triton")]
+        return "/".join([*variant, workload])
 
 
 @dataclass
@@ -166,6 +181,13 @@ def workloads(spec: ModelSpec = ModelSpec(), seed: int = 1234) -> dict[str, Work
             ],
             "T+1 requests, all asking for hidden states, two of them for logprobs",
         ),
+        Workload(
+            "arrive-logprobs",
+            [Request(copy_prompt(rng, spec, segment=16), 200, return_logprob=True) for _ in range(2)]
+            + [Request(copy_prompt(rng, spec), 32, delay=0.1, return_logprob=i in (0, 5)) for i in range(8)],
+            "as arrive, the 2 long requests and 2 of the 8 arriving ones asking for logprobs (top 2): "
+            "their logprobs cross speculative and fallback steps",
+        ),
     ]
     return {x.name: x for x in w}
 
@@ -230,6 +252,17 @@ def configs() -> list[EngineConfig]:
         EngineConfig("standalone-t4-hidden", "STANDALONE", T, hidden_states=True, workloads=["outputs"]),
         # The patch without the flag: what every user who has not opted in runs.
         EngineConfig("eagle3-unset", "EAGLE3", None, workloads=["bs8", "stagger"]),
+        # A second target architecture, MoE (golden_moe.py: router top-k, fused experts, its
+        # own trained EAGLE-3 head), and a second attention backend, flashinfer, for the dense
+        # target: each through both transitions on the fallback's defaults (the KV-only draft
+        # sync), as users run it. flashinfer compiles its kernels at first use, so its engines
+        # come first in the run.
+        EngineConfig("base-flashinfer", None, attention="flashinfer", workloads=["stagger", "arrive-logprobs"]),
+        EngineConfig(
+            "eagle3-t4-flashinfer", "EAGLE3", T, attention="flashinfer", workloads=["stagger", "arrive-logprobs"]
+        ),
+        EngineConfig("base-moe", None, model="moe", workloads=["stagger", "arrive-logprobs"]),
+        EngineConfig("eagle3-moe-t4", "EAGLE3", T, model="moe", workloads=["stagger", "arrive-logprobs"]),
     ]
 
 
@@ -403,6 +436,37 @@ def scenarios() -> list[Scenario]:
             "requests finishing one by one, no flag",
         ),
     ]
+    for label, config in (("moe", "eagle3-moe-t4"), ("flashinfer", "eagle3-t4-flashinfer")):
+        s += [
+            Scenario(
+                f"{label} eagle3 transition down",
+                config,
+                "stagger",
+                Expect(
+                    "positive",
+                    spec_after_fallback=True,
+                    kv_only="positive",
+                    kv_only_prefill="positive",
+                    min_acceptance_after=HEAD_ACCEPTANCE,
+                ),
+                "KV-only prefill and sync (the defaults), then speculation resumes drafting from the synced draft KV",
+            ),
+            Scenario(
+                f"{label} eagle3 transition up, logprobs",
+                config,
+                "arrive-logprobs",
+                Expect(
+                    "positive",
+                    fallback_after_spec=True,
+                    spec_after_fallback=True,
+                    kv_only="positive",
+                    min_acceptance_after=HEAD_ACCEPTANCE,
+                    logprobs_within=LOGPROB_SPEC_TOL,
+                ),
+                "spec -> fallback -> spec inside the long requests, which ask for logprobs: their logprobs "
+                "across both kinds of step are plain decoding's",
+            ),
+        ]
     return s
 
 
