@@ -62,10 +62,11 @@ def pre_commit_home(tmp_path_factory):
     return tmp_path_factory.mktemp("pre-commit-home")
 
 
-def _run_gate(tmp_path, hook_repo, home, requirement, *, env=None, before="sglang==0.5.12"):
+def _run_gate(tmp_path, hook_repo, home, requirement, *, env=None, before="sglang==0.5.12", try_repo=False):
     """A user repository whose configuration names the gate and whose requirements.txt pinned
     `before` in HEAD and now says `requirement`; the hook run by `pre-commit run` as a user's
-    commit would (no --verbose)."""
+    commit would (no --verbose), or with `try_repo` by `pre-commit try-repo`, as a user tries a
+    hook before adding it to the configuration."""
     rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=hook_repo, check=True, capture_output=True, text=True)
     work = tmp_path / "user"
     work.mkdir()
@@ -79,8 +80,9 @@ def _run_gate(tmp_path, hook_repo, home, requirement, *, env=None, before="sglan
     (work / "requirements.txt").write_text(f"torch==2.11.0\n{requirement}\n")
     _git(work, "add", "-A")
     env = {**os.environ, "PRE_COMMIT_HOME": str(home), **(env or {})}
+    command = ["try-repo", str(hook_repo)] if try_repo else ["run"]
     r = subprocess.run(
-        [_pre_commit(), "run", "spectool-upgrade-gate", "--files", "requirements.txt"],
+        [_pre_commit(), *command, "spectool-upgrade-gate", "--files", "requirements.txt"],
         cwd=work,
         capture_output=True,
         text=True,
@@ -112,10 +114,18 @@ def test_a_good_bump_passes_and_shows_what_to_retire(tmp_path, hook_repo, pre_co
     assert "retire: sm120 is upstream in SGLang 0.5.17" in r.output  # shown without -v: the hook is verbose
 
 
-def test_a_drifting_bump_fails_with_the_drift_report(tmp_path, hook_repo, pre_commit_home, sglang_release):
+@pytest.mark.parametrize("try_repo", [False, True], ids=["run", "try-repo"])
+def test_a_drifting_bump_fails_with_the_drift_report(tmp_path, hook_repo, pre_commit_home, sglang_release, try_repo):
     cache = tmp_path / "cache"
     _fake_release(sglang_release, cache, "0.5.12.post99")
-    r = _run_gate(tmp_path, hook_repo, pre_commit_home, "sglang==0.5.12.post99", env={"SPECTOOL_CACHE": str(cache)})
+    r = _run_gate(
+        tmp_path,
+        hook_repo,
+        pre_commit_home,
+        "sglang==0.5.12.post99",
+        env={"SPECTOOL_CACHE": str(cache)},
+        try_repo=try_repo,
+    )
     assert r.returncode == 1, r.output[-3000:]
     assert "need work" in r.output and "spec-fallback (drift)" in r.output
     assert "no member 'clear_cache_pool' to place the method after" in " ".join(r.output.split())
