@@ -331,7 +331,7 @@ def test_draft_kv_sync_replays_its_one_token_graph(graph_fits, patched_release):
         assert nxt.topk_index.squeeze(1).tolist() == [4, 4, 4] and nxt.hidden_states.shape == (bs, H)
 
 
-@pytest.mark.parametrize("version", ["0.5.12", "0.5.13", "0.5.14"])
+@pytest.mark.parametrize("version", ["0.5.12", "0.5.13", "0.5.14", "0.5.15"])
 def test_draft_extend_graph_is_captured_at_one_token(version, patched_release):
     """The one-token graph is captured with the worker state overridden to steps 0 / 1 draft
     token; a capture that fails stops start-up with an error naming the graph and the cause
@@ -478,9 +478,9 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, patched_rel
         ),
     ],
 )
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.12", "0.5.13", "0.5.14"])
+@pytest.mark.parametrize("version", ["0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15"])
 def test_start_up_takes_the_draft_sync_from_server_args(version, flags, min_bs, above, steps, patched_release):
-    """The start-up of 0.5.12 (and of 0.5.11, 0.5.13 and 0.5.14, which insert it unchanged): a decode
+    """The start-up of 0.5.12 (and of 0.5.11 and 0.5.13 to 0.5.15, which insert it unchanged): a decode
     attention backend for the target, then the draft sync's settings from the server args
     (None: 'off'): a plain draft backend from the min batch size, the KV-only sync above
     threshold + margin with its steps per replay; without CUDA graphs nothing is captured. The
@@ -599,7 +599,7 @@ def test_graphs_only_for_the_batch_sizes_a_fallback_step_can_have(threshold, hys
     assert args.cuda_graph_bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == "EAGLE3"
 
 
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.12", "0.5.13", "0.5.14"])
+@pytest.mark.parametrize("version", ["0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15"])
 def test_draft_kv_sync_as_a_plain_decode_step(version, patched_release):
     """From --speculative-disable-draft-decode-min-bs requests up (default 16), the draft KV
     sync is a DECODE forward of the draft on its own plain attention backend: same slots and
@@ -694,7 +694,9 @@ def test_draft_kv_sync_as_a_plain_decode_step(version, patched_release):
     # Below the batch size it names, the draft extend path runs (its preparation is reached:
     # from 0.5.14 the draft worker prepares it).
     worker._spec_fallback.draft_decode_min_bs = 4
-    prepare = "prepare_for_draft_extend" if version == "0.5.14" else "prepare_for_extend_to_fill_draft_kvcache"
+    prepare = (
+        "prepare_for_draft_extend" if version in ("0.5.14", "0.5.15") else "prepare_for_extend_to_fill_draft_kvcache"
+    )
     with pytest.raises(AttributeError, match=prepare):
         extend(worker, batch, torch.tensor([7, 8, 9]), target_hidden, SimpleNamespace())
 

@@ -1,5 +1,5 @@
 """The KV-only draft sync (--speculative-disable-kv-only-margin) on the real patched files
-of 0.5.12 to 0.5.14 (the same methods): the K and V it writes must be exactly those the
+of 0.5.12 to 0.5.15 (the same methods): the K and V it writes must be exactly those the
 release's own EAGLE-3 draft forward computes for the same token, hidden states and position.
 The reference runs SGLang's code itself (llama_eagle3's LlamaModel.forward and
 LlamaDecoderLayer.forward, llama's LlamaAttention.forward_prepare_native) over small torch
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.network
 
 # The releases whose fallback inserts these methods from v0_5_12/worker.py unchanged (0.5.11
 # has no KV-only sync: its EAGLE-3 head keeps its layer as midlayer).
-ERAS = ["0.5.12", "0.5.13", "0.5.14"]
+ERAS = ["0.5.12", "0.5.13", "0.5.14", "0.5.15"]
 
 BS, H, V, HEADS, KV_HEADS, HEAD_DIM = 3, 8, 50, 2, 1, 4
 

@@ -1,5 +1,4 @@
-"""The recipes on SGLang 0.5.11, 0.5.13, 0.5.13.post1 and 0.5.14 (fetched from the package
-index): apply, second apply is a no-op, revert, compile; every fallback method the patched
+"""The recipes on SGLang 0.5.11 and 0.5.13 to 0.5.15.post1 (fetched from the package index): apply, second apply is a no-op, revert, compile; every fallback method the patched
 worker calls is there; the hooks sit where those releases run them; the decode step's result
 goes through the release's own consumer; the draft sync and the KV-only prefill follow the
 release's draft extend; the threshold flags are validated where the release validates its
@@ -31,8 +30,11 @@ STANDALONE = "sglang/srt/speculative/standalone_worker_v2.py"
 ARGS = "sglang/srt/server_args.py"
 HOOK = "sglang/srt/arg_groups/speculative_hook.py"
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-RELEASES = ["0.5.11", "0.5.13", "0.5.13.post1", "0.5.14"]
-ERAS = ["0.5.13", "0.5.14"]  # the ScheduleBatch worker; 0.5.13.post1's differs only in drafting
+RELEASES = ["0.5.11", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1"]
+# The ScheduleBatch worker: 0.5.13.post1's differs from 0.5.13's only in drafting; 0.5.15
+# runs 0.5.14's variant (its scheduler no longer pre-claims the bonus KV slot).
+ERAS = ["0.5.13", "0.5.14", "0.5.15"]
+LATER = ("0.5.14", "0.5.15", "0.5.15.post1")  # the workers' graphs built after the workers
 
 
 def _hashes(root):
@@ -48,21 +50,23 @@ def test_apply_noop_revert(version, sglang_release):
     before = _hashes(tree)
     out = api.apply(tree)
     assert out.ok and out.wrote, [r.to_json() for r in out.plan.results]
+    sm120 = "upstreamed" if version.startswith("0.5.15") else "applied"  # DeepGEMM opt-out upstream
     assert {r.id: r.status for r in out.plan.results} == {
         "spec-disable-threshold": "applied",
         "spec-fallback": "applied",
-        "sm120": "applied",
+        "sm120": sm120,
     }
     changed = {k for k, v in _hashes(tree).items() if before[k] != v}
     # 0.5.14 starts the fallback in init_cuda_graphs, which StandaloneWorkerV2 inherits;
     # 0.5.11 validates in ServerArgs itself.
-    standalone = {STANDALONE} if version != "0.5.14" else set()
+    standalone = {STANDALONE} if version not in LATER else set()
     hook = {HOOK} if version != "0.5.11" else set()
-    assert changed == {ARGS, WORKER, "sglang/srt/layers/deep_gemm_wrapper/configurer.py"} | standalone | hook
+    deepgemm = {"sglang/srt/layers/deep_gemm_wrapper/configurer.py"} if sm120 == "applied" else set()
+    assert changed == {ARGS, WORKER} | deepgemm | standalone | hook
     for rel in changed:
         compile((tree / rel).read_bytes(), rel, "exec")
     again = api.apply(tree)
-    assert not again.wrote and {r.status for r in again.plan.results} == {"already-applied"}
+    assert not again.wrote and {r.status for r in again.plan.results} <= {"already-applied", "upstreamed"}
     api.revert(tree)
     assert _hashes(tree) == before
 
@@ -143,7 +147,7 @@ def test_hooks_sit_where_the_release_runs_them(version, patched_release):
     )
     assert hook < idle
     standalone = _class(tree / STANDALONE, "StandaloneWorkerV2")
-    if version == "0.5.14":
+    if version in LATER:
         assert ast.unparse(fn["init_cuda_graphs"].body[-1]) == "self._spec_fallback_init(self.server_args)"
         assert "_spec_fallback_init" not in ast.unparse(fn["__init__"]) + ast.unparse(standalone)
         assert "init_cuda_graphs" not in _methods(standalone), "StandaloneWorkerV2 inherits the start-up"
@@ -251,7 +255,7 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(
         "speculative_moe_a2a_backend_context": _null,
     }
     decode = load_function(path, "EAGLEWorkerV2._spec_fallback_decode", ns)
-    graph_attr = "decode_cuda_graph_runner" if version == "0.5.14" else "graph_runner"
+    graph_attr = "graph_runner" if version == "0.5.13" else "decode_cuda_graph_runner"
     order, seen = [], {}
 
     class ModelRunner:  # the attributes the step swaps, under this release's names
@@ -329,7 +333,10 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(
 
     tokens, reqs, reported = _consume(tree, res, 3)
     assert tokens == [[7], [8], [9]]
-    assert [r.kv_committed_len for r in reqs] == [10, 10, 10], "the pre-claimed bonus slot is the token's"
+    if version == "0.5.15":  # nothing pre-claimed: the step commits its one token
+        assert [r.kv_committed_len for r in reqs] == [11, 11, 11]
+    else:
+        assert [r.kv_committed_len for r in reqs] == [10, 10, 10], "the pre-claimed bonus slot is the token's"
     assert reported == [([0, 0, 0], 3)] and [r.spec_verify_ct for r in reqs] == [1, 1, 1]
 
     # The non-overlap scheduler passes no on_publish; it reads the lengths from the result.
@@ -406,7 +413,7 @@ def test_draft_sync_replays_its_one_token_graph(version, graph_fits, patched_rel
 
     ids, dtype, n, offered = seen["prepare"]
     assert ids == [7, 8, 9] and n == 1 and offered is runner and seen["counts"] == ([0, 0, 0], [1, 1, 1])
-    if version == "0.5.14":
+    if version != "0.5.13":
         assert dtype == torch.int64
     if graph_fits:
         assert "eager" not in seen and nxt.topk_index.squeeze(1).tolist() == [5, 5, 5]
@@ -510,6 +517,7 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(version, chunked
         topk=1,
         speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
         server_args=SimpleNamespace(speculative_use_rejection_sampling=False),
+        seed_dsa_topk_from_draft_extend=False,  # 0.5.15: DSA drafts only
         draft_runner=SimpleNamespace(forward=runner_forward, canary_manager=None),
     )
     with torch.no_grad():
@@ -567,7 +575,7 @@ class _Envs:
 
 
 def _validate(tree, version, spec_v2=True, **kw):
-    envs = _Envs(None if version == "0.5.14" else spec_v2)
+    envs = _Envs(None if version in LATER else spec_v2)
     cls = server_args_class(tree, {"envs": envs, "logger": logging.getLogger("test")})
     base = dict(
         speculative_disable_batch_size_threshold=8,
@@ -612,7 +620,7 @@ def test_the_flags_are_validated_where_the_release_validates(version, patched_re
         (dict(enable_dp_attention=True), "enable-dp-attention"),
         (dict(speculative_disable_batch_size_hysteresis=8), "below the threshold (8), got 8"),
     ]
-    if version == "0.5.14":
+    if version in LATER:
         refusals.append((dict(speculative_use_rejection_sampling=True), "rejection-sampling"))
     else:
         refusals.append(({"spec_v2": False}, "overlap (spec v2) worker only"))
@@ -640,9 +648,9 @@ def test_the_fallback_settings_are_server_flags(version, patched_release):
         "speculative_disable_kv_only_steps_per_replay": 4,
     }
     src = (tree / ARGS).read_text()
-    after = '"--tool-call-parser"' if version == "0.5.14" else '"--speculative-adaptive-config"'
+    after = '"--tool-call-parser"' if version in LATER else '"--speculative-adaptive-config"'
     assert src.index(after) < src.index('"--speculative-disable-batch-size-threshold"')
-    if version == "0.5.14":
+    if version in LATER:
         unwrap = load_function(
             tree / "sglang/srt/arg_groups/arg_utils.py",
             "_unwrap_annotated",
