@@ -11,13 +11,17 @@ What changed in 0.5.14, and how this code follows it:
   (StandaloneWorkerV2 inherits it).
 * The target's graph runner is the model runner's decode_cuda_graph_runner, a
   DecodeCudaGraphRunner (model_executor/runner/), which the recipe imports under 0.5.12's
-  name so that 0.5.12's start-up code builds it.
+  name; the graph runners read their capture sizes from server_args.cuda_graph_config.
 * The draft extend reads an EagleDraftExtendInput prepared by the draft worker's
   prepare_for_draft_extend, and its graph runner answers can_run_graph / execute.
 """
 
 import torch
+from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
+    DecodeCudaGraphRunner as CudaGraphRunner,  # as the recipe imports it
+)
 from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 
 def init_hook(self):
@@ -25,6 +29,44 @@ def init_hook(self):
 
 
 class EAGLEWorkerV2:
+    def _spec_fallback_build_graphs(self, server_args):
+        """0.5.12's graph building (its docstring says why only the batch sizes above
+        threshold - hysteresis), with the capture sizes where this release's graph runners
+        read them: server_args.cuda_graph_config.decode.bs."""
+        state = self._spec_fallback
+        mr = self._target_worker.model_runner
+        floor = state.threshold - state.hysteresis
+        sizes = [bs for bs in mr.server_args.cuda_graph_config.decode.bs if bs > floor]
+        if not sizes:
+            return f"none (no CUDA graph batch size is above {floor} requests)"
+        phases = {
+            id(args.cuda_graph_config.decode): args.cuda_graph_config.decode
+            for args in (mr.server_args, self.draft_worker.draft_runner.server_args)
+        }
+        saved = [(phase, phase.bs) for phase in phases.values()]
+        try:
+            for phase, _ in saved:
+                phase.bs = list(sizes)
+            saved_mode = (mr.spec_algorithm, mr.server_args.enable_return_hidden_states)
+            try:
+                # Captured as a plain decode model returning the EAGLE-3 auxiliary hidden
+                # states (capture FULL), which the draft needs; STANDALONE captures NULL.
+                mr.spec_algorithm = SpeculativeAlgorithm.NONE
+                if not self.speculative_algorithm.is_standalone():
+                    mr.server_args.enable_return_hidden_states = True
+                state.graph_runner = self._spec_fallback_capture(
+                    "a decode CUDA graph",
+                    lambda: CudaGraphRunner(mr, attn_backend=state.attn_backend),
+                )
+            finally:
+                mr.spec_algorithm, mr.server_args.enable_return_hidden_states = saved_mode
+            self._spec_fallback_build_draft_extend_graph(server_args)
+        finally:
+            for phase, value in saved:
+                phase.bs = value
+        self._spec_fallback_build_kv_only_graphs(server_args)
+        return f"batch sizes {sizes}"
+
     def _spec_fallback_draft_extend(self, batch, tokens, hidden_states, next_draft_input):
         """The draft forward of the KV sync: K/V only far above the threshold, a plain draft
         decode from draft_decode_min_bs requests up, else DRAFT_EXTEND_V2 with one token per
@@ -33,14 +75,10 @@ class EAGLEWorkerV2:
         dw = self.draft_worker
         bs = len(batch.seq_lens)
         if state.kv_only_above is not None and bs > state.kv_only_above:
-            return self._spec_fallback_draft_kv_only(
-                batch, tokens, hidden_states, next_draft_input
-            )
+            return self._spec_fallback_draft_kv_only(batch, tokens, hidden_states, next_draft_input)
         self._spec_fallback_kv_only_flush("sync")  # the draft reads its KV below
         if state.draft_decode_min_bs is not None and bs >= state.draft_decode_min_bs:
-            return self._spec_fallback_draft_decode(
-                batch, tokens, hidden_states, next_draft_input
-            )
+            return self._spec_fallback_draft_decode(batch, tokens, hidden_states, next_draft_input)
         runner = state.draft_extend_runner
         extend_input = EagleDraftExtendInput(
             hidden_states=hidden_states,
