@@ -1,4 +1,4 @@
-"""Counters rebuilt from upstream's own log lines (0.5.15+, where the switch is upstream's):
+"""Counters rebuilt from upstream's own log lines (where the switch is upstream's: 0.5.19+):
 the scenario path checks must see the same phases the recipe's stats file would report."""
 
 from spectool.harness.verify import compare
@@ -174,8 +174,8 @@ def test_log_counters_pass_the_scenarios_claims_on_the_real_0517_log(tmp_path, m
 def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(
     cached_release, patched_release, tmp_path
 ):
-    """On the real releases: 0.5.12 (spectool's fallback) reads its stats files and runs every
-    configuration; 0.5.17 (upstream's switch) reads the engine logs, passes the threshold to the
+    """On the real releases: 0.5.12 and 0.5.17 (spectool's fallback) read their stats files and
+    run every configuration; 0.5.19 (upstream's switch) reads the engine logs, passes the threshold to the
     parser, and skips STANDALONE with the reason. An unpatched tree is refused before any GPU probe."""
     import pytest as _pytest
 
@@ -184,7 +184,7 @@ def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(
 
     models = {"target": "t", "eagle3_draft": "d", "moe": {"target": "mt", "eagle3_draft": "md", "meta": {"key": "m"}}}
     wls = scenarios.workloads()
-    for version, upstream in (("0.5.12", False), ("0.5.17", True)):
+    for version, upstream in (("0.5.12", False), ("0.5.17", False), ("0.5.19", True)):
         with _pytest.raises(BadInputError, match="is not patched"):
             runner.inspect_tree(str(cached_release(version)), {})
         tree = patched_release(version)

@@ -1,8 +1,8 @@
-"""0.5.15+: the threshold flag is mapped onto upstream's adaptive batch-size tiers. The
-patched functions of the real 0.5.17, 0.5.19 and 0.5.23 sources are called with simulated
-server args, and the config they write is read back with upstream's own loader logic (keys
-= batch lower bounds). From 0.5.19 the mapping declares its fields to the release's own
-resolution pipeline (declare_resolution, read back through resolving_view)."""
+"""0.5.19+, where the fallback is not ported: the threshold flag is mapped onto upstream's
+adaptive batch-size tiers. The patched functions of the real 0.5.19 and 0.5.23 sources are
+called with simulated server args, declaring their fields to the release's own resolution
+pipeline (declare_resolution, read back through resolving_view), and the config they write is
+read back with upstream's own loader logic (keys = batch lower bounds)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ from spectool.testing import load_function
 
 pytestmark = pytest.mark.network
 HOOK = "sglang/srt/arg_groups/speculative_hook.py"
-# 0.5.15 to 0.5.18 write the fields (the 0.5.17 code); 0.5.19+ declare them.
-RELEASES = ["0.5.17", "0.5.19", "0.5.23"]
+RELEASES = ["0.5.19", "0.5.23"]
 
 
 class Mapping:
@@ -28,26 +27,26 @@ class Mapping:
     def __init__(self, version, tree):
         self.version, self.tree = version, tree
         self.ns = {"json": json, "tempfile": tempfile, "logger": logging.getLogger("t")}
-        if version != "0.5.17":  # the release's own resolution pipeline
-            arg_groups = tree / "sglang/srt/arg_groups"
-            view = load_function(arg_groups / "model_override_base.py", "ResolvingConfig", {})
-            self.ns["resolving_view"] = load_function(
-                arg_groups / "model_override_base.py", "resolving_view", {"ResolvingConfig": view}
-            )
-            # is_record (0.5.23) tells a record by msgspec.Struct or dataclass: a plain stand-in
-            # record is neither. No config is published while the hooks run.
-            utils = {"dataclasses": dataclasses, "msgspec": SimpleNamespace(Struct=type("Struct", (), {}))}
-            if "def is_record(" in (arg_groups / "arg_utils.py").read_text():
-                utils["is_record"] = load_function(arg_groups / "arg_utils.py", "is_record", utils)
+        # The release's own resolution pipeline.
+        arg_groups = tree / "sglang/srt/arg_groups"
+        view = load_function(arg_groups / "model_override_base.py", "ResolvingConfig", {})
+        self.ns["resolving_view"] = load_function(
+            arg_groups / "model_override_base.py", "resolving_view", {"ResolvingConfig": view}
+        )
+        # is_record (0.5.23) tells a record by msgspec.Struct or dataclass: a plain stand-in
+        # record is neither. No config is published while the hooks run.
+        utils = {"dataclasses": dataclasses, "msgspec": SimpleNamespace(Struct=type("Struct", (), {}))}
+        if "def is_record(" in (arg_groups / "arg_utils.py").read_text():
+            utils["is_record"] = load_function(arg_groups / "arg_utils.py", "is_record", utils)
 
-            def unpublished():
-                raise ValueError("no runtime context yet")
+        def unpublished():
+            raise ValueError("no runtime context yet")
 
-            self.ns["declare_resolution"] = load_function(
-                arg_groups / "overrides.py",
-                "declare_resolution",
-                {**utils, "field_names": lambda cls: frozenset(), "get_context": unpublished},
-            )
+        self.ns["declare_resolution"] = load_function(
+            arg_groups / "overrides.py",
+            "declare_resolution",
+            {**utils, "field_names": lambda cls: frozenset(), "get_context": unpublished},
+        )
         self.ns["_spectool_adaptive_tiers"] = load_function(tree / HOOK, "_spectool_adaptive_tiers", self.ns)
         self.fn = load_function(tree / HOOK, "_spectool_threshold_to_adaptive", self.ns)
 
@@ -55,7 +54,7 @@ class Mapping:
         self.fn(args)
 
     def decided(self, args, name):
-        return getattr(self.ns["resolving_view"](args) if "resolving_view" in self.ns else args, name)
+        return getattr(self.ns["resolving_view"](args), name)
 
 
 @pytest.fixture(scope="module", params=RELEASES)
@@ -97,7 +96,7 @@ def test_threshold_zero_never_drafts(mapping):
     mapping(a)
     cfg = json.loads(open(mapping.decided(a, "speculative_adaptive_config")).read())
     assert _steps_for(cfg, 1) == [0] and _steps_for(cfg, 1 << 20) == [0]
-    # Upstream's start-up check (0.5.17 speculative_hook): the configured steps must be a
+    # Upstream's start-up check (speculative_hook): the configured steps must be a
     # candidate somewhere, or the server refuses to start (seen on the H200 run).
     assert 3 in {s for e in cfg.values() for s in e["candidate_steps"]}
 
@@ -158,7 +157,7 @@ def test_written_config_passes_upstreams_own_startup_check(threshold, monkeypatc
 
 def test_the_mapping_runs_where_upstream_settles_adaptive_decoding(mapping):
     """The call sits right before the release's adaptive block, which then sees the tiers
-    (0.5.19+: it reads them through the live resolving view)."""
+    through the live resolving view."""
     import ast
 
     fn = next(
@@ -168,5 +167,4 @@ def test_the_mapping_runs_where_upstream_settles_adaptive_decoding(mapping):
     )
     text = [ast.unparse(s) for s in fn.body]
     at = text.index("_spectool_threshold_to_adaptive(server_args)")
-    view = "server_args" if mapping.version == "0.5.17" else "cfg"
-    assert text[at + 1].startswith(f"if {view}.speculative_adaptive:\n    _maybe_disable_adaptive(server_args)")
+    assert text[at + 1].startswith("if cfg.speculative_adaptive:\n    _maybe_disable_adaptive(server_args)")

@@ -68,12 +68,12 @@ def test_engine_flags_name_what_the_recipe_adds():
 
 def test_engines_get_the_flags_only_where_the_fallback_is_the_recipes(tmp_path):
     """The engines' kwargs carry their config's fallback flags; where the switch is upstream's
-    (0.5.15+), which has neither those paths nor those flags, none."""
+    (0.5.19+), which has neither those paths nor those flags, none."""
     from spectool.harness.verify import runner
     from spectool.harness.verify.engine_worker import engine_kwargs
 
     models = {"target": "t", "eagle3_draft": "d", "moe": {"target": "mt", "eagle3_draft": "md", "meta": {"key": "m"}}}
-    for version, upstream in (("0.5.12", False), ("0.5.17", True)):
+    for version, upstream in (("0.5.12", False), ("0.5.19", True)):
         jobs, _, _ = runner.plan_jobs(scenarios.configs(), scenarios.workloads(), models, tmp_path, version, upstream)
         for job in jobs:
             kw = engine_kwargs(job)

@@ -1,15 +1,13 @@
-"""The threshold flag on releases with upstream's batch-size switch (0.5.15+).
+"""The threshold flag on releases where the fallback is not ported (0.5.19+), which have
+upstream's own batch-size switch (the steps-0 tier of ``--speculative-adaptive``): the user's
+command line keeps working, the same flag, with the same meaning, mapped onto upstream's
+adaptive configuration (drafting with the configured steps up to T requests, steps 0 above).
+Upstream quantizes the batch size to a captured CUDA-graph size before looking up the tier,
+and its tiers have no batch-size hysteresis.
 
-There the worker already turns drafting off at large batches (steps-0 tier of
-``--speculative-adaptive``); this keeps the user's command line working: the same flag, with
-the same meaning, is mapped onto upstream's adaptive configuration (drafting with the
-configured steps up to T requests, steps 0 above). Upstream quantizes the batch size to a
-captured CUDA-graph size before looking up the tier, and its tiers have no batch-size
-hysteresis.
-
-``_spectool_adaptive_tiers`` checks the flags and writes the tiers; the two mappings differ
-only in how they set upstream's fields: written on the record (this file, 0.5.15 to 0.5.18),
-or declared to the resolution pipeline of 0.5.19+ (resolved.py).
+The fields (0.5.19 annotates them with NS, 0.5.20 declares them in its spec namespace) and
+``_spectool_adaptive_tiers``, which checks the flags and writes the tiers; resolved.py declares
+upstream's two fields from them.
 """
 
 import json
@@ -112,15 +110,3 @@ def _spectool_adaptive_tiers(cfg):
         f.name,
     )
     return f.name
-
-
-def _spectool_threshold_to_adaptive(server_args):
-    """spectool: --speculative-disable-batch-size-threshold on upstream's adaptive tiers."""
-    path = _spectool_adaptive_tiers(server_args)
-    if path is not None:
-        server_args.speculative_adaptive = True
-        server_args.speculative_adaptive_config = path
-
-
-def call_mapping(server_args):
-    _spectool_threshold_to_adaptive(server_args)

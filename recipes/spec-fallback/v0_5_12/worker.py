@@ -53,8 +53,8 @@ class EAGLEWorkerV2:
         """Start-up: the draft sync's settings, a second target attention backend, and the
         CUDA graphs of the fallback step (_spec_fallback_build_graphs). The GPU memory all of
         it takes is measured as SGLang measures its own graphs' (free memory before and
-        after), logged, added to the model runner's graph_mem_usage that SGLang's memory
-        report shows, and written to the counters (startup_memory_gib)."""
+        after), logged, added to the model runner's graph memory usage that SGLang's
+        memory report shows, and written to the counters (startup_memory_gib)."""
         state = self._spec_fallback
         mr = self._target_worker.model_runner
         before = get_available_gpu_memory(self.device, self.gpu_id)
@@ -66,7 +66,12 @@ class EAGLEWorkerV2:
         if not server_args.disable_cuda_graph:
             graphs = self._spec_fallback_build_graphs(server_args)
         used = before - get_available_gpu_memory(self.device, self.gpu_id)
-        mr.graph_mem_usage += used
+        if hasattr(mr, "graph_mem_usage"):
+            mr.graph_mem_usage += used
+        else:  # 0.5.17 on: GiB per graph phase; the fallback's graphs are decode graphs
+            usage = dict(mr.graph_memory_usage)
+            usage["decode"] = usage.get("decode", 0.0) + used
+            mr.graph_memory_usage = usage
         state.stats["startup_memory_gib"] = round(used, 3)
         logger.info(
             "spec-fallback: start-up took %.2f GiB of GPU memory and %.1f s (a decode attention "
@@ -545,6 +550,9 @@ class EAGLEWorkerV2:
         attn = layer.self_attn
         embeds = model.embed_tokens(tokens.to(torch.int64))
         if hidden_states.shape[-1] != embeds.shape[-1]:
+            input_norm = getattr(model, "input_norm", None)  # norm_before_fc heads (0.5.17+)
+            if input_norm is not None:
+                hidden_states = input_norm(hidden_states)
             if model.fc_norm is not None:
                 chunks = hidden_states.chunk(model.num_aux_hidden_states, dim=-1)
                 hidden_states = torch.cat(

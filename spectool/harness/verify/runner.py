@@ -292,7 +292,7 @@ def plan_jobs(
     """One job per engine configuration; (jobs, configs run, configs skipped with the reason)."""
     skipped = {}
     if upstream_switch:
-        # Upstream's tiers (0.5.15+) cover EAGLE/EAGLE3 only; the threshold recipe refuses the
+        # Upstream's tiers (0.5.19+) cover EAGLE/EAGLE3 only; the threshold recipe refuses the
         # flag for other algorithms at start-up, so those scenarios do not apply there.
         skipped = {
             c.name: "upstream's batch-size switch supports EAGLE/EAGLE3 only; the flag is refused for "

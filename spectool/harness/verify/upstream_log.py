@@ -1,4 +1,4 @@
-"""Fallback counters for releases where the switch is upstream's (0.5.15+), read from the log.
+"""Fallback counters for releases where the switch is upstream's (0.5.19+), read from the log.
 
 There the spec-fallback recipe is retired and nothing writes SPECTOOL_FALLBACK_STATS, but the
 scheduler says what it does: upstream's adaptive worker logs every tier change ("Switch

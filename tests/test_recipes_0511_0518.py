@@ -1,4 +1,4 @@
-"""The recipes on SGLang 0.5.11 and 0.5.13 to 0.5.15.post1 (fetched from the package index): apply, second apply is a no-op, revert, compile; every fallback method the patched
+"""The recipes on SGLang 0.5.11 and 0.5.13 to 0.5.18 (fetched from the package index): apply, second apply is a no-op, revert, compile; every fallback method the patched
 worker calls is there; the hooks sit where those releases run them; the decode step's result
 goes through the release's own consumer; the draft sync and the KV-only prefill follow the
 release's draft extend; the threshold flags are validated where the release validates its
@@ -16,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from packaging.version import Version
 
 from spectool import api
 from spectool.testing import bind_methods, load_function
@@ -30,11 +31,16 @@ STANDALONE = "sglang/srt/speculative/standalone_worker_v2.py"
 ARGS = "sglang/srt/server_args.py"
 HOOK = "sglang/srt/arg_groups/speculative_hook.py"
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-RELEASES = ["0.5.11", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1"]
+RELEASES = ["0.5.11", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18"]
 # The ScheduleBatch worker: 0.5.13.post1's differs from 0.5.13's only in drafting; 0.5.15
 # runs 0.5.14's variant (its scheduler no longer pre-claims the bonus KV slot).
-ERAS = ["0.5.13", "0.5.14", "0.5.15"]
-LATER = ("0.5.14", "0.5.15", "0.5.15.post1")  # the workers' graphs built after the workers
+ERAS = ["0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.18"]
+LATER = ("0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18")  # graphs built after the workers
+ARGUMENT_CAPTURE = ("0.5.16", "0.5.17", "0.5.18")  # the capture passed to the forwards
+
+
+def _at_least(version, floor):
+    return Version(version) >= Version(floor)
 
 
 def _hashes(root):
@@ -50,7 +56,7 @@ def test_apply_noop_revert(version, sglang_release):
     before = _hashes(tree)
     out = api.apply(tree)
     assert out.ok and out.wrote, [r.to_json() for r in out.plan.results]
-    sm120 = "upstreamed" if version.startswith("0.5.15") else "applied"  # DeepGEMM opt-out upstream
+    sm120 = "upstreamed" if _at_least(version, "0.5.15") else "applied"  # DeepGEMM opt-out upstream
     assert {r.id: r.status for r in out.plan.results} == {
         "spec-disable-threshold": "applied",
         "spec-fallback": "applied",
@@ -116,6 +122,47 @@ def test_every_fallback_method_the_worker_calls_is_inserted(version, patched_rel
         and n.attr != "_spec_fallback"
     }
     assert used and used <= have, sorted(used - have)
+
+
+def _fits(fn: ast.FunctionDef, call: ast.Call) -> bool:
+    """Whether `call` (self.method(...)) binds to method `fn`'s parameters, self excluded."""
+    params = fn.args.posonlyargs + fn.args.args
+    positional = [p.arg for p in params[1:]]
+    required = positional[: len(positional) - len(fn.args.defaults)]
+    kwonly = {a.arg for a in fn.args.kwonlyargs}
+    kwonly_required = {a.arg for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults) if d is None}
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return True  # *args / **kwargs: not decidable from the source
+    if len(call.args) > len(positional) and fn.args.vararg is None:
+        return False
+    named = {k.arg for k in call.keywords}
+    bound = set(positional[: len(call.args)])
+    if named & bound or not named <= set(positional) | kwonly and fn.args.kwarg is None:
+        return False
+    return set(required) <= bound | named and kwonly_required <= named
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_every_fallback_call_fits_the_inserted_method(version, patched_release):
+    """Methods of several eras meet in one worker: every self._spec_fallback_*(...) call of
+    the patched module passes arguments the inserted method accepts (a mismatch would stop
+    the engine at start-up or at its first fallback step, on the GPU only)."""
+    tree = patched_release(version)
+    module = ast.parse((tree / WORKER).read_text())
+    worker = _class(tree / WORKER, "EAGLEWorkerV2")
+    methods = {n.name: n for n in worker.body if isinstance(n, ast.FunctionDef)}
+    calls = [
+        n
+        for n in ast.walk(module)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and isinstance(n.func.value, ast.Name)
+        and n.func.value.id == "self"
+        and n.func.attr.startswith("_spec_fallback_")
+    ]
+    assert calls
+    bad = [ast.unparse(c) for c in calls if not _fits(methods[c.func.attr], c)]
+    assert not bad, bad
 
 
 def _calls(fn):
@@ -223,8 +270,11 @@ def _consume(tree, result, bs):
             on_verify_complete_cpu=lambda drafts, batch_size: reported.append((drafts, batch_size))
         )
     )
+    if "def advance_grammar_fsm(" in path.read_text():  # 0.5.17 on: the consumer calls it first
+        advance = load_function(path, "SchedulerBatchResultProcessor.advance_grammar_fsm", {})
+        processor.advance_grammar_fsm = lambda result, batch: advance(processor, result, batch)
     reqs = [_Req() for _ in range(bs)]
-    batch = SimpleNamespace(reqs=reqs, spec_algorithm=SimpleNamespace(is_dflash=lambda: False))
+    batch = SimpleNamespace(reqs=reqs, has_grammar=False, spec_algorithm=SimpleNamespace(is_dflash=lambda: False))
     return resolve(processor, result, batch), reqs, reported
 
 
@@ -264,9 +314,10 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(
     mr = ModelRunner()
     setattr(mr, graph_attr, "verify-graph")
 
-    def target_forward(batch):
+    def target_forward(batch, **kwargs):
         order.append("target")
         seen.update(
+            capture=kwargs.get("capture_hidden_mode", getattr(batch, "capture_hidden_mode", None)),
             ids=batch.input_ids.tolist(),
             lens=batch.seq_lens.tolist(),
             host=batch.seq_lens_cpu,
@@ -303,6 +354,7 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(
         "_spec_fallback_as_decode",
         "_spec_fallback_sync_draft",
         "_spec_fallback_constant",
+        *(("_spec_fallback_capture_mode",) if version in ARGUMENT_CAPTURE else ()),
     )
     lens = torch.tensor([3, 5, 10])
     batch = SimpleNamespace(
@@ -319,6 +371,7 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(
     assert order[2] == ("draft", [7, 8, 9]), "the draft KV sync over the tokens the target produced"
     assert seen["ids"] == [1, 2, 3] and seen["lens"] == [4, 6, 11] and seen["slots"] == [3, 45, 90]
     assert seen["mode"] == "DECODE" and seen["installed"] == ("decode-backend", "decode-graph")
+    assert seen["capture"] == "FULL", "EAGLE-3's draft reads the target's auxiliary hidden states"
     assert (mr.attn_backend, getattr(mr, graph_attr)) == ("spec-backend", "verify-graph"), "the verify graph is back"
     if host_lengths:
         assert seen["host"].tolist() == [4, 6, 11] and seen["total"] == 21
@@ -333,7 +386,7 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(
 
     tokens, reqs, reported = _consume(tree, res, 3)
     assert tokens == [[7], [8], [9]]
-    if version == "0.5.15":  # nothing pre-claimed: the step commits its one token
+    if _at_least(version, "0.5.15"):  # nothing pre-claimed: the step commits its one token
         assert [r.kv_committed_len for r in reqs] == [11, 11, 11]
     else:
         assert [r.kv_committed_len for r in reqs] == [10, 10, 10], "the pre-claimed bonus slot is the token's"
@@ -393,6 +446,8 @@ def test_draft_sync_replays_its_one_token_graph(version, graph_fits, patched_rel
         "EagleDraftInput": DraftInput,
         "EagleDraftExtendInput": _DraftInput,
         "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim),
+        # 0.5.16 on: eagle_worker_common's, which takes return_hidden_states_before_norm too
+        "prepare_for_draft_extend": lambda ext, batch, predict, n, r, g, **kw: prepare(ext, batch, predict, n, r, g),
     }
     extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
     worker = SimpleNamespace(
@@ -456,7 +511,7 @@ def _schedule_init_new(torch):
     """ForwardBatch.init_new in miniature, on a ScheduleBatch: positions continue each
     request's cached prefix."""
 
-    def init_new(batch, runner):
+    def init_new(batch, runner, **kwargs):
         positions = torch.cat([torch.arange(p, p + e) for p, e in zip(batch.prefix_lens, batch.extend_lens)])
         return SimpleNamespace(
             input_ids=batch.input_ids,
@@ -501,6 +556,8 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(version, chunked
         "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim),
         "_eagle_prefill_tail_tokens": tails,
         "renorm_draft_probs": lambda logits, info, rejection: torch.softmax(logits, -1),
+        # 0.5.17 reads the speculative settings from the runtime context
+        "get_spec": lambda: SimpleNamespace(speculative_use_rejection_sampling=False),
     }
     target_hidden = torch.randn(11, 3 * H)
 
@@ -588,9 +645,10 @@ def _validate(tree, version, spec_v2=True, **kw):
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_the_flags_are_validated_where_the_release_validates(version, patched_release):
-    """The classic validation, called once the release has settled adaptive decoding: at the
-    end of ServerArgs._handle_speculative_decoding (0.5.11), of speculative_hook's
-    handle_speculative_decoding (0.5.13 on); the refusals hold (0.5.14: spec v2 is always on,
+    """The classic validation, called once the release has settled the speculative arguments:
+    at the end of ServerArgs._handle_speculative_decoding (0.5.11), of speculative_hook's
+    handle_speculative_decoding (0.5.13; from 0.5.14 after the algorithm's own handler, which
+    settles top-k, steps and max_running_requests); the refusals hold (0.5.14: spec v2 is always on,
     and rejection sampling keeps draft probabilities the fallback's sync does not make)."""
     tree = patched_release(version)
     if version == "0.5.11":
@@ -608,6 +666,8 @@ def test_the_flags_are_validated_where_the_release_validates(version, patched_re
         )
         call = "server_args._validate_speculative_disable_threshold()"
         adaptive = "if server_args.speculative_adaptive:\n    _maybe_disable_adaptive(server_args)"
+        if version in LATER:  # after the algorithm's handler, which settles top-k and steps
+            adaptive = "if algo is not None:\n    algo.handle_server_args(server_args)"
     text = [ast.unparse(s) for s in fn.body]
     at = text.index(call)
     assert text[at - 1].startswith(adaptive)
@@ -674,7 +734,12 @@ def test_the_test_releases_cover_the_era_variants():
     from spectool.recipe import load_recipes
 
     fallback = next(r for r in load_recipes() if r.id == "spec-fallback")
-    assert {fallback.variant_for(Version(v)).name for v in RELEASES} == {"v2-0.5.11", "v2-0.5.13", "v2-0.5.14"}
+    assert {fallback.variant_for(Version(v)).name for v in RELEASES} == {
+        "v2-0.5.11",
+        "v2-0.5.13",
+        "v2-0.5.14",
+        "v2-0.5.16",
+    }
     assert fallback.variant_for(Version("0.5.13.post1")).name == "v2-0.5.13"
 
 
@@ -835,3 +900,261 @@ def test_0511_has_no_kv_only_sync_and_says_why(patched_release):
     assert "_spec_fallback_draft_prefill" not in text and "_spec_fallback_kv_only_stash" not in text
     flush = load_function(path, "EAGLEWorkerV2._spec_fallback_kv_only_flush", {})
     assert flush(worker, "spec") is None
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_batches_whose_outputs_the_era_does_not_serve_stay_speculative(version, patched_release):
+    """0.5.12's step serves grammar, logprob and hidden-state batches; these eras' steps do
+    not (0.5.11 takes the seed's rule, 0.5.13 on the ScheduleBatch one): those batches stay
+    on the speculative path, every other batch may fall back."""
+    tree = patched_release(version)
+    path = tree / WORKER
+    worker = SimpleNamespace()
+    bind_methods(path, "EAGLEWorkerV2", {}, worker, "_spec_fallback_eligible", "_spec_fallback_returns_hidden_states")
+
+    def req(hidden):
+        r = _Req()
+        r.return_hidden_states = hidden  # Req.return_hidden_states: what the request asked for
+        return r
+
+    def batch(grammar=False, logprob=False, hidden=False):
+        return SimpleNamespace(has_grammar=grammar, return_logprob=logprob, reqs=[req(False), req(hidden)])
+
+    assert worker._spec_fallback_eligible(batch()) is True
+    for kw in (dict(grammar=True), dict(logprob=True), dict(hidden=True)):
+        assert worker._spec_fallback_eligible(batch(**kw)) is False, kw
+
+
+@pytest.mark.parametrize("version", LATER)
+@pytest.mark.parametrize("threshold,hysteresis,want", [(4, 2, [4, 8, 12, 16, 24, 32]), (32, 0, [])])
+def test_graph_sizes_go_through_the_releases_cuda_graph_config(version, threshold, hysteresis, want, patched_release):
+    """From 0.5.14 the graph runners read their capture sizes from
+    server_args.cuda_graph_config.decode.bs (the release's own PhaseConfig): the fallback's
+    graphs are captured only above threshold - hysteresis, and the list is put back after,
+    also when a capture fails."""
+    tree = patched_release(version)
+    path = tree / WORKER
+    config_py = tree / "sglang/srt/model_executor/cuda_graph_config.py"
+    phase_cls = load_function(
+        config_py,
+        "PhaseConfig",
+        {
+            "dataclass": dataclasses.dataclass,
+            "Optional": typing.Optional,
+            "List": list,
+            "Backend": SimpleNamespace(DISABLED="disabled"),
+        },
+    )
+    sizes = [1, 2, 4, 8, 12, 16, 24, 32]
+    decode = phase_cls(bs=list(sizes))
+    args = SimpleNamespace(cuda_graph_config=SimpleNamespace(decode=decode), enable_return_hidden_states=False)
+    seen = {}
+
+    def runner(mr, attn_backend):
+        seen["decode"] = (
+            list(mr.server_args.cuda_graph_config.decode.bs),
+            mr.spec_algorithm,
+            mr.server_args.enable_return_hidden_states,
+        )
+        if seen.get("fail"):
+            raise RuntimeError("CUDA out of memory")
+        return SimpleNamespace(capture_bs=list(mr.server_args.cuda_graph_config.decode.bs))
+
+    ns = {"CudaGraphRunner": runner, "SpeculativeAlgorithm": SimpleNamespace(NONE="NONE")}
+    mr = SimpleNamespace(server_args=args, spec_algorithm="EAGLE3")
+    w = SimpleNamespace(
+        _target_worker=SimpleNamespace(model_runner=mr),
+        _spec_fallback=fallback_state_class(tree)(threshold=threshold, hysteresis=hysteresis, attn_backend="b"),
+        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
+        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(server_args=args)),
+        _spec_fallback_build_draft_extend_graph=lambda a: seen.setdefault("draft", list(decode.bs)),
+        _spec_fallback_build_kv_only_graphs=lambda a: seen.setdefault("kv_only", True),
+    )
+    bind_methods(path, "EAGLEWorkerV2", ns, w, "_spec_fallback_build_graphs", "_spec_fallback_capture")
+    what = w._spec_fallback_build_graphs(args)
+    assert decode.bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == "EAGLE3"
+    if not want:
+        assert "decode" not in seen and what.startswith("none")
+        return
+    assert seen["decode"] == (want, "NONE", True) and seen["draft"] == want and what == f"batch sizes {want}"
+    seen.clear()
+    seen["fail"] = True
+    with pytest.raises(RuntimeError, match="could not capture a decode CUDA graph"):
+        w._spec_fallback_build_graphs(args)
+    assert decode.bs == sizes and args.enable_return_hidden_states is False
+
+
+@pytest.mark.parametrize("version", ARGUMENT_CAPTURE)
+def test_0516_draft_decode_passes_the_capture_to_init_new(version, patched_release):
+    """From 0.5.16 the draft decode passes the capture (FULL: the next draft input takes the
+    draft's hidden states) and return_hidden_states_before_norm to ForwardBatch.init_new,
+    plans the plain draft backend's metadata and marks it ready (the forward then does not
+    plan again); the batch and the draft runner's backend are put back."""
+    torch = pytest.importorskip("torch")
+    tree = patched_release(version)
+    path = tree / WORKER
+    bs = 3
+    seen = {}
+
+    class Backend:
+        def init_forward_metadata(self, fb):
+            seen["planned"] = (fb.spec_info, fb.seq_lens.tolist())
+
+    class ForwardBatch:
+        @staticmethod
+        def init_new(batch, runner, **kwargs):
+            seen["init_new"] = (runner.attn_backend, kwargs)
+            fb = SimpleNamespace(spec_info=batch.spec_info, seq_lens=batch.seq_lens.clone(), input_ids=batch.input_ids)
+            fb.mark_forward_metadata_ready = lambda: seen.setdefault("marked", True)
+            return fb
+
+    def draft_forward(fb, **kw):
+        seen["forward"] = (kw, fb.spec_info.hidden_states, fb.input_ids.tolist())
+        logits = torch.zeros(bs, 10)
+        logits[:, 6] = 3.0
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
+
+    ns = {
+        "torch": torch,
+        "EagleDraftInput": _DraftInput,
+        "ForwardBatch": ForwardBatch,
+        "ForwardMode": SimpleNamespace(DECODE="DECODE"),
+        "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
+        "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim),
+    }
+    plain = Backend()
+    dr = SimpleNamespace(attn_backend="draft-extend-backend", forward=draft_forward)
+    worker = SimpleNamespace(
+        topk=1,
+        _spec_fallback=fallback_state_class(tree)(draft_attn_backend=plain),
+        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
+        draft_worker=SimpleNamespace(draft_runner=dr),
+    )
+    bind_methods(
+        path,
+        "EAGLEWorkerV2",
+        ns,
+        worker,
+        "_spec_fallback_as_decode",
+        "_spec_fallback_capture_mode",
+        "_spec_fallback_next_draft_input",
+    )
+    decode = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_decode", ns)
+    target_hidden = torch.rand(bs, 3 * H)
+    batch = SimpleNamespace(
+        seq_lens=torch.tensor([3, 5, 10]),
+        seq_lens_cpu=None,
+        seq_lens_sum=None,
+        spec_info="stale",
+        forward_mode="DECODE",
+    )
+    nxt = SimpleNamespace()
+    decode(worker, batch, torch.tensor([7, 8, 9], dtype=torch.int32), target_hidden, nxt)
+
+    backend, kwargs = seen["init_new"]
+    assert backend is plain and kwargs == {"capture_hidden_mode": "FULL", "return_hidden_states_before_norm": False}
+    assert seen["planned"] == (None, [4, 6, 11]) and seen["marked"] is True
+    assert seen["forward"][0] == {} and seen["forward"][1] is target_hidden and seen["forward"][2] == [7, 8, 9]
+    assert nxt.topk_index.squeeze(1).tolist() == [6, 6, 6] and nxt.hidden_states.shape == (bs, H)
+    assert dr.attn_backend == "draft-extend-backend" and batch.seq_lens.tolist() == [3, 5, 10]
+    assert batch.seq_lens_cpu is None and batch.seq_lens_sum is None
+
+
+@pytest.mark.parametrize("version", ARGUMENT_CAPTURE)
+def test_0516_one_token_draft_extend_graph_is_built_as_upstreams_steps_0_tier(version, patched_release):
+    """From 0.5.16 the one-token draft-extend graph is the draft worker's own, captured under
+    the worker state of steps 0 / one draft token (whose exit puts the spec path's backends
+    and graphs back) inside the draft's TP context; a failed capture stops start-up; without
+    a spec-path draft-extend graph none is built."""
+    import contextlib
+
+    tree = patched_release(version)
+    path = tree / WORKER
+    state = {"steps": 3, "tp": False}
+    seen = []
+
+    @contextlib.contextmanager
+    def override(steps, draft_tokens):
+        saved = (state["steps"], dw.cuda_graph_runner_for_draft_extend)
+        state["steps"] = steps
+        try:
+            yield
+        finally:
+            state["steps"], dw.cuda_graph_runner_for_draft_extend = saved
+
+    @contextlib.contextmanager
+    def tp_context(group):
+        state["tp"] = True
+        try:
+            yield
+        finally:
+            state["tp"] = False
+
+    def capture_graphs():
+        seen.append(("capture", state["steps"], state["tp"]))
+        if state.get("fail"):
+            raise RuntimeError("CUDA out of memory")
+        dw.cuda_graph_runner_for_draft_extend = f"one-token graph at steps {state['steps']}"
+
+    dw = SimpleNamespace(
+        cuda_graph_runner_for_draft_extend="spec-graph",
+        draft_runner=SimpleNamespace(tp_group="g"),
+        draft_tp_context=tp_context,
+        init_attention_backend=lambda: seen.append(("backends", state["steps"])),
+        _capture_cuda_graphs=capture_graphs,
+    )
+    ns = {"speculative_moe_backend_context": _null, "speculative_moe_a2a_backend_context": _null}
+    worker = SimpleNamespace(
+        draft_worker=dw, _override_worker_state=override, _spec_fallback=fallback_state_class(tree)()
+    )
+    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_build_draft_extend_graph", "_spec_fallback_capture")
+    worker._spec_fallback_build_draft_extend_graph(None)
+    assert seen == [("backends", 0), ("capture", 0, True)]
+    assert worker._spec_fallback.draft_extend_runner == "one-token graph at steps 0"
+    assert dw.cuda_graph_runner_for_draft_extend == "spec-graph" and state == {"steps": 3, "tp": False}
+    state["fail"] = True
+    with pytest.raises(RuntimeError, match="could not capture a one-token draft-extend CUDA graph"):
+        worker._spec_fallback_build_draft_extend_graph(None)
+    assert dw.cuda_graph_runner_for_draft_extend == "spec-graph" and state["steps"] == 3
+    seen.clear()
+    dw.cuda_graph_runner_for_draft_extend = None
+    worker._spec_fallback = fallback_state_class(tree)()
+    worker._spec_fallback_build_draft_extend_graph(None)
+    assert not seen and worker._spec_fallback.draft_extend_runner is None
+
+
+@pytest.mark.parametrize("version", LATER)
+def test_startup_memory_goes_where_the_release_records_graph_memory(version, patched_release):
+    """The fallback's start-up memory is added to the model runner's graph memory record, in
+    the form the release's ModelRunner keeps it: a float (graph_mem_usage) up to 0.5.16,
+    GiB per graph phase (graph_memory_usage) from 0.5.17, where it counts as decode."""
+    tree = patched_release(version)
+    runner_source = (tree / "sglang/srt/model_executor/model_runner.py").read_text()
+    per_phase = "self.graph_memory_usage" in runner_source
+    assert per_phase != ("self.graph_mem_usage =" in runner_source)
+    free = iter([10.0, 9.25])
+    ns = {
+        "get_available_gpu_memory": lambda device, gpu_id: next(free),
+        "time": __import__("time"),
+        "logger": logging.getLogger("spec-fallback-test"),
+    }
+    record = {"decode": 1.0, "prefill": 0.5} if per_phase else 1.5
+    mr = SimpleNamespace(**{"graph_memory_usage" if per_phase else "graph_mem_usage": record})
+    state = fallback_state_class(tree)(threshold=8)
+    worker = SimpleNamespace(
+        _spec_fallback=state,
+        _target_worker=SimpleNamespace(model_runner=mr),
+        device="cuda",
+        gpu_id=0,
+        _spec_fallback_plain_attn_backend=lambda runner: "backend",
+        _spec_fallback_init_draft_decode=lambda args: None,
+        _spec_fallback_init_draft_kv_only=lambda args: None,
+        _spec_fallback_build_graphs=lambda args: "batch sizes [16]",
+    )
+    bind_methods(tree / WORKER, "EAGLEWorkerV2", ns, worker, "_spec_fallback_build")
+    worker._spec_fallback_build(server_args(server_args_class(tree, {}), disable_cuda_graph=False))
+    assert state.stats["startup_memory_gib"] == 0.75 and state.attn_backend == "backend"
+    if per_phase:
+        assert mr.graph_memory_usage == {"decode": 1.75, "prefill": 0.5} and record == {"decode": 1.0, "prefill": 0.5}
+    else:
+        assert mr.graph_mem_usage == 2.25
