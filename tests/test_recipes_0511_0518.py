@@ -327,7 +327,9 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(
             installed=(mr.attn_backend, getattr(mr, graph_attr)),
         )
         return result_cls(
-            logits_output=SimpleNamespace(hidden_states=torch.zeros(3, 6)),
+            logits_output=SimpleNamespace(
+                hidden_states=torch.zeros(3, 6), next_token_logprobs=torch.tensor([-0.5, -1.0, -2.0])
+            ),
             next_token_ids=torch.tensor([7, 8, 9]),
             can_run_cuda_graph=True,
             routed_experts_output="experts",
@@ -354,10 +356,19 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(
         "_spec_fallback_as_decode",
         "_spec_fallback_sync_draft",
         "_spec_fallback_constant",
-        *(("_spec_fallback_capture_mode",) if version in ARGUMENT_CAPTURE else ()),
+        *(
+            ("_spec_fallback_capture_mode", "_spec_fallback_returns_hidden_states")
+            if version in ARGUMENT_CAPTURE
+            else ()
+        ),
     )
     lens = torch.tensor([3, 5, 10])
+    running = [_Req() for _ in range(3)]
+    for r in running:
+        r.return_hidden_states = False  # Req.return_hidden_states: what the request asked for
     batch = SimpleNamespace(
+        reqs=running,
+        return_logprob=False,
         seq_lens=lens.clone(),
         seq_lens_cpu=lens.clone() if host_lengths else None,
         seq_lens_sum=18 if host_lengths else None,
@@ -396,6 +407,17 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(
     batch.spec_info = _DraftInput(bonus_tokens=torch.tensor([4, 5, 6], dtype=torch.int32))
     again = decode(worker, batch, None)
     assert again.new_seq_lens.tolist() == [4, 6, 11] and again.accept_lens.data_ptr() == res.accept_lens.data_ptr()
+
+    if version in ARGUMENT_CAPTURE:  # from 0.5.16 logprob and hidden-state batches fall back too
+        batch.spec_info = _DraftInput(bonus_tokens=torch.tensor([4, 5, 6], dtype=torch.int32))
+        batch.return_logprob = True
+        running[1].return_hidden_states = True
+        worker.speculative_algorithm = SimpleNamespace(is_standalone=lambda: True)
+        served = decode(worker, batch, None)
+        assert seen["capture"] == "FULL", "STANDALONE captures hidden states for the requests that ask"
+        # One row of accepted tokens per request, as the scheduler reads a speculative result.
+        assert served.logits_output.next_token_logprobs.tolist() == [[-0.5], [-1.0], [-2.0]]
+        assert tuple(served.logits_output.hidden_states.shape) == (3, 6), "one row per request"
 
 
 @pytest.mark.parametrize("version", ERAS)
@@ -904,8 +926,8 @@ def test_0511_has_no_kv_only_sync_and_says_why(patched_release):
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_batches_whose_outputs_the_era_does_not_serve_stay_speculative(version, patched_release):
-    """0.5.12's step serves grammar, logprob and hidden-state batches; these eras' steps do
-    not (0.5.11 takes the seed's rule, 0.5.13 on the ScheduleBatch one): those batches stay
+    """0.5.12's step serves grammar, logprob and hidden-state batches; 0.5.11 and 0.5.13 to
+    0.5.15 serve none of them, 0.5.16 to 0.5.18 logprobs and hidden states: the others stay
     on the speculative path, every other batch may fall back."""
     tree = patched_release(version)
     path = tree / WORKER
@@ -921,8 +943,13 @@ def test_batches_whose_outputs_the_era_does_not_serve_stay_speculative(version, 
         return SimpleNamespace(has_grammar=grammar, return_logprob=logprob, reqs=[req(False), req(hidden)])
 
     assert worker._spec_fallback_eligible(batch()) is True
+    # From 0.5.16 the step serves logprobs and hidden states as 0.5.12's does.
+    served = (dict(logprob=True), dict(hidden=True)) if version in ARGUMENT_CAPTURE else ()
+    for kw in served:
+        assert worker._spec_fallback_eligible(batch(**kw)) is True, kw
     for kw in (dict(grammar=True), dict(logprob=True), dict(hidden=True)):
-        assert worker._spec_fallback_eligible(batch(**kw)) is False, kw
+        if kw not in served:
+            assert worker._spec_fallback_eligible(batch(**kw)) is False, kw
 
 
 @pytest.mark.parametrize("version", LATER)

@@ -1,6 +1,6 @@
 """EAGLEWorkerV2 fallback for SGLang 0.5.16 to 0.5.18: the methods that differ from 0.5.14
 (../v0_5_14/worker.py). Every other method is inserted as it is: the shared ones from
-../common.py, 0.5.12's (../v0_5_12/worker.py), 0.5.13's decode step (../v0_5_13/worker.py).
+../common.py, 0.5.12's (../v0_5_12/worker.py), 0.5.14's graph sizes.
 
 What changed in 0.5.16, and how this code follows it:
 
@@ -8,12 +8,18 @@ What changed in 0.5.16, and how this code follows it:
   ForwardBatch.init_new and TpModelWorker.forward_batch_generation take it as an argument
   (init_new also takes return_hidden_states_before_norm). The fallback's target step and
   draft decode pass it (FULL: EAGLE-3's draft reads the target's auxiliary hidden states and
-  its own; NULL for STANDALONE), and the KV-only prefill, which reads no hidden states,
-  passes NULL.
+  its own, and requests may ask for hidden states; NULL for STANDALONE otherwise), and the
+  KV-only prefill, which reads no hidden states, passes NULL.
+* The scheduler reads a speculative result's logprobs and hidden states per request with
+  the result's stride, as 0.5.12's does: the decode step serves logprob and hidden-state
+  batches as 0.5.12's step does (grammar batches stay speculative: their vocab mask and
+  FSM advance belong to the spec path's verify).
 * The draft extend is prepared by eagle_worker_common.prepare_for_draft_extend.
 * The one-token draft-extend graph is built the way upstream builds its own steps-0 tier:
   the draft worker's attention backends and graphs, made under the worker state of steps 0
   and one draft token (0.5.18 no longer passes the server args to DraftBackendFactory).
+* From 0.5.17 the model runner keeps its graph memory per phase (graph_memory_usage), where
+  0.5.12's start-up adds the fallback's to decode.
 """
 
 import torch
@@ -21,6 +27,7 @@ from sglang.srt.layers.moe.utils import (
     speculative_moe_a2a_backend_context,
     speculative_moe_backend_context,
 )
+from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
@@ -32,6 +39,46 @@ from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
 
 
 class EAGLEWorkerV2:
+    def _spec_fallback_eligible(self, batch):
+        """Which decode batches fall back (0.5.16 on): all but those with grammars. Logprobs
+        and hidden states come from the target's plain decode step, in the layout the
+        scheduler reads a speculative result in (_spec_fallback_decode). A grammar batch's
+        vocab mask and FSM advance belong to the spec path's verify (its grammar barrier),
+        which a fallback step does not take: such batches stay speculative."""
+        return not batch.has_grammar
+
+    def _spec_fallback_decode(self, batch, on_publish=None):
+        """One plain decode step in the speculative result format: stride 1, accept_lens all
+        1, the new lengths published before the target runs and carried by the result. The
+        scheduler reads a speculative result's logprobs as a row of accepted tokens per
+        request, so they become (bs, 1) (top-k and token-id logprobs are one entry per
+        request already); the target's hidden states stay in the result, one row per
+        request, when a request asked for them."""
+        bs = len(batch.seq_lens)
+        hidden = self._spec_fallback_returns_hidden_states(batch)
+        new_seq_lens = batch.seq_lens + 1
+        if on_publish is not None:  # None: the non-overlap scheduler reads the result
+            on_publish(new_seq_lens)
+        target_out = self._spec_fallback_target_decode(batch, batch.spec_info.bonus_tokens, new_seq_lens, hidden)
+        logits_output = target_out.logits_output
+        next_token_ids = target_out.next_token_ids.to(torch.int32)
+        next_draft_input = EagleDraftInput(bonus_tokens=next_token_ids)
+        self._spec_fallback_sync_draft(batch, next_token_ids, logits_output, next_draft_input, hidden)
+        if batch.return_logprob and logits_output.next_token_logprobs is not None:
+            logits_output.next_token_logprobs = logits_output.next_token_logprobs.reshape(bs, 1)
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=next_token_ids,
+            can_run_cuda_graph=target_out.can_run_cuda_graph,
+            speculative_num_draft_tokens=1,
+            next_draft_input=next_draft_input,
+            accept_lens=self._spec_fallback_constant("accept_lens", bs, (), torch.int32, 1),
+            new_seq_lens=new_seq_lens,
+            expert_distribution_metrics=target_out.expert_distribution_metrics,
+            routed_experts_output=target_out.routed_experts_output,
+            indexer_topk_output=target_out.indexer_topk_output,
+        )
+
     def _spec_fallback_capture_mode(self, hidden=False):
         """The hidden-state capture of the fallback's plain decode forwards: FULL for EAGLE
         (the draft reads the target's auxiliary hidden states, and its next draft input its
