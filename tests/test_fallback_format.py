@@ -478,9 +478,9 @@ def test_verify_done_fires_only_after_the_new_lengths_exist(version, patched_rel
         ),
     ],
 )
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15"])
+@pytest.mark.parametrize("version", ["0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16"])
 def test_start_up_takes_the_draft_sync_from_server_args(version, flags, min_bs, above, steps, patched_release):
-    """The start-up of 0.5.12 (and of 0.5.11 and 0.5.13 to 0.5.15, which insert it unchanged): a decode
+    """The start-up of 0.5.12 (and of 0.5.11 and 0.5.13 to 0.5.16, which insert it unchanged): a decode
     attention backend for the target, then the draft sync's settings from the server args
     (None: 'off'): a plain draft backend from the min batch size, the KV-only sync above
     threshold + margin with its steps per replay; without CUDA graphs nothing is captured. The
