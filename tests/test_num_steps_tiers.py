@@ -12,7 +12,6 @@ import ast
 import itertools
 import logging
 import re
-import typing
 
 import pytest
 
@@ -276,7 +275,7 @@ def _tier_flags_parser(patched, cls):
     ]
     ns = {
         "ServerArgs": cls,
-        "int_list": load_function(path, "int_list", {"argparse": argparse, "List": typing.List}),
+        "int_list": load_function(path, "int_list", {"argparse": argparse, "List": list}),
     }
     exec("def add(parser):\n" + "".join(f"    {c}\n" for c in calls), ns)
     parser = argparse.ArgumentParser(prog="sglang serve", exit_on_error=False)
