@@ -332,7 +332,12 @@ class TierRank(Rank):
     logged stand-ins, and a target graph runner that logs the sizes it captures."""
 
     def __init__(self, release, tp_rank, args, **kw):
+        # The rank's start-up without tiers first; its tiers once the stand-ins of their GPU
+        # work are in the worker's module.
+        tiers = (args.speculative_num_steps_tiers, args.speculative_num_steps_tier_boundaries)
+        args.speculative_num_steps_tiers = args.speculative_num_steps_tier_boundaries = None
         super().__init__(release, tp_rank, args, **kw)
+        args.speculative_num_steps_tiers, args.speculative_num_steps_tier_boundaries = tiers
         w = self.worker
         ns = w._spec_tiers_init.__func__.__globals__
         load(release.tree, RUNTIME_STATE, "SpecRuntimeState", ns)
