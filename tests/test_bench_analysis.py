@@ -163,6 +163,73 @@ def test_the_rule_names_the_request_counts_to_measure_between_its_last_win_and_f
     assert analyze.refine_between(2, 4) == [3] and analyze.refine_between(1, 2) == []
 
 
+def _configs(per_c):
+    """Medians of fixed configurations: C -> (no spec, 1 step, 2 steps, 3 steps) tok/s."""
+    arms = ("A0", "S1", "S2", "A1")
+    return {(a, C): {"median": v} for C, vals in per_c.items() for a, v in zip(arms, vals)}
+
+
+def test_the_tier_rule_takes_the_fastest_configuration_and_only_shortens_the_draft():
+    """3 steps win up to C=8, 2 at 16, 1 from 32 to 48, no speculation from 64: tiers 3,2,1,0
+    at the last C of each (8, 16, 48), as T is the last C at which speculation wins; the
+    gaps of more than 25% between a boundary and the next C name the counts to measure."""
+    m = _configs(
+        {
+            1: (100, 150, 180, 200),
+            8: (100, 140, 170, 180),
+            16: (100, 130, 150, 140),
+            32: (100, 120, 110, 90),
+            48: (100, 105, 100, 80),
+            64: (100, 95, 90, 70),
+            128: (100, 90, 80, 60),
+        }
+    )
+    res = analyze.suggest_tiers(m, [128, 1, 8, 16, 32, 48, 64])
+    assert (res["tiers"], res["boundaries"]) == ([3, 2, 1, 0], [8, 16, 48])
+    assert res["flags"] == (
+        "--speculative-num-steps 3 --speculative-num-steps-tiers 3,2,1,0 --speculative-num-steps-tier-boundaries 8,16,48"
+    )
+    assert [r["tier"] for r in res["rows"]] == [3, 3, 2, 1, 1, 0, 0]
+    assert res["refine"] == {8: [10, 12, 14], 16: [20, 24, 28], 48: [52, 56, 60]} and res["against_the_rule"] == []
+    assert res["why"].startswith(
+        "3 draft steps up to C=8, 2 draft steps up to C=16, 1 draft step up to C=48, no speculation above"
+    )
+    table = analyze.tiers_markdown(res)
+    assert table.splitlines()[0] == "| C | 3 steps (A1) | 2 steps (S2) | 1 step (S1) | 0 steps (A0) | fastest | tier |"
+    assert "| 16 | 140 | 150 | 130 | 100 | 2 | 2 |" in table
+
+
+def test_the_tier_rule_on_ties_noise_and_missing_arms():
+    # Ties keep the longer draft; a longer draft winning after a shorter one took over is
+    # listed, and the tier stays the shorter one.
+    m = _configs({1: (100, 120, 150, 150), 4: (100, 130, 120, 110), 8: (100, 110, 105, 130), 16: (120, 100, 90, 80)})
+    res = analyze.suggest_tiers(m, [1, 4, 8, 16])
+    assert (res["tiers"], res["boundaries"], res["against_the_rule"]) == ([3, 1, 0], [1, 8], [8])
+    # Only A0 and A1 measured: the threshold's rule (T = 32 on this sweep), as flags for tiers.
+    only = {k: v for k, v in m.items() if k[0] in ("A0", "A1")}
+    assert analyze.suggest_tiers(only, [1, 4, 8, 16])["arms"] == {3: "A1", 0: "A0"}
+    sweep = analyze.medians(_sweep())
+    both = analyze.suggest_tiers(sweep, DEFAULT_C)
+    assert (both["tiers"], both["boundaries"]) == ([3, 0], [analyze.suggest_threshold(sweep, DEFAULT_C)["threshold"]])
+    # One configuration fastest everywhere: no tiers, no flags; speculation never winning says so.
+    one = analyze.suggest_tiers(_configs({1: (100, 110, 120, 130), 8: (100, 105, 110, 115)}), [1, 8])
+    assert (one["tiers"], one["flags"]) == ([3], None) and one["why"].startswith("3 draft steps is the fastest")
+    never = analyze.suggest_tiers(_configs({1: (100, 90, 80, 70)}), [1])
+    assert never["tiers"] == [0] and never["why"] == "speculation never wins: serve without it"
+    # Other arm names, given.
+    named = {
+        ("base", 1): {"median": 1},
+        ("two", 1): {"median": 2},
+        ("base", 2): {"median": 2},
+        ("two", 2): {"median": 1},
+    }
+    assert analyze.suggest_tiers(named, [1, 2], {0: "base", 2: "two"})["tiers"] == [2, 0]
+    # A C where an arm is missing does not count.
+    gap = _configs({1: (100, 120, 150, 150), 4: (100, 130, 120, 110)})
+    del gap[("S2", 4)]
+    assert [r["C"] for r in analyze.suggest_tiers(gap, [1, 4])["rows"]] == [1]
+
+
 def test_the_band_measured_and_merged_moves_the_threshold(tmp_path):
     """The sweep's grid gives T=32 and asks for 40, 48, 56; a run of A0/A1 there in which
     EAGLE-3 still wins at 40 and 48 and loses at 56, merged beside the sweep, moves T to 48,

@@ -192,6 +192,32 @@ def test_bench_suggest_threshold_per_acceptance(tmp_path):
     assert r.exit_code == 2 and "has no cells.jsonl" in r.output and "Traceback" not in r.output
 
 
+def test_bench_suggest_tiers(tmp_path):
+    """--suggest-tiers reads the fixed configurations' cells (no GPU): the per-C table and the
+    flags; bad --tier-arms and a folder with one configuration are refused (exit 2)."""
+    speeds = {"A0": (100, 100, 100), "S1": (120, 130, 95), "A1": (150, 110, 90)}  # C = 1, 16, 64
+    cells = [
+        {"arm": arm, "C": C, "rep": 0, "acc_len": 3.0, "output_tok_s": v * C}
+        for arm, vs in speeds.items()
+        for C, v in zip((1, 16, 64), vs)
+    ]
+    (tmp_path / "cells.jsonl").write_text("\n".join(json.dumps(c) for c in cells))
+    r = run("bench", "--out", tmp_path, "--suggest-tiers")
+    assert r.exit_code == 0, r.output
+    assert "| C | 3 steps (A1) | 1 step (S1) | 0 steps (A0) | fastest | tier |" in r.output
+    assert (
+        "suggested: --speculative-num-steps 3 --speculative-num-steps-tiers 3,1,0 "
+        "--speculative-num-steps-tier-boundaries 1,16" in r.output
+    )
+    r = run("bench", "--out", tmp_path, "--suggest-tiers", "--json")
+    assert json.loads(r.output)["boundaries"] == [1, 16]
+    for arms, needle in (("3=A1,x=A0", "'x=A0' is not STEPS=ARM"), ("3=A1,3=S1", "3 steps are named twice")):
+        r = run("bench", "--out", tmp_path, "--suggest-tiers", "--tier-arms", arms)
+        assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output
+    r = run("bench", "--out", tmp_path, "--suggest-tiers", "--tier-arms", "3=A1,2=S2")
+    assert r.exit_code == 2 and "holds 1 of the configurations 3=A1,2=S2" in r.output
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [

@@ -84,6 +84,9 @@ def test_server_arg_types_are_read_from_the_tree(cached_release, patched_release
         ("0", "bool", False),
         ("fa3", "str", "fa3"),
         ("off", "str", "off"),
+        ("3,1,0", "Optional[List[int]]", [3, 1, 0]),
+        ("16", "Optional[List[int]]", [16]),
+        ("off", "Optional[List[int]]", None),
     ],
 )
 def test_a_variant_value_is_read_as_its_fields_type(text, annotation, value):
@@ -98,6 +101,7 @@ def test_a_variant_value_is_read_as_its_fields_type(text, annotation, value):
         ("eight", "Optional[int]", "f (Optional[int]) takes a whole number or off, not 'eight'"),
         ("off", "int", "f (int) takes a whole number, not 'off'"),
         ("yes", "bool", "f (bool) takes true or false, not 'yes'"),
+        ("3;1", "Optional[List[int]]", "f (Optional[List[int]]) takes comma-separated whole numbers or off, not '3;1'"),
     ],
 )
 def test_a_variant_value_its_field_cannot_take_is_refused(text, annotation, needle):

@@ -530,6 +530,7 @@ class Rank:
         w._spec_fallback_kv_only_write = self._kv_only_write  # the draft layer's K/V (exactness:
         # tests/test_fallback_kv_only.py); eager, or recorded into the graph being captured
         w._spec_fallback_init(args)
+        w._spec_tiers_init(args)  # the patched __init__ starts both (tiers: off unless set)
         self.state, self.startup = w._spec_fallback, list(self.log)
 
     @contextlib.contextmanager

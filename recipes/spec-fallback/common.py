@@ -93,6 +93,21 @@ class SpecFallbackState:
     lock: Any = dataclasses.field(default_factory=threading.Lock)
     stats_path: Optional[str] = None  # where publish_stats writes them
 
+    @staticmethod
+    def tier_for_batch(bs, tier, boundaries, hysteresis):
+        """The tier a decode batch of `bs` requests runs in, given the tier of the step before:
+        tier i serves batches of up to boundaries[i] requests, the last tier every larger one.
+        A batch above a boundary moves up at once; moving down across boundary b needs a batch
+        of at most b - hysteresis requests. The binary switch is the case of one boundary (the
+        threshold): tier 1 is the fallback. A pure function of the batch size and the tier
+        before, which every TP rank computes alike from the same batches."""
+        plain = sum(bs > b for b in boundaries)
+        if plain >= tier:
+            return plain
+        while tier > plain and bs <= boundaries[tier - 1] - hysteresis:
+            tier -= 1
+        return tier
+
     def record_step(self, bs, fallback, switched):
         """Count one decode step of `bs` requests in its phase, and a switch of `active`."""
         mode = "fallback" if fallback else "spec"
@@ -261,10 +276,12 @@ class EAGLEWorkerV2:
         ):
             return False
         bs = len(batch.seq_lens)
-        if state.active:
-            active = bs > state.threshold - state.hysteresis
-        else:
-            active = bs > state.threshold
+        active = (
+            state.tier_for_batch(
+                bs, int(state.active), (state.threshold,), state.hysteresis
+            )
+            == 1
+        )
         take = active and self._spec_fallback_eligible(batch)
         switched = active != state.active
         if switched:

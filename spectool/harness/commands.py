@@ -108,6 +108,22 @@ def verify(
     sys.exit(EXIT_OK if report["ok"] else EXIT_FAILED)
 
 
+def _tier_arms(text: str) -> dict[int, str]:
+    """--tier-arms STEPS=ARM,...: draft steps -> arm, or a one-paragraph error."""
+    out = {}
+    for item in _csv(text):
+        steps, eq, arm = item.partition("=")
+        if not (eq and steps.strip().isdigit() and arm.strip()):
+            raise BadInputError(
+                f"--tier-arms {text!r}: {item!r} is not STEPS=ARM (draft steps, a whole number of 0 or more, "
+                "then the arm measured with them), as in 3=A1,1=S1,0=A0."
+            )
+        if int(steps) in out:
+            raise BadInputError(f"--tier-arms {text!r}: {int(steps)} steps are named twice.")
+        out[int(steps)] = arm.strip()
+    return out
+
+
 @click.command(
     epilog=exit_codes(
         "measured (or merged, profiled, a threshold suggested); the table is printed",
@@ -182,6 +198,20 @@ def verify(
     is_flag=True,
     help="Only print T from the recorded results in --out (every C measured there, or --concurrency), and "
     "which C to measure between the last win and the first loss to place it more finely.",
+)
+@click.option(
+    "--suggest-tiers",
+    is_flag=True,
+    help="Only print the draft length per batch size (--speculative-num-steps-tiers and its boundaries) from "
+    "the recorded fixed configurations in --out (--tier-arms), and the tier the rule picks at each C.",
+)
+@click.option(
+    "--tier-arms",
+    default="3=A1,2=S2,1=S1,0=A0",
+    show_default=True,
+    metavar="STEPS=ARM,...",
+    help="For --suggest-tiers: the arm measured at each number of draft steps (0: no speculation); S1 and S2 "
+    "are --variant arms of A1 at 1 and 2 steps. Arms the folder lacks are left out.",
 )
 @click.option(
     "--profile",
@@ -272,6 +302,8 @@ def bench(
     variants,
     max_engines,
     suggest,
+    suggest_tiers,
+    tier_arms,
     load,
     profile_steps,
     profile_load,
@@ -291,25 +323,46 @@ def bench(
     accs = _numbers("--acc-len", acc_len, float, 1.0, "numbers such as 3.0 or 2.0,3.0 (1.0 or more)")
     arms_measured, transition_named = _csv(arm_names), tuple(_csv(transition_arms)) or None
     folders = {a: Path(out_dir) if len(accs) == 1 else Path(out_dir) / f"acc-{a:g}" for a in accs}
-    if suggest:
+    if suggest or suggest_tiers:
+        option = "--suggest-tiers" if suggest_tiers else "--suggest-threshold"
+        by_steps = _tier_arms(tier_arms) if suggest_tiers else None
         for a, folder in folders.items():
             if not (folder / "cells.jsonl").exists():
                 raise BadInputError(
-                    f"--suggest-threshold: {folder} has no cells.jsonl; measure there first "
+                    f"{option}: {folder} has no cells.jsonl; measure there first "
                     "(spectool bench --out with the same folder)."
                 )
             m = analyze.load_medians(folder, a)
             if not m:
                 present = sorted({c.get("acc_len") for c in analyze.read_cells(folder / "cells.jsonl")} - {None})
                 raise BadInputError(
-                    f"--suggest-threshold: {folder} has no cells at acceptance {a:g}; it holds "
+                    f"{option}: {folder} has no cells at acceptance {a:g}; it holds "
                     f"{', '.join(f'{x:g}' for x in present) or 'none'} (pass --acc-len)."
                 )
             # Every C the folder measured (a merge with finer points included), unless named.
             named = (
                 click.get_current_context().get_parameter_source("concurrency") != click.core.ParameterSource.DEFAULT
             )
-            res = analyze.suggest_threshold(m, cs if named else [C for _, C in m])
+            measured = cs if named else sorted({C for _, C in m})
+            if suggest_tiers:
+                res = analyze.suggest_tiers(m, measured, by_steps)
+                if len(res["arms"]) < 2:
+                    raise BadInputError(
+                        f"--suggest-tiers: {folder} holds {len(res['arms'])} of the configurations "
+                        f"{tier_arms}; measure at least two, e.g. --arms A0,A1 --variant "
+                        "'S1=A1:speculative_num_steps=1;speculative_num_draft_tokens=2'."
+                    )
+                text = f"acceptance {a:g}:\n{analyze.tiers_markdown(res)}" + (
+                    f"suggested: {res['flags']} ({res['why']})" if res["flags"] else f"suggested: {res['why']}"
+                )
+                if res["against_the_rule"]:
+                    text += (
+                        f"\nat C={','.join(map(str, res['against_the_rule']))} a longer draft is the fastest "
+                        "after a shorter one took over: the tiers keep the shorter (measure again there)"
+                    )
+                click.echo(to_json(res) if as_json else text)
+                continue
+            res = analyze.suggest_threshold(m, measured)
             click.echo(
                 to_json(res) if as_json else f"acceptance {a:g}: suggested threshold {res['threshold']} ({res['why']})"
             )

@@ -76,8 +76,8 @@ def server_arg_annotations(sglang_dir: str | None = None) -> dict[str, str]:
 def server_arg_value(name: str, text: str, annotation: str):
     """`text` (as on a command line) as a value of the ServerArgs field `name` of type
     `annotation`: whole numbers, decimals and true/false for int, float and bool fields,
-    'off' or 'None' for None where the field is Optional, the text itself otherwise. A
-    ValueError says what the field takes."""
+    comma-separated whole numbers for List[int] ones, 'off' or 'None' for None where the
+    field is Optional, the text itself otherwise. A ValueError says what the field takes."""
     optional = annotation.startswith("Optional[") and annotation.endswith("]")
     kind = annotation[len("Optional[") : -1] if optional else annotation
     if optional and text in ("off", "None"):
@@ -87,6 +87,11 @@ def server_arg_value(name: str, text: str, annotation: str):
         if text.lower() in ("true", "1", "false", "0"):
             return text.lower() in ("true", "1")
         raise ValueError(f"{name} ({annotation}) takes true or false{none}, not {text!r}")
+    if kind in ("List[int]", "list[int]"):
+        try:
+            return [int(part) for part in text.split(",")]
+        except ValueError:
+            raise ValueError(f"{name} ({annotation}) takes comma-separated whole numbers{none}, not {text!r}") from None
     for typ, what in ((int, "a whole number"), (float, "a number")):
         if kind == typ.__name__:
             try:

@@ -314,6 +314,100 @@ def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:
     return {"threshold": T, "wins": wins, "loses": [C for C in measured if C not in wins], "refine": refine, "why": why}
 
 
+# The fixed configurations --suggest-tiers compares by default: draft steps -> arm. A1 is the
+# bench's EAGLE-3 chain (3 steps); S1 and S2 are its variants at 1 and 2 steps (docs/bench.md).
+TIER_ARMS = {3: "A1", 2: "S2", 1: "S1", 0: "A0"}
+
+
+def suggest_tiers(m: dict, concurrencies: list[int], arms: dict[int, str] | None = None) -> dict:
+    """The draft length per batch size (--speculative-num-steps-tiers), by the threshold's
+    rule generalised: walking up the measured concurrencies, each C runs the fastest of the
+    configurations with no more steps than the C before ran (ties keep the longer draft), so
+    the step count only falls as the batch grows; a boundary is the last C of a tier, as T is
+    the last C at which speculation wins. `arms` maps draft steps (0: no speculation) to the
+    arm measured with them; those the folder lacks are left out, and only the C at which
+    every remaining one was measured count.
+
+    `rows` gives each C's medians, the fastest configuration and the tier chosen; where the
+    fastest has more steps than the tier (a longer draft wins again after a shorter one took
+    over: noise, or a curve the rule cannot follow) the C is listed in `against_the_rule`.
+    `refine` lists request counts to measure between a boundary and the next C when they are
+    more than 25% apart, as for T."""
+    arms = TIER_ARMS if arms is None else arms
+    present = {s: a for s, a in sorted(arms.items(), reverse=True) if any((a, C) in m for C in concurrencies)}
+    measured = sorted(C for C in set(concurrencies) if present and all((a, C) in m for a in present.values()))
+    rows, spans = [], []  # spans: [steps, first C, last C] per tier
+    for C in measured:
+        speed = {s: m[(a, C)]["median"] for s, a in present.items()}
+        fastest = max(speed, key=lambda s: (speed[s], s))
+        allowed = [s for s in speed if not spans or s <= spans[-1][0]]
+        tier = max(allowed, key=lambda s: (speed[s], s))
+        if spans and spans[-1][0] == tier:
+            spans[-1][2] = C
+        else:
+            spans.append([tier, C, C])
+        rows.append({"C": C, "tok_s": speed, "fastest": fastest, "tier": tier})
+    tiers = [s for s, _, _ in spans]
+    boundaries = [last for _, _, last in spans[:-1]]
+    refine = {}
+    for (_, _, last), (_, first, _) in zip(spans, spans[1:]):
+        if first > 1.25 * last:
+            refine[last] = refine_between(last, first)
+    flags = (
+        f"--speculative-num-steps {tiers[0]} --speculative-num-steps-tiers {','.join(map(str, tiers))} "
+        f"--speculative-num-steps-tier-boundaries {','.join(map(str, boundaries))}"
+        if len(tiers) > 1
+        else None
+    )
+    if not tiers:
+        why = "no C at which every configuration was measured"
+    elif len(tiers) == 1:
+        why = (
+            f"{_steps(tiers[0])} is the fastest at every C measured: no tiers"
+            if tiers[0]
+            else "speculation never wins: serve without it"
+        )
+    else:
+        parts = [f"{_steps(s)} up to C={last}" for s, _, last in spans[:-1]]
+        why = ", ".join(parts) + f", {_steps(tiers[-1])} above"
+    if refine:
+        why += (
+            "; measure "
+            + "; ".join(
+                f"--concurrency {','.join(map(str, cs))} (between {low} and the next C)" for low, cs in refine.items()
+            )
+            + " for these arms and merge to place the boundaries more finely"
+        )
+    return {
+        "arms": present,
+        "rows": rows,
+        "tiers": tiers,
+        "boundaries": boundaries,
+        "flags": flags,
+        "against_the_rule": [r["C"] for r in rows if r["fastest"] > r["tier"]],
+        "refine": refine,
+        "why": why,
+    }
+
+
+def _steps(n: int) -> str:
+    return "no speculation" if n == 0 else f"{n} draft step{'s' if n > 1 else ''}"
+
+
+def tiers_markdown(res: dict) -> str:
+    """The per-C table of `suggest_tiers`: each configuration's median tok/s, the fastest and
+    the tier the rule chose."""
+    arms = res["arms"]
+    head = (
+        "| C | " + " | ".join(f"{s} step{'' if s == 1 else 's'} ({a})" for s, a in arms.items()) + " | fastest | tier |"
+    )
+    lines = [head, "|" + "---|" * (len(arms) + 3)]
+    for r in res["rows"]:
+        cells = " | ".join(f"{r['tok_s'][s]:.0f}" for s in arms)
+        lines.append(f"| {r['C']} | {cells} | {r['fastest']} | {r['tier']} |")
+    return "\n".join(lines) + "\n"
+
+
 def refine_between(low: int, high: int) -> list[int]:
     """Up to three request counts evenly between two measured ones (32, 64 -> 40, 48, 56)."""
     return sorted({round(low + k * (high - low) / 4) for k in (1, 2, 3)} - {low, high})

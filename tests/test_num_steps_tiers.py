@@ -1,0 +1,533 @@
+"""The draft length chosen per decode step (--speculative-num-steps-tiers) on the real patched
+SGLang 0.5.12: the tier rule (SpecFallbackState.tier_for_batch) and the tiers' batch ranges,
+the flags and their validation in the release's ServerArgs, and the worker's start-up and
+per-step switch, run on the CPU through the release's own build_adaptive_runtime_state,
+_override_worker_state and apply_runtime_state (GPU work: the stand-ins of
+test_rank_agreement, which log each capture and forward)."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import itertools
+import logging
+import re
+
+import pytest
+
+from spectool.testing import function_source, load_function
+
+from .sglang_source import fallback_state_class, server_args, server_args_class
+from .test_rank_agreement import (
+    AttentionOnCpu,
+    Rank,
+    Release,
+    args_for,
+    assert_ranks_agree,
+    load,
+    run_ranks,
+)
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.network
+
+WORKER = "sglang/srt/speculative/eagle_worker_v2.py"
+ARGS = "sglang/srt/server_args.py"
+RUNTIME_STATE = "sglang/srt/speculative/adaptive_runtime_state.py"
+
+
+@pytest.fixture(scope="module")
+def patched(patched_release):
+    return patched_release("0.5.12")
+
+
+@pytest.fixture(scope="module")
+def rule(patched):
+    return fallback_state_class(patched).tier_for_batch
+
+
+# -- the tier rule --------------------------------------------------------------------------
+
+
+def test_the_rule_moves_up_at_once_and_down_past_the_hysteresis(rule):
+    """Tiers 3,1,0 steps at boundaries 16 and 48, hysteresis 4: up as soon as the batch is above
+    a boundary (from any tier, over several at once), down across a boundary only at
+    boundary - 4 or below; inside a band the tier before stays."""
+    bounds, h = (16, 48), 4
+    # Up: each boundary, and both at once.
+    assert [rule(bs, 0, bounds, h) for bs in (1, 16, 17, 48, 49, 500)] == [0, 0, 1, 1, 2, 2]
+    assert [rule(bs, 1, bounds, h) for bs in (17, 48, 49)] == [1, 1, 2]
+    # Down from the last tier: the band 45..48 keeps it, 44 crosses into tier 1, and a batch
+    # at or below 12 crosses both boundaries in one step.
+    assert [rule(bs, 2, bounds, h) for bs in (49, 48, 45, 44, 17, 13, 12, 1)] == [2, 2, 2, 1, 1, 1, 0, 0]
+    # Down from the middle tier: the band 13..16 keeps it.
+    assert [rule(bs, 1, bounds, h) for bs in (16, 13, 12, 1)] == [1, 1, 0, 0]
+    # Without hysteresis the tier is the batch's own.
+    for bs, tier in itertools.product(range(1, 60), range(3)):
+        assert rule(bs, tier, bounds, 0) == sum(bs > b for b in bounds)
+
+
+def test_the_rule_is_the_plain_tier_outside_the_bands_and_keeps_it_inside(rule):
+    """Exhaustively over small settings: the result is the batch's own tier or, inside a
+    hysteresis band below a boundary the tier before is above, a tier between the two; a
+    second step at the same size stays (no flapping at a fixed batch)."""
+    for bounds in ((1, 2), (3, 5), (4, 9, 10), (2, 8, 20, 21)):
+        for h in range(0, bounds[0]):
+            for tier in range(len(bounds) + 1):
+                for bs in range(1, bounds[-1] + 5):
+                    got = rule(bs, tier, bounds, h)
+                    plain = sum(bs > b for b in bounds)
+                    assert plain <= got <= max(plain, tier)
+                    assert got == plain or bs > bounds[got - 1] - h  # kept inside a band
+                    assert rule(bs, got, bounds, h) == got
+
+
+def test_the_binary_switch_is_the_rule_with_one_boundary(rule):
+    """The fallback's decision at threshold T and hysteresis H (fallback above T, drafting
+    again at <= T - H) is tier 1 of the rule at the boundary T, for every batch, T and H;
+    and with tiers, the last tier (0 steps) is chosen exactly when the fallback's own rule at
+    the last boundary falls back, so the two decisions of a step agree."""
+    for T in range(0, 12):
+        for H in [0, *range(1, T)]:
+            for active in (False, True):
+                for bs in range(1, 16):
+                    expected = bs > (T - H if active else T)
+                    assert (rule(bs, int(active), (T,), H) == 1) == expected
+    for bounds in ((4, 9), (2, 5, 11)):
+        last = len(bounds)
+        for h in range(bounds[0]):
+            for tier in range(last + 1):
+                for bs in range(1, bounds[-1] + 4):
+                    tiered = rule(bs, tier, bounds, h) == last
+                    assert tiered == (rule(bs, int(tier == last), (bounds[-1],), h) == 1)
+
+
+@pytest.fixture(scope="module")
+def tiers_class(patched):
+    import dataclasses
+
+    return load_function(patched / WORKER, "SpecTiers", {"dataclasses": dataclasses})
+
+
+def test_each_tier_captures_the_graph_sizes_of_the_batches_it_serves(tiers_class):
+    """Tier i serves batches from boundary[i-1] - H + 1 (kept, or entered downward) up to
+    boundary[i]; its graphs are the sizes from there up to the first that holds its largest
+    batch (a batch replays the smallest size that holds it)."""
+    tiers = tiers_class(steps=(3, 2, 1, 0), boundaries=(8, 24, 64), hysteresis=3)
+    assert [tiers.batch_range(t) for t in range(4)] == [(1, 8), (6, 24), (22, 64), (62, None)]
+    sizes = [1, 2, 4, 8, 12, 16, 24, 32, 48, 80]
+    assert [tiers.graph_sizes(sizes, t) for t in range(4)] == [
+        [1, 2, 4, 8],
+        [8, 12, 16, 24],
+        [24, 32, 48, 80],
+        [80],
+    ]
+    # No size holds 100: every size from the tier's smallest batch up (above: eager).
+    assert tiers_class(steps=(3, 1), boundaries=(100,)).graph_sizes(sizes, 0) == sizes
+    assert tiers_class(steps=(3, 1), boundaries=(100,), hysteresis=10).graph_sizes(sizes, 1) == []
+
+
+# -- the flags ---------------------------------------------------------------------------------
+
+
+class _Envs:
+    class SGLANG_ENABLE_SPEC_V2:  # noqa: N801
+        @classmethod
+        def get(cls):
+            return True
+
+
+@pytest.fixture(scope="module")
+def args_cls(patched):
+    """The patched ServerArgs, its module holding the spec-fallback worker's marker."""
+    marker = load_function(patched / ARGS, "spectool_fallback_worker", {})
+    return server_args_class(
+        patched, {"envs": _Envs, "logger": logging.getLogger("test"), "spectool_fallback_worker": marker}
+    )
+
+
+def _tiers(cls, **kw):
+    base = dict(
+        speculative_algorithm="EAGLE3",
+        speculative_eagle_topk=1,
+        speculative_num_steps=3,
+        speculative_num_draft_tokens=4,
+        speculative_num_steps_tiers=[3, 1, 0],
+        speculative_num_steps_tier_boundaries=[16, 48],
+        max_running_requests=64,
+    )
+    return server_args(cls, **{**base, **kw})
+
+
+def _validate(args):
+    """The patched _handle_speculative_decoding's order: the tiers, then the threshold."""
+    args._validate_speculative_num_steps_tiers()
+    args._validate_speculative_disable_threshold()
+
+
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(speculative_num_steps_tiers=None), "tier-boundaries needs --speculative-num-steps-tiers"),
+        (dict(speculative_num_steps_tiers="3,1,0"), "takes whole numbers (on the command line: comma-separated"),
+        (dict(speculative_num_steps_tier_boundaries=[16.0, 48]), "tier-boundaries takes whole numbers"),
+        (
+            dict(speculative_num_steps_tiers=[0, 1, 3]),
+            "each fewer than the one before and none below 0 (e.g. 3,1,0), got 0,1,3",
+        ),
+        (dict(speculative_num_steps_tiers=[3, 3, 0]), "each fewer than the one before"),
+        (dict(speculative_num_steps_tiers=[3], speculative_num_steps_tier_boundaries=[]), "two or more step counts"),
+        (dict(speculative_num_steps_tiers=[1, -1]), "none below 0"),
+        (
+            dict(speculative_num_steps_tiers=[4, 1, 0]),
+            "at most --speculative-num-steps steps (the KV cache is allocated",
+        ),
+        (
+            dict(speculative_num_steps_tier_boundaries=[16]),
+            "one batch size fewer than there are tiers (2 for 3,1,0), got 16",
+        ),
+        (
+            dict(speculative_num_steps_tier_boundaries=None),
+            "one batch size fewer than there are tiers (2 for 3,1,0), got none",
+        ),
+        (dict(speculative_num_steps_tier_boundaries=[48, 16]), "increasing batch sizes of 1 or more, got 48,16"),
+        (dict(speculative_num_steps_tier_boundaries=[16, 16]), "increasing batch sizes"),
+        (dict(speculative_num_steps_tier_boundaries=[0, 16]), "increasing batch sizes of 1 or more"),
+        (dict(speculative_disable_batch_size_hysteresis=16), "below the smallest tier boundary (16), got 16"),
+        (dict(speculative_disable_batch_size_hysteresis=-1), "below the smallest tier boundary (16), got -1"),
+        (dict(speculative_adaptive=True), "cannot be combined with --speculative-adaptive"),
+        (dict(speculative_algorithm="STANDALONE"), "needs --speculative-algorithm EAGLE or EAGLE3"),
+        (dict(speculative_eagle_topk=2), "needs --speculative-eagle-topk 1"),
+        (dict(disable_overlap_schedule=True), "overlap (spec v2) worker only"),
+        (dict(enable_dp_attention=True), "--enable-dp-attention"),
+        (dict(enable_multi_layer_eagle=True), "--enable-multi-layer-eagle"),
+        (dict(enable_two_batch_overlap=True), "--enable-two-batch-overlap"),
+        (dict(enable_pdmux=True), "--enable-pdmux"),
+        (
+            dict(speculative_disable_batch_size_threshold=32),
+            "leave --speculative-disable-batch-size-threshold unset or give it the same value (got 32)",
+        ),
+        (
+            dict(
+                speculative_num_steps_tiers=[3, 1],
+                speculative_num_steps_tier_boundaries=[16],
+                speculative_disable_batch_size_threshold=48,
+            ),
+            "without a tier 0 cannot be combined with --speculative-disable-batch-size-threshold",
+        ),
+        # Tier 0 is the fallback: its own refusals follow with the threshold set.
+        (dict(enable_lora=True), "--speculative-disable-batch-size-threshold cannot be combined with LoRA"),
+    ],
+)
+def test_the_validation_refuses_with_one_reason(args_cls, kw, msg):
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        _validate(_tiers(args_cls, **kw))
+
+
+def test_the_tiers_need_the_fallback_worker(patched):
+    """Without the spec-fallback recipe's marker in the module (the threshold recipe alone
+    applied), the flags are refused, naming the recipe."""
+    cls = server_args_class(patched, {"envs": _Envs, "logger": logging.getLogger("test")})
+    with pytest.raises(ValueError, match="needs the spec-fallback recipe's worker"):
+        _validate(_tiers(cls))
+
+
+def test_the_validation_accepts_and_sets_tier_zero_s_threshold(args_cls, caplog):
+    args = _tiers(args_cls, speculative_disable_batch_size_hysteresis=15)
+    _validate(args)
+    assert args.speculative_disable_batch_size_threshold == 48
+    args = _tiers(args_cls, speculative_disable_batch_size_threshold=48)
+    _validate(args)
+    for kw in (
+        dict(speculative_num_steps_tiers=[3, 2, 1], speculative_num_steps_tier_boundaries=[8, 32]),
+        dict(speculative_num_steps_tiers=[3, 0], speculative_num_steps_tier_boundaries=[1]),
+    ):
+        args = _tiers(args_cls, **kw)
+        _validate(args)
+        assert args.speculative_disable_batch_size_threshold == (
+            None if 0 not in kw["speculative_num_steps_tiers"] else 1
+        )
+    # Unset: nothing checked, the threshold left alone.
+    args = _tiers(
+        args_cls, speculative_num_steps_tiers=None, speculative_num_steps_tier_boundaries=None, enable_lora=True
+    )
+    _validate(args)
+    assert args.speculative_disable_batch_size_threshold is None
+    with caplog.at_level(logging.WARNING):
+        _validate(_tiers(args_cls, speculative_num_steps_tiers=[2, 0], speculative_num_steps_tier_boundaries=[16]))
+    assert "no tier uses" in caplog.text
+
+
+def _tier_flags_parser(patched, cls):
+    """The --speculative-num-steps-tier* add_argument calls of the patched add_cli_args, run as
+    written there."""
+    path = patched / ARGS
+    fn = ast.parse(function_source(path, "ServerArgs.add_cli_args")).body[0]
+    calls = [
+        ast.unparse(stmt)
+        for stmt in ast.walk(fn)
+        if isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Call)
+        and getattr(stmt.value.func, "attr", "") == "add_argument"
+        and stmt.value.args
+        and str(getattr(stmt.value.args[0], "value", "")).startswith("--speculative-num-steps-tier")
+    ]
+    ns = {
+        "ServerArgs": cls,
+        "int_list": load_function(path, "int_list", {"argparse": argparse, "List": list}),
+    }
+    exec("def add(parser):\n" + "".join(f"    {c}\n" for c in calls), ns)
+    parser = argparse.ArgumentParser(prog="sglang serve", exit_on_error=False)
+    ns["add"](parser)
+    return parser
+
+
+def test_the_flags_are_in_help_and_parse_lists(patched, args_cls):
+    parser = _tier_flags_parser(patched, args_cls)
+    text = parser.format_help()
+    assert "--speculative-num-steps-tiers" in text and "--speculative-num-steps-tier-boundaries" in text
+    assert vars(parser.parse_args([])) == {
+        "speculative_num_steps_tiers": None,
+        "speculative_num_steps_tier_boundaries": None,
+    }
+    got = parser.parse_args(
+        ["--speculative-num-steps-tiers", "3,1,0", "--speculative-num-steps-tier-boundaries", "16,48"]
+    )
+    assert got.speculative_num_steps_tiers == [3, 1, 0] and got.speculative_num_steps_tier_boundaries == [16, 48]
+    with pytest.raises(argparse.ArgumentError, match="comma-separated whole numbers such as 3,1,0, got '3;1'"):
+        parser.parse_args(["--speculative-num-steps-tiers", "3;1"])
+
+
+def test_tier_memory_is_reserved_for_the_tiers_sglang_does_not_capture(patched, args_cls):
+    """The graphs of each tier other than --speculative-num-steps are reserved for (512 MiB +
+    2 MiB per graph batch), tier 0's only when its threshold comes from the last boundary
+    (the fallback's own reservation counts it otherwise); nothing without tiers."""
+    body = ast.parse(function_source(patched / ARGS, "ServerArgs._handle_gpu_memory_settings")).body[0]
+    loop = next(n for n in ast.walk(body) if isinstance(n, ast.For) and ast.unparse(n.target) == "tier_steps")
+    code = compile(ast.Module([loop], []), "reserve", "exec")
+
+    def reserved(**kw):
+        ns = {"self": _tiers(args_cls, cuda_graph_max_bs=64, **kw), "reserved_mem": 0}
+        exec(code, ns)
+        return ns["reserved_mem"]
+
+    assert reserved() == 2 * 640  # tier 1's graphs and tier 0's (threshold from the boundary)
+    assert reserved(speculative_disable_batch_size_threshold=48) == 640
+    assert reserved(speculative_num_steps_tiers=None) == 0
+    assert reserved(speculative_num_steps_tiers=[2, 1]) == 2 * 640
+
+
+# -- the worker --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def release(patched):
+    return Release(patched)
+
+
+class TierRank(Rank):
+    """A rank of test_rank_agreement whose worker also starts its tiers: the release's own
+    build_adaptive_runtime_state runs against a draft worker whose backends and graphs are
+    logged stand-ins, and a target graph runner that logs the sizes it captures."""
+
+    def __init__(self, release, tp_rank, args, **kw):
+        # The rank's start-up without tiers first; its tiers once the stand-ins of their GPU
+        # work are in the worker's module.
+        tiers = (args.speculative_num_steps_tiers, args.speculative_num_steps_tier_boundaries)
+        args.speculative_num_steps_tiers = args.speculative_num_steps_tier_boundaries = None
+        super().__init__(release, tp_rank, args, **kw)
+        args.speculative_num_steps_tiers, args.speculative_num_steps_tier_boundaries = tiers
+        w = self.worker
+        ns = w._spec_tiers_init.__func__.__globals__
+        load(release.tree, RUNTIME_STATE, "SpecRuntimeState", ns)
+        load(release.tree, WORKER, "SpecTiers", ns)
+        ns.update(
+            log_info_on_rank0=lambda logger, msg: logger.info(msg),
+            CudaGraphRunner=self._verify_graph_runner(ns),
+        )
+        dw = w._draft_worker
+        dw.server_args = args
+        dw.init_attention_backend = lambda: self._draft_backends(dw)
+        dw.init_cuda_graphs = lambda: self._draft_graphs(dw, ns)
+        self.verified = []  # (batch size, worker steps, target graph, draft graph) per verify
+        verify = w.verify
+
+        def logged_verify(batch):
+            mr = w._target_worker.model_runner
+            self.verified.append(
+                (
+                    len(batch.seq_lens),
+                    w.speculative_num_steps,
+                    getattr(mr.graph_runner, "name", mr.graph_runner),
+                    getattr(dw.cuda_graph_runner, "name", dw.cuda_graph_runner),
+                    args.speculative_num_steps,
+                )
+            )
+            return verify(batch)
+
+        w.verify = logged_verify
+        start = len(self.log)
+        w._spec_tiers_init(args)
+        self.tiers, self.tier_startup = w._spec_tiers, self.log[start:]
+
+    def _verify_graph_runner(self, ns):
+        rank = self
+
+        class VerifyGraphRunner:
+            def __init__(
+                self, model_runner, attn_backend=None, speculative_num_steps=None, speculative_num_draft_tokens=None
+            ):
+                self.name = f"target verify graph, {speculative_num_steps} steps"
+                self.capture_bs, _ = ns["get_batch_sizes_to_capture"](model_runner)
+                rank.log.append(
+                    ("capture", self.name, tuple(self.capture_bs), speculative_num_draft_tokens, attn_backend.name)
+                )
+
+        return VerifyGraphRunner
+
+    def _draft_backends(self, dw):
+        dw.draft_attn_backend = AttentionOnCpu(f"draft {dw.speculative_num_steps} steps")
+        dw.draft_extend_attn_backend = AttentionOnCpu(f"draft extend {dw.speculative_num_draft_tokens} tokens")
+        dw.draft_runner.draft_attn_backend = dw.draft_attn_backend
+
+    def _draft_graphs(self, dw, ns):
+        dw.cuda_graph_runner = dw.cuda_graph_runner_for_draft_extend = None
+        if dw.server_args.disable_cuda_graph:
+            return
+        sizes, _ = ns["get_batch_sizes_to_capture"](dw.draft_runner)
+        if dw.speculative_num_steps > 1:
+            dw.cuda_graph_runner = f"draft graph, {dw.speculative_num_steps} steps"
+            self.log.append(("capture", dw.cuda_graph_runner, tuple(sizes)))
+        dw.cuda_graph_runner_for_draft_extend = f"draft extend graph, {dw.speculative_num_draft_tokens} tokens"
+        self.log.append(("capture", dw.cuda_graph_runner_for_draft_extend, tuple(sizes)))
+
+
+GRAPH_BS = (1, 2, 4, 8, 12, 16, 24, 32, 48)
+
+
+def tier_args(release, tiers=(3, 2, 1, 0), bounds=(4, 12, 24), hysteresis=2, **more):
+    """Validated as the server does: tier 0's threshold is the last boundary."""
+    args = args_for(release, bounds[-1] if 0 in tiers else None, hysteresis, graph_bs=GRAPH_BS, **more)
+    args.speculative_num_steps_tiers, args.speculative_num_steps_tier_boundaries = list(tiers), list(bounds)
+    return args
+
+
+def test_startup_builds_each_tier_for_its_batch_sizes(release):
+    """Tiers 3,2,1,0 at 4, 12, 24 with hysteresis 2: SGLang's own state serves 3 steps; 2 and 1
+    get the release's runtime state with graphs only at the sizes they serve (2: batches 3-12,
+    1: 11-24), captured with the worker overridden to their step count and restored after;
+    the worker starts in tier 3 steps, server_args untouched."""
+    rank = TierRank(release, 0, tier_args(release))
+    w, args = rank.worker, rank.server_args
+    assert rank.tier_startup == [
+        ("capture", "draft graph, 2 steps", (4, 8, 12)),
+        ("capture", "draft extend graph, 3 tokens", (4, 8, 12)),
+        ("capture", "target verify graph, 2 steps", (4, 8, 12), 3, "target plain"),
+        ("capture", "draft extend graph, 2 tokens", (12, 16, 24)),
+        ("capture", "target verify graph, 1 steps", (12, 16, 24), 2, "target plain"),
+    ]
+    assert sorted(rank.tiers.states) == [1, 2, 3]
+    assert [s.speculative_num_steps for s in rank.tiers.states.values()] == [3, 2, 1]
+    assert rank.tiers.states[3].target_graph_runner == "target verify graph"  # SGLang's own
+    assert rank.tiers.states[1].cuda_graph_runner is None  # one step: no multi-step draft graph
+    assert args.cuda_graph_bs == list(GRAPH_BS) and args.disable_cuda_graph is False
+    assert (w.speculative_num_steps, w.speculative_num_draft_tokens) == (3, 4)
+    assert (args.speculative_num_steps, args.speculative_num_draft_tokens) == (3, 4)
+    assert w._draft_worker.cuda_graph_runner == "draft graph"
+    assert w._target_worker.model_runner.graph_runner == "target verify graph"
+    # The stand-in's free memory falls by 0.25 GiB at each reading: five readings apart (the
+    # release's own before and after each of the two states it built).
+    assert rank.state.stats["tiers_startup_memory_gib"] == 1.25
+
+
+def test_startup_in_a_tier_below_the_servers_step_count(release):
+    """Tiers 2,0 with --speculative-num-steps 3: the worker starts in the 2-step state (graphs
+    for batches 1-16), and server_args keeps 3 steps, whose KV allocation holds every tier."""
+    rank = TierRank(release, 0, tier_args(release, tiers=(2, 0), bounds=(16,), hysteresis=0))
+    w, args = rank.worker, rank.server_args
+    assert rank.tier_startup[-1] == ("capture", "target verify graph, 2 steps", (1, 2, 4, 8, 12, 16), 3, "target plain")
+    assert (w.speculative_num_steps, w.speculative_num_draft_tokens) == (2, 3)
+    assert w._draft_worker.speculative_num_steps == 2
+    assert w._target_worker.model_runner.graph_runner.name == "target verify graph, 2 steps"
+    assert (args.speculative_num_steps, args.speculative_num_draft_tokens) == (3, 4)
+
+
+def test_without_graphs_every_tier_is_eager(release):
+    args = tier_args(release)
+    args.disable_cuda_graph = True
+    rank = TierRank(release, 0, args)
+    assert [c for c in rank.tier_startup if c[0] == "capture"] == []
+    assert rank.tiers.states[2].target_graph_runner is None and rank.server_args.disable_cuda_graph is True
+
+
+DECODES = [6, 3, 13, 11, 10, 25, 23, 22, 14, 4, 1, 30, 2, 12, 13, 5]
+
+
+def test_each_step_runs_its_tier_on_every_rank(release):
+    """Decode batches crossing every boundary both ways (tiers 3,2,1,0 at 4, 12, 24, hysteresis
+    2), with idle batches and prefills between: each speculative step verifies with the
+    state of its tier (worker steps, target graph, draft graph), tier 0 steps are the
+    fallback's, server_args keeps 3 steps throughout, and two ranks make the same calls."""
+    steps = []
+    for bs in DECODES:
+        steps += [("decode", bs, False, False)]
+        if bs == 25:
+            steps += [("prefill", 2, False, False), ("idle", 0, False, False)]
+    ranks = [TierRank(release, r, tier_args(release), noise=r) for r in range(2)]
+    per_rank = run_ranks(ranks, steps)
+    assert_ranks_agree(ranks, per_rank)
+    assert ranks[0].verified == ranks[1].verified
+    decode_modes = [s.mode for s, step in zip(per_rank[0], steps) if step[0] == "decode"]
+    # 6: 2 steps; 3: band (> 4 - 2) keeps 2; 13: 1 step; 11: band keeps 1; 10: <= 12 - 2: 2 steps;
+    # 25: fallback; 23, 22: band keeps the fallback (22 = 24 - 2 leaves it); 14: 1; 4: 2 (in
+    # the band of 4); 1: 3 steps; 30: fallback; 2: down three boundaries, 3 steps; 12: 2;
+    # 13: 1; 5: 2 (past 12 - 2, not past 4 - 2).
+    expected = [2, 2, 1, 1, 2, 0, 0, 1, 1, 2, 3, 0, 3, 2, 1, 2]
+    # Where the fallback ran, the mode says so; the others verified with their tier's state.
+    assert ["fallback" if s == 0 else "spec" for s in expected] == decode_modes
+    spec_steps = [s for s in expected if s]
+    names = {
+        3: ("target verify graph", "draft graph"),
+        2: ("target verify graph, 2 steps", "draft graph, 2 steps"),
+        1: ("target verify graph, 1 steps", None),
+    }
+    decode_sizes = [bs for bs, s in zip(DECODES, expected) if s]
+    verified = [v for v in ranks[0].verified if v[0]]  # the idle batch verifies 0 requests
+    assert verified == [(bs, s, *names[s], 3) for bs, s in zip(decode_sizes, spec_steps)]
+    # The idle batch (after 25, in the fallback) runs the speculative path in the state last
+    # swapped in: tier 0 swaps none, so the 2 steps of the batch of 10.
+    assert [v for v in ranks[0].verified if not v[0]] == [(0, 2, *names[2], 3)]
+    stats = ranks[0].state.stats
+    assert stats["tier_steps"] == {s: expected.count(s) for s in (3, 2, 1, 0)}
+    assert stats["tier_switches"] == sum(a != b for a, b in zip([3, *expected], expected))
+    assert stats["fallback_steps"] == expected.count(0)
+
+
+def test_the_tiers_read_rank_local_values_only_for_logs(release):
+    """The tiers' methods read the rank-local free memory and clock only to report start-up:
+    no branch depends on them; the choice reads the batch and the tier before."""
+    tree = ast.parse((release.tree / WORKER).read_text())
+    worker = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EAGLEWorkerV2")
+    methods = {n.name: n for n in worker.body if isinstance(n, ast.FunctionDef) and n.name.startswith("_spec_tiers")}
+    assert set(methods) == {
+        "_spec_tiers_init",
+        "_spec_tiers_build",
+        "_spec_tiers_build_state",
+        "_spec_tiers_select",
+        "_spec_tiers_apply",
+    }
+    local = {"tp_rank", "environ", "getenv", "time", "perf_counter", "get_available_gpu_memory", "random"}
+    reads = {
+        name: sorted(
+            {x.attr for x in ast.walk(fn) if isinstance(x, ast.Attribute) and x.attr in local}
+            | {x.id for x in ast.walk(fn) if isinstance(x, ast.Name) and x.id in local}
+        )
+        for name, fn in methods.items()
+    }
+    assert {k: v for k, v in reads.items() if v} == {
+        "_spec_tiers_build": ["get_available_gpu_memory", "perf_counter", "time"],
+    }
+    build = methods["_spec_tiers_build"]
+    tests = [ast.unparse(n.test) for n in ast.walk(build) if isinstance(n, (ast.If, ast.While, ast.IfExp))]
+    assert not [t for t in tests if "before" in t or "used" in t], tests
