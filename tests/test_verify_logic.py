@@ -180,8 +180,9 @@ def test_committed_golden_files_are_valid():
         margins = [w["min_top2_margin"] for w in data["workloads"].values()]
         assert min(margins) > 1.0, "golden baselines must be far from ties"
         wl = scenarios.workloads()
-        for name, w in data["workloads"].items():
-            assert w["prompts_sha"] == compare.prompts_hash([r.prompt for r in wl[name].requests]), name
+        for key, w in data["workloads"].items():  # key: the workload, or model/backend/workload
+            name = key.rsplit("/", 1)[-1]
+            assert w["prompts_sha"] == compare.prompts_hash([r.prompt for r in wl[name].requests]), key
 
 
 def test_golden_model_builds_on_cpu(tmp_path):
