@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import enum
+import functools
 import hashlib
 import logging
 import re
@@ -952,7 +954,7 @@ def test_batches_whose_outputs_the_era_does_not_serve_stay_speculative(version, 
             assert worker._spec_fallback_eligible(batch(**kw)) is False, kw
 
 
-@pytest.mark.parametrize("version", LATER)
+@pytest.mark.parametrize("version", [v for v in LATER if v not in ARGUMENT_CAPTURE])
 @pytest.mark.parametrize("threshold,hysteresis,want", [(4, 2, [4, 8, 12, 16, 24, 32]), (32, 0, [])])
 def test_graph_sizes_go_through_the_releases_cuda_graph_config(version, threshold, hysteresis, want, patched_release):
     """From 0.5.14 the graph runners read their capture sizes from
@@ -1009,6 +1011,77 @@ def test_graph_sizes_go_through_the_releases_cuda_graph_config(version, threshol
     with pytest.raises(RuntimeError, match="could not capture a decode CUDA graph"):
         w._spec_fallback_build_graphs(args)
     assert decode.bs == sizes and args.enable_return_hidden_states is False
+
+
+@pytest.mark.parametrize("version", ARGUMENT_CAPTURE)
+@pytest.mark.parametrize("standalone", [False, True], ids=["eagle3", "standalone"])
+def test_0516_decode_graph_captures_hidden_states_without_writing_server_args(version, standalone, patched_release):
+    """From 0.5.16 ServerArgs is read-only once resolved (0.5.17 on: always; the release's
+    own __setattr__ raises): the fallback's decode graph takes its capture mode from its own
+    runner class (FULL for EAGLE-3, the release's NULL for STANDALONE), captured only above
+    threshold - hysteresis, with the release's real ServerArgs left untouched."""
+    tree = patched_release(version)
+    path = tree / WORKER
+    forward_py = tree / "sglang/srt/model_executor/forward_batch_info.py"
+    capture_mode = load_function(
+        forward_py, "CaptureHiddenMode", {"IntEnum": enum.IntEnum, "total_ordering": functools.total_ordering}
+    )
+    phase_cls = load_function(
+        tree / "sglang/srt/model_executor/cuda_graph_config.py",
+        "PhaseConfig",
+        {
+            "dataclass": dataclasses.dataclass,
+            "Optional": typing.Optional,
+            "List": list,
+            "Backend": SimpleNamespace(DISABLED="disabled"),
+        },
+    )
+    sizes = [1, 2, 4, 8, 12, 16, 24, 32]
+    decode = phase_cls(bs=list(sizes))
+    args = server_args(server_args_class(tree, {}), enable_return_hidden_states=False)
+    object.__setattr__(args, "cuda_graph_config", SimpleNamespace(decode=decode))
+    if version != "0.5.16":  # 0.5.16 raises only under SGLANG_STRICT_CONFIG_MUTATION
+        object.__setattr__(args, "_declarations_materialized", True)
+        with pytest.raises(AttributeError, match="read-only"):
+            args.enable_return_hidden_states = True
+    seen = {}
+
+    class DecodeRunner:
+        """The release's runner as far as the capture mode goes: BaseRunner.__init__ sets it
+        from the server arguments, then the graphs are captured with it."""
+
+        def __init__(self, mr, attn_backend):
+            on = mr.server_args.enable_return_hidden_states
+            self.return_hidden_states_mode = capture_mode.FULL if on else capture_mode.NULL
+            self.enable_return_hidden_states = self.return_hidden_states_mode.need_capture()
+            self.capture_hidden_mode = self.return_hidden_states_mode
+            seen["decode"] = (
+                list(decode.bs),
+                mr.spec_algorithm,
+                self.capture_hidden_mode,
+                self.enable_return_hidden_states,
+            )
+
+    ns = {
+        "CudaGraphRunner": DecodeRunner,
+        "CaptureHiddenMode": capture_mode,
+        "SpeculativeAlgorithm": SimpleNamespace(NONE="NONE"),
+    }
+    mr = SimpleNamespace(server_args=args, spec_algorithm="EAGLE3")
+    w = SimpleNamespace(
+        _target_worker=SimpleNamespace(model_runner=mr),
+        _spec_fallback=fallback_state_class(tree)(threshold=4, hysteresis=2, attn_backend="b"),
+        speculative_algorithm=SimpleNamespace(is_standalone=lambda: standalone),
+        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(server_args=args)),
+        _spec_fallback_build_draft_extend_graph=lambda a: seen.setdefault("draft", list(decode.bs)),
+        _spec_fallback_build_kv_only_graphs=lambda a: seen.setdefault("kv_only", True),
+    )
+    bind_methods(path, "EAGLEWorkerV2", ns, w, "_spec_fallback_build_graphs", "_spec_fallback_capture")
+    assert w._spec_fallback_build_graphs(args) == "batch sizes [4, 8, 12, 16, 24, 32]"
+    want_mode = capture_mode.NULL if standalone else capture_mode.FULL
+    assert seen["decode"] == ([4, 8, 12, 16, 24, 32], "NONE", want_mode, not standalone)
+    assert seen["draft"] == [4, 8, 12, 16, 24, 32] and seen["kv_only"]
+    assert decode.bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == "EAGLE3"
 
 
 @pytest.mark.parametrize("version", ARGUMENT_CAPTURE)

@@ -18,6 +18,8 @@ What changed in 0.5.16, and how this code follows it:
 * The one-token draft-extend graph is built the way upstream builds its own steps-0 tier:
   the draft worker's attention backends and graphs, made under the worker state of steps 0
   and one draft token (0.5.18 no longer passes the server args to DraftBackendFactory).
+* ServerArgs is read-only once resolved: the decode graph captures hidden states through
+  its runner's own capture mode instead of server_args.enable_return_hidden_states.
 * From 0.5.17 the model runner keeps its graph memory per phase (graph_memory_usage), where
   0.5.12's start-up adds the fallback's to decode.
 """
@@ -33,9 +35,13 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardBatch,
     ForwardMode,
 )
+from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
+    DecodeCudaGraphRunner as CudaGraphRunner,
+)
 from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput
 from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 
 class EAGLEWorkerV2:
@@ -79,6 +85,56 @@ class EAGLEWorkerV2:
             indexer_topk_output=target_out.indexer_topk_output,
         )
 
+    def _spec_fallback_build_graphs(self, server_args):
+        """0.5.14's graph building. ServerArgs is read-only once resolved from 0.5.16, so the
+        decode graph does not capture hidden states by turning on
+        server_args.enable_return_hidden_states: the runner it builds answers FULL for its
+        own capture mode (STANDALONE keeps the release's runner, which captures NULL)."""
+        state = self._spec_fallback
+        mr = self._target_worker.model_runner
+        floor = state.threshold - state.hysteresis
+        sizes = [bs for bs in mr.server_args.cuda_graph_config.decode.bs if bs > floor]
+        if not sizes:
+            return f"none (no CUDA graph batch size is above {floor} requests)"
+        phases = {
+            id(args.cuda_graph_config.decode): args.cuda_graph_config.decode
+            for args in (mr.server_args, self.draft_worker.draft_runner.server_args)
+        }
+        saved = [(phase, phase.bs) for phase in phases.values()]
+        runner_class = CudaGraphRunner
+        if not self.speculative_algorithm.is_standalone():
+            runner_class = type(
+                "SpecFallbackDecodeRunner",
+                (CudaGraphRunner,),
+                {
+                    # Data descriptors: the base runner's own assignments leave them FULL.
+                    "return_hidden_states_mode": property(
+                        lambda runner: CaptureHiddenMode.FULL, lambda runner, value: None
+                    ),
+                    "enable_return_hidden_states": property(lambda runner: True, lambda runner, value: None),
+                },
+            )
+        try:
+            for phase, _ in saved:
+                phase.bs = list(sizes)
+            saved_algorithm = mr.spec_algorithm
+            try:
+                # Captured as a plain decode model (returning the EAGLE-3 auxiliary hidden
+                # states, which the draft needs).
+                mr.spec_algorithm = SpeculativeAlgorithm.NONE
+                state.graph_runner = self._spec_fallback_capture(
+                    "a decode CUDA graph",
+                    lambda: runner_class(mr, attn_backend=state.attn_backend),
+                )
+            finally:
+                mr.spec_algorithm = saved_algorithm
+            self._spec_fallback_build_draft_extend_graph(server_args)
+        finally:
+            for phase, value in saved:
+                phase.bs = value
+        self._spec_fallback_build_kv_only_graphs(server_args)
+        return f"batch sizes {sizes}"
+
     def _spec_fallback_capture_mode(self, hidden=False):
         """The hidden-state capture of the fallback's plain decode forwards: FULL for EAGLE
         (the draft reads the target's auxiliary hidden states, and its next draft input its
@@ -88,9 +144,7 @@ class EAGLEWorkerV2:
             return CaptureHiddenMode.NULL
         return CaptureHiddenMode.FULL
 
-    def _spec_fallback_target_decode(
-        self, batch, input_ids, new_seq_lens=None, hidden=False
-    ):
+    def _spec_fallback_target_decode(self, batch, input_ids, new_seq_lens=None, hidden=False):
         """One plain DECODE step of the target over `input_ids` (one token per request), on
         the fallback's own attention backend and decode graph; the spec path's TARGET_VERIFY
         graph is swapped out for the call, never replayed with wrong shapes (as in
@@ -102,12 +156,8 @@ class EAGLEWorkerV2:
         draft extend over the same tokens needs. `hidden`: a request asked for hidden
         states."""
         state = self._spec_fallback
-        batch.seq_lens.record_stream(
-            torch.get_device_module(self.device).current_stream()
-        )
-        out_cache_loc = self.req_to_token_pool.req_to_token[
-            batch.req_pool_indices, batch.seq_lens
-        ].to(torch.int64)
+        batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
+        out_cache_loc = self.req_to_token_pool.req_to_token[batch.req_pool_indices, batch.seq_lens].to(torch.int64)
         batch.out_cache_loc = out_cache_loc
         pre_step = self._spec_fallback_as_decode(batch, input_ids, new_seq_lens)
         mr = self._target_worker.model_runner
@@ -124,9 +174,7 @@ class EAGLEWorkerV2:
         batch.out_cache_loc = out_cache_loc
         return target_out
 
-    def _spec_fallback_as_decode(
-        self, batch, input_ids, new_seq_lens=None, hidden=False
-    ):
+    def _spec_fallback_as_decode(self, batch, input_ids, new_seq_lens=None, hidden=False):
         """Make the batch a plain one-token DECODE batch over `input_ids`: lengths + 1 (the
         host copy too, where the batch has one) and no spec_info; the capture goes to the
         forward as an argument (_spec_fallback_capture_mode). Returns the pre-step
@@ -141,9 +189,7 @@ class EAGLEWorkerV2:
         batch.spec_info = None
         return pre_step
 
-    def _spec_fallback_draft_decode(
-        self, batch, tokens, hidden_states, next_draft_input
-    ):
+    def _spec_fallback_draft_decode(self, batch, tokens, hidden_states, next_draft_input):
         """The draft KV sync as one plain DECODE step of the draft model (eager), as in
         0.5.12: the token the target produced, at the same slot and position the draft
         extend would use, with the target's hidden states as the EAGLE-3 input; the
@@ -168,9 +214,7 @@ class EAGLEWorkerV2:
             batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = pre_step
         self._spec_fallback_next_draft_input(draft_logits, next_draft_input)
 
-    def _spec_fallback_draft_extend(
-        self, batch, tokens, hidden_states, next_draft_input
-    ):
+    def _spec_fallback_draft_extend(self, batch, tokens, hidden_states, next_draft_input):
         """The draft forward of the KV sync: K/V only far above the threshold, a plain draft
         decode from draft_decode_min_bs requests up, else DRAFT_EXTEND_V2 with one token per
         request (graph replay, or eager)."""
@@ -178,14 +222,10 @@ class EAGLEWorkerV2:
         dw = self.draft_worker
         bs = len(batch.seq_lens)
         if state.kv_only_above is not None and bs > state.kv_only_above:
-            return self._spec_fallback_draft_kv_only(
-                batch, tokens, hidden_states, next_draft_input
-            )
+            return self._spec_fallback_draft_kv_only(batch, tokens, hidden_states, next_draft_input)
         self._spec_fallback_kv_only_flush("sync")  # the draft reads its KV below
         if state.draft_decode_min_bs is not None and bs >= state.draft_decode_min_bs:
-            return self._spec_fallback_draft_decode(
-                batch, tokens, hidden_states, next_draft_input
-            )
+            return self._spec_fallback_draft_decode(batch, tokens, hidden_states, next_draft_input)
         runner = state.draft_extend_runner
         extend_input = EagleDraftExtendInput(
             hidden_states=hidden_states,
@@ -204,9 +244,7 @@ class EAGLEWorkerV2:
             return_hidden_states_before_norm=False,
         )
         if runner is not None and runner.can_run_graph(forward_batch):
-            self._spec_fallback_next_draft_input(
-                runner.execute(forward_batch), next_draft_input
-            )
+            self._spec_fallback_next_draft_input(runner.execute(forward_batch), next_draft_input)
             # A view of the graph's output buffer, which the next replay overwrites.
             next_draft_input.hidden_states = next_draft_input.hidden_states.clone()
             return
@@ -238,9 +276,7 @@ class EAGLEWorkerV2:
             "a one-token draft-extend CUDA graph", capture
         )
 
-    def _spec_fallback_draft_prefill(
-        self, batch, target_hidden_states, next_token_ids, mm_input_embeds=None
-    ):
+    def _spec_fallback_draft_prefill(self, batch, target_hidden_states, next_token_ids, mm_input_embeds=None):
         """The draft's half of a prefill, as in 0.5.13 (../v0_5_13/worker.py): K and V of the
         draft layer only when the decode steps after it will fall back far above the
         threshold, else the release's full draft extend; `ends` goes to the GPU without
@@ -250,9 +286,7 @@ class EAGLEWorkerV2:
         # finished request freed may be one of this prefill's.
         self._spec_fallback_kv_only_flush("prefill")
         if not self._spec_fallback_kv_only_prefill_applies(batch, mm_input_embeds):
-            return dw._draft_extend_for_prefill(
-                batch, target_hidden_states, next_token_ids, mm_input_embeds
-            )
+            return dw._draft_extend_for_prefill(batch, target_hidden_states, next_token_ids, mm_input_embeds)
         ids = batch.input_ids
         ends = torch.as_tensor(batch.extend_lens, dtype=torch.int64).cumsum(0) - 1
         shifted = torch.empty_like(ids)
