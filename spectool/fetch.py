@@ -8,6 +8,8 @@ CPython 3.12 manylinux x86_64 wheel.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -103,22 +105,9 @@ def fetch(version: str | None = None, *, dest=None, progress: bool = True) -> Pa
                 f"{cached.get('sha256')}, but the pin file says {pinned_sha}. Delete {root} to fetch again."
             )
     if not done.exists():
-        files = list_files()
-        f = _choose(files, version, pinned_file)
-        expected = pinned_sha or f["sha256"]
-        archive = cache_dir() / "downloads" / f["filename"]
-        archive.parent.mkdir(exist_ok=True)
-        if not archive.exists() or _sha(archive) != expected:
-            _download(f["url"], archive, progress)
-        got = _sha(archive)
-        if expected and got != expected:
-            archive.unlink()
-            raise FetchError(
-                f"{f['filename']} has sha256 {got}, but {'the pin file' if pinned_sha else 'the index'} "
-                f"says {expected}. Refusing to use it."
-            )
-        _unpack(archive, root)
-        done.write_text(json.dumps({"file": f["filename"], "sha256": got}))
+        with _cache_lock(root):  # another spectool (or test worker) may be fetching it too
+            if not done.exists():
+                _fetch_into_cache(version, pinned_file, pinned_sha, root, done, progress)
     if dest:
         dest = Path(dest)
         if dest.exists():
@@ -126,6 +115,39 @@ def fetch(version: str | None = None, *, dest=None, progress: bool = True) -> Pa
         shutil.copytree(root, dest, symlinks=True, ignore=shutil.ignore_patterns(".spectool-fetched"))
         return dest
     return root
+
+
+@contextlib.contextmanager
+def _cache_lock(root: Path):
+    """An exclusive lock on one release's cache entry, so that concurrent fetches of the same
+    release download and unpack it once."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.with_name(root.name + ".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _fetch_into_cache(version, pinned_file, pinned_sha, root: Path, done: Path, progress: bool) -> None:
+    """Download (unless the archive is cached with the right sha256) and unpack one release."""
+    files = list_files()
+    f = _choose(files, version, pinned_file)
+    expected = pinned_sha or f["sha256"]
+    archive = cache_dir() / "downloads" / f["filename"]
+    archive.parent.mkdir(exist_ok=True)
+    if not archive.exists() or _sha(archive) != expected:
+        _download(f["url"], archive, progress)
+    got = _sha(archive)
+    if expected and got != expected:
+        archive.unlink()
+        raise FetchError(
+            f"{f['filename']} has sha256 {got}, but {'the pin file' if pinned_sha else 'the index'} "
+            f"says {expected}. Refusing to use it."
+        )
+    _unpack(archive, root)
+    done.write_text(json.dumps({"file": f["filename"], "sha256": got}))
 
 
 def prepare_pinned_tree(progress: bool = True) -> Path:

@@ -53,3 +53,41 @@ def test_fetch_checks_the_index_hash_and_unpacks(tmp_path, monkeypatch):
     assert (root / "sglang" / "srt" / "server_args.py").is_file()
     marker = json.loads((root / ".spectool-fetched").read_text())
     assert marker["file"] == "sglang-0.5.8.tar.gz" and len(marker["sha256"]) == 64  # the sdist is preferred
+
+
+def test_concurrent_fetches_of_one_release_download_and_unpack_it_once(tmp_path, monkeypatch):
+    """Two fetches of the same release at once (two spectool processes, two test workers)
+    wait for each other on the release's lock: one downloads and unpacks, both get the tree."""
+    import hashlib
+    import threading
+    import zipfile
+
+    wheel = tmp_path / "index-files" / "sglang-9.9.8-py3-none-any.whl"
+    wheel.parent.mkdir()
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("sglang/__init__.py", "")
+        z.writestr("sglang/srt/server_args.py", "class ServerArgs:\n    pass\n")
+        z.writestr("sglang-9.9.8.dist-info/METADATA", "Name: sglang\nVersion: 9.9.8\n")
+    entry = {"filename": wheel.name, "url": wheel.as_uri(), "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}
+    monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(fetch_mod, "list_files", lambda project="sglang": [entry])  # a one-file index
+    downloads, unpacks = [], []
+    download, unpack = fetch_mod._download, fetch_mod._unpack
+    monkeypatch.setattr(fetch_mod, "_download", lambda *a: (downloads.append(a), download(*a))[1])
+    monkeypatch.setattr(fetch_mod, "_unpack", lambda *a: (unpacks.append(a), unpack(*a))[1])
+    roots, errors = [], []
+
+    def one():
+        try:
+            roots.append(fetch_mod.fetch("9.9.8", progress=False))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(roots) == 4 and len(set(roots)) == 1
+    assert len(downloads) == 1 and len(unpacks) == 1
+    assert (roots[0] / "sglang" / "srt" / "server_args.py").is_file()
