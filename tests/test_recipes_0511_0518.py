@@ -13,6 +13,7 @@ import functools
 import hashlib
 import logging
 import re
+import sys
 import typing
 from pathlib import Path
 from types import SimpleNamespace
@@ -1161,7 +1162,7 @@ def test_0516_draft_decode_passes_the_capture_to_init_new(version, patched_relea
 
 
 @pytest.mark.parametrize("version", ARGUMENT_CAPTURE)
-def test_0516_one_token_draft_extend_graph_is_built_as_upstreams_steps_0_tier(version, patched_release):
+def test_0516_one_token_draft_extend_graph_is_built_as_upstreams_steps_0_tier(version, patched_release, monkeypatch):
     """From 0.5.16 the one-token draft-extend graph is the draft worker's own, captured under
     the worker state of steps 0 / one draft token (whose exit puts the spec path's backends
     and graphs back) inside the draft's TP context; a failed capture stops start-up; without
@@ -1190,15 +1191,35 @@ def test_0516_one_token_draft_extend_graph_is_built_as_upstreams_steps_0_tier(ve
         finally:
             state["tp"] = False
 
+    # The release's real ServerArgs, resolved (read-only from 0.5.17 but through override,
+    # whose whitelist of re-resolvable fields lives in a module that needs all of SGLang).
+    import types
+
+    arg_utils = types.ModuleType("sglang.srt.arg_groups.arg_utils")
+    arg_utils.resolvable_fields = lambda cls: set()
+    monkeypatch.setitem(sys.modules, arg_utils.__name__, arg_utils)
+    args = server_args(server_args_class(tree, {}), speculative_num_draft_tokens=4)
+    if version != "0.5.16":
+        object.__setattr__(args, "_declarations_materialized", True)
+
+    class DraftExtendRunner:
+        """Sized as the release sizes it: 0.5.16 and 0.5.17 from
+        server_args.speculative_num_draft_tokens, 0.5.18 from the runtime context, which the
+        worker state sets to one draft token."""
+
+        def __init__(self, steps):
+            self.steps = steps
+            self.captured_req_width = args.speculative_num_draft_tokens if version != "0.5.18" else 1
+
     def capture_graphs():
         seen.append(("capture", state["steps"], state["tp"]))
         if state.get("fail"):
             raise RuntimeError("CUDA out of memory")
-        dw.cuda_graph_runner_for_draft_extend = f"one-token graph at steps {state['steps']}"
+        dw.cuda_graph_runner_for_draft_extend = DraftExtendRunner(state["steps"])
 
     dw = SimpleNamespace(
         cuda_graph_runner_for_draft_extend="spec-graph",
-        draft_runner=SimpleNamespace(tp_group="g"),
+        draft_runner=SimpleNamespace(tp_group="g", server_args=args),
         draft_tp_context=tp_context,
         init_attention_backend=lambda: seen.append(("backends", state["steps"])),
         _capture_cuda_graphs=capture_graphs,
@@ -1210,12 +1231,15 @@ def test_0516_one_token_draft_extend_graph_is_built_as_upstreams_steps_0_tier(ve
     bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_build_draft_extend_graph", "_spec_fallback_capture")
     worker._spec_fallback_build_draft_extend_graph(None)
     assert seen == [("backends", 0), ("capture", 0, True)]
-    assert worker._spec_fallback.draft_extend_runner == "one-token graph at steps 0"
+    runner = worker._spec_fallback.draft_extend_runner
+    assert (runner.steps, runner.captured_req_width) == (0, 1)
     assert dw.cuda_graph_runner_for_draft_extend == "spec-graph" and state == {"steps": 3, "tp": False}
+    assert args.speculative_num_draft_tokens == 4
     state["fail"] = True
     with pytest.raises(RuntimeError, match="could not capture a one-token draft-extend CUDA graph"):
         worker._spec_fallback_build_draft_extend_graph(None)
     assert dw.cuda_graph_runner_for_draft_extend == "spec-graph" and state["steps"] == 3
+    assert args.speculative_num_draft_tokens == 4
     seen.clear()
     dw.cuda_graph_runner_for_draft_extend = None
     worker._spec_fallback = fallback_state_class(tree)()
@@ -1258,3 +1282,33 @@ def test_startup_memory_goes_where_the_release_records_graph_memory(version, pat
         assert mr.graph_memory_usage == {"decode": 1.75, "prefill": 0.5} and record == {"decode": 1.0, "prefill": 0.5}
     else:
         assert mr.graph_mem_usage == 2.25
+
+
+@pytest.mark.parametrize("version", ARGUMENT_CAPTURE)
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_0516_hybrid_targets_are_told_by_the_releases_mambaish_config(version, hybrid, patched_release, monkeypatch):
+    """From 0.5.16 ModelRunner no longer answers hybrid_gdn_config / mamba2_config; SGLang
+    tells a hybrid linear-attention target by configs.hybrid_arch.mambaish_config(model_config),
+    and so does the fallback's start-up refusal."""
+    import types
+
+    tree = patched_release(version)
+    runner_src = (tree / "sglang/srt/model_executor/model_runner.py").read_text()
+    assert "def hybrid_gdn_config" not in runner_src and "def mamba2_config" not in runner_src
+    arch = ast.parse((tree / "sglang/srt/configs/hybrid_arch.py").read_text())
+    fn = next(n for n in arch.body if isinstance(n, ast.FunctionDef) and n.name == "mambaish_config")
+    assert [a.arg for a in fn.args.args] == ["model_config"]
+    module = types.ModuleType("sglang.srt.configs.hybrid_arch")
+    module.mambaish_config = lambda model_config: model_config.get("linear_attention")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    refuse = load_function(tree / WORKER, "EAGLEWorkerV2._spec_fallback_refuse_unsupported_models", {})
+    model_config = {"linear_attention": object() if hybrid else None}
+    worker = SimpleNamespace(
+        _target_worker=SimpleNamespace(model_runner=SimpleNamespace(model_config=model_config)),
+        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(model=type("LlamaForCausalLMEagle3", (), {})())),
+    )
+    if hybrid:
+        with pytest.raises(ValueError, match="hybrid linear-attention targets"):
+            refuse(worker)
+    else:
+        refuse(worker)

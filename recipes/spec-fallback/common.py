@@ -191,11 +191,14 @@ class EAGLEWorkerV2:
             return
         self._spec_fallback_refuse_unsupported_models()
         self._spec_fallback_build(server_args)
-        # StandaloneWorkerV2 sets no tp_rank of its own: the rank comes from its target
-        # worker, which every release gives one.
-        rank = getattr(self, "tp_rank", None)
-        if rank is None:
-            rank = getattr(getattr(self, "_target_worker", None), "tp_rank", 0)
+        # The TP rank: the worker's, else (StandaloneWorkerV2) its target worker's; from
+        # 0.5.16 a worker keeps it in its parallel state (ps.tp_rank).
+        rank = None
+        for worker in (self, getattr(self, "_target_worker", None)):
+            ps = getattr(worker, "ps", None)
+            rank = ps.tp_rank if ps is not None else getattr(worker, "tp_rank", None)
+            if rank is not None:
+                break
         stats_path = os.environ.get("SPECTOOL_FALLBACK_STATS")
         if stats_path and rank == 0:
             state.publish_stats(stats_path)
@@ -224,10 +227,16 @@ class EAGLEWorkerV2:
         not an EAGLE head the draft sync can keep in step. Every rank loads the same models,
         so every rank stops with the same message."""
         mr = self._target_worker.model_runner
-        if (
-            getattr(mr, "hybrid_gdn_config", None) is not None
-            or getattr(mr, "mamba2_config", None) is not None
-        ):
+        try:
+            from sglang.srt.configs.hybrid_arch import mambaish_config
+        except ImportError:  # up to 0.5.15 the model runner answers itself
+            hybrid = (
+                getattr(mr, "hybrid_gdn_config", None) is not None
+                or getattr(mr, "mamba2_config", None) is not None
+            )
+        else:
+            hybrid = mambaish_config(mr.model_config) is not None
+        if hybrid:
             raise ValueError(
                 "--speculative-disable-batch-size-threshold does not support hybrid "
                 "linear-attention targets (GDN or Mamba layers, e.g. Qwen3-Next, Nemotron-H): "

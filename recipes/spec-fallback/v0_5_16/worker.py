@@ -260,6 +260,12 @@ class EAGLEWorkerV2:
         dw = self.draft_worker
         if getattr(dw, "cuda_graph_runner_for_draft_extend", None) is None:
             return
+        # 0.5.16 and 0.5.17 size the draft-extend graph from
+        # server_args.speculative_num_draft_tokens, which the worker state does not change on
+        # 0.5.17; 0.5.18 reads the runtime context, and its ServerArgs has no override.
+        args = dw.draft_runner.server_args
+        override = getattr(args, "override", None)
+        width = args.speculative_num_draft_tokens
 
         def capture():
             with (
@@ -268,13 +274,25 @@ class EAGLEWorkerV2:
                 speculative_moe_backend_context(),
                 speculative_moe_a2a_backend_context(),
             ):
-                dw.init_attention_backend()
-                dw._capture_cuda_graphs()
+                if override is not None:
+                    override("spec_fallback.draft_extend_capture", speculative_num_draft_tokens=1)
+                try:
+                    dw.init_attention_backend()
+                    dw._capture_cuda_graphs()
+                finally:
+                    if override is not None:
+                        override("spec_fallback.draft_extend_capture", speculative_num_draft_tokens=width)
                 return dw.cuda_graph_runner_for_draft_extend
 
-        self._spec_fallback.draft_extend_runner = self._spec_fallback_capture(
-            "a one-token draft-extend CUDA graph", capture
-        )
+        runner = self._spec_fallback_capture("a one-token draft-extend CUDA graph", capture)
+        if getattr(runner, "captured_req_width", 1) != 1:
+            logger.warning(
+                "spec-fallback: the draft-extend graph was captured at %d tokens per request, "
+                "not 1; the fallback's draft sync runs eagerly",
+                runner.captured_req_width,
+            )
+            runner = None
+        self._spec_fallback.draft_extend_runner = runner
 
     def _spec_fallback_draft_prefill(self, batch, target_hidden_states, next_token_ids, mm_input_embeds=None):
         """The draft's half of a prefill, as in 0.5.13 (../v0_5_13/worker.py): K and V of the
