@@ -27,10 +27,11 @@ $(VENV)/.test-extras: $(BIN)/spectool
 run: $(BIN)/spectool
 	$(BIN)/spectool apply
 
-# pytest fetches the SGLang releases it needs first, a line each (tests/conftest.py). Its exit
+# pytest fetches the SGLang releases it needs first, a line each (tests/conftest.py), and runs
+# the tests on every core (pytest-xdist). Its exit
 # code 5 (no tests collected) is reported as such, not as a failure.
 test: $(VENV)/.test-extras
-	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+	$(BIN)/python -m pytest -n auto; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 lint: $(BIN)/spectool
 	$(BIN)/ruff check .

@@ -172,22 +172,46 @@ class _Prefetch:
 PREFETCH = pytest.StashKey[_Prefetch]()
 
 
-def pytest_collection_finish(session):
-    """Start fetching every release the session's network tests name that is not cached yet."""
+def _start_prefetch(config, versions: list[str]) -> None:
     from spectool.fetch import cache_dir
 
-    if session.config.option.collectonly:
-        return
-    missing = [
-        v for v in _named_releases(session.items) if not (cache_dir() / f"sglang-{v}" / ".spectool-fetched").exists()
-    ]
+    missing = [v for v in versions if not (cache_dir() / f"sglang-{v}" / ".spectool-fetched").exists()]
     if missing:
         _say(
-            session.config,
+            config,
             f"fetching {len(missing)} SGLang release(s) into {cache_dir()} while the first tests run "
             "(first use; cached afterwards)",
         )
-        session.config.stash[PREFETCH] = _Prefetch(session.config, missing)
+        config.stash[PREFETCH] = _Prefetch(config, missing)
+
+
+def pytest_collection_finish(session):
+    """Start fetching every release the session's network tests name that is not cached yet.
+    Under pytest-xdist the controller fetches (it shows the progress) and the workers, which
+    collect, wait for a release they need on its fetch lock."""
+    if session.config.option.collectonly or hasattr(session.config, "workerinput"):
+        return
+    _start_prefetch(session.config, _named_releases(session.items))
+
+
+_CONTROLLER: list[pytest.Config] = []  # the xdist controller's config, for its progress lines
+
+
+def pytest_sessionstart(session):
+    """The pytest-xdist controller collects nothing: it fetches every release of the matrix."""
+    if session.config.pluginmanager.has_plugin("dsession") and not session.config.option.collectonly:
+        from spectool import matrix
+
+        _CONTROLLER.append(session.config)
+        _start_prefetch(session.config, list(matrix.load()))
+
+
+def pytest_runtest_logreport(report):
+    """Progress lines on the xdist controller, as test reports come back from the workers."""
+    for config in _CONTROLLER:
+        prefetch = config.stash.get(PREFETCH, None)
+        if prefetch is not None:
+            prefetch.report()
 
 
 def pytest_runtest_setup(item):
