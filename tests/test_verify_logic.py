@@ -354,6 +354,7 @@ def _tokens(workload):
         rec = {
             "index": i,
             "output_ids": [(7 * i + k) % 256 for k in range(n)],
+            "completion_tokens": n,
             "top2_margins": [5.0] * n,
             "asked_logprobs": r.return_logprob,
             "token_logprobs": [-0.001 * (k + 1) for k in range(n)],
@@ -391,7 +392,10 @@ def _counters(expect) -> dict:
         phases = [phase(1, "spec", n)]
     fb = sum(p["steps"] for p in phases if p["mode"] == "fallback")
     kv = fb if expect.kv_only in ("positive", "graph") else 0
+    switches = [state for _, state in _switch_lines(phases)]
     return {
+        "switches_to_fallback": switches.count("OFF"),
+        "switches_to_spec": switches.count("ON"),
         "fallback_steps": fb,
         "spec_steps": sum(p["steps"] for p in phases if p["mode"] == "spec"),
         "phases": phases,
@@ -401,26 +405,46 @@ def _counters(expect) -> dict:
     }
 
 
+def _switch_lines(phases):
+    """A served engine's switch lines for `phases` (the engine starts speculative): drafting
+    OFF at T+1 requests, ON at 1."""
+    modes = ["spec"] + [p["mode"] for p in phases]
+    return [
+        (scenarios.THRESHOLD + 1, "OFF") if now == "fallback" else (1, "ON")
+        for before, now in zip(modes, modes[1:])
+        if now != before
+    ]
+
+
+def _served(requests, counters):
+    """What a served engine shows of its counters: a log line per switch, and /metrics that
+    count the steps, their tokens and the requests as the counters and outputs do."""
+    phases = counters.get("phases", [])
+    return {
+        "switches": _switch_lines(phases),
+        "metrics_before": {},
+        "metrics_after": {
+            "decode_passes": compare.counted_steps(counters),
+            "decode_tokens": sum(p["reqs"] + p["correct_drafts"] for p in phases),
+            "requests": len(requests),
+            "generation_tokens": sum(r["completion_tokens"] for r in requests),
+        },
+    }
+
+
 def _engine_results():
     wls = scenarios.workloads()
     claims = {(s.config, s.workload): s.expect for s in scenarios.scenarios()}
-    return {
-        c.name: {
-            "ok": True,
-            "startup_s": 1.0,
-            "total_s": 2.0,
-            "workloads": {
-                w: {
-                    "requests": _tokens(wls[w]),
-                    "seconds": 0.5,
-                    "stats_before": {},
-                    "stats_after": _counters(claims[(c.name, w)]) if (c.name, w) in claims else {},
-                }
-                for w in c.workloads
-            },
-        }
-        for c in scenarios.configs()
-    }
+    results = {}
+    for c in scenarios.configs():
+        runs = {}
+        for w in c.workloads:
+            counters = _counters(claims[(c.name, w)]) if (c.name, w) in claims else {}
+            runs[w] = {"requests": _tokens(wls[w]), "seconds": 0.5, "stats_before": {}, "stats_after": counters}
+            if c.served:
+                runs[w].update(_served(runs[w]["requests"], counters))
+        results[c.name] = {"ok": True, "startup_s": 1.0, "total_s": 2.0, "workloads": runs}
+    return results
 
 
 def _evaluate(results, golden_root, record=False, **kw):
@@ -641,6 +665,24 @@ def test_new_claims_fail_by_name(tmp_path):
     }
     name, failed = run(hs, hidden(lambda rows: rows.pop()))
     assert failed == {name: ["request 0: hidden states of 46 decode steps for the baseline's 47"]}
+
+
+def test_a_served_engines_log_and_metrics_claims_fail_by_name(tmp_path):
+    """The served engine's switch lines and /metrics, each broken: its scenario fails, saying
+    what the log and the metrics showed against the counters."""
+    _evaluate(_engine_results(), tmp_path, record=True)
+    s = next(s for s in scenarios.scenarios() if s.expect.metrics_agree)
+    results = _engine_results()
+    run = results[s.config]["workloads"][s.workload]
+    run["switches"] = run["switches"][:1]
+    run["metrics_after"]["decode_passes"] -= 1
+    assert _failed(_evaluate(results, tmp_path)) == {
+        s.name: [
+            "the server log shows 0 'drafting ON' line(s), the counters 1 switch(es)",
+            f"/metrics counted {3 * SYNTHETIC_FALLBACK_STEPS - 1} decode passes (the counted steps), "
+            f"expected {3 * SYNTHETIC_FALLBACK_STEPS}",
+        ]
+    }
 
 
 def test_every_output_scenario_asks_for_what_it_compares():

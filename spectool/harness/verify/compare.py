@@ -111,6 +111,66 @@ def check_expectations(expect: dict, window: dict) -> list[str]:
     return fails
 
 
+def check_switch_log(switches: list | None, window: dict, threshold: int, hysteresis: int) -> list[str]:
+    """The server log's spec-fallback switch lines of a workload ((batch size, "OFF"|"ON") in
+    log order) against the counters: one line per switch counted in each direction, drafting
+    OFF above T and ON at or below T - H."""
+    if switches is None:
+        return ["the server log was not read, so its switch lines cannot be checked"]
+    fails = []
+    for state, key in (("OFF", "switches_to_fallback"), ("ON", "switches_to_spec")):
+        logged, counted = sum(s == state for _, s in switches), window.get(key, 0)
+        if logged != counted or not counted:
+            fails.append(f"the server log shows {logged} 'drafting {state}' line(s), the counters {counted} switch(es)")
+    off_low = [bs for bs, s in switches if s == "OFF" and bs <= threshold]
+    on_high = [bs for bs, s in switches if s == "ON" and bs > threshold - hysteresis]
+    if off_low or on_high:
+        fails.append(
+            f"the server log switches at batch sizes the rule forbids (OFF at {off_low}, ON at {on_high}; "
+            f"T={threshold}, H={hysteresis})"
+        )
+    return fails
+
+
+def check_metrics(before: dict, after: dict, window: dict, requests: list[dict]) -> list[str]:
+    """SGLang's /metrics over a workload (server_worker.server_counters, before and after)
+    against the fallback's counters and the requests' outputs: its decode passes are the
+    counted steps, its decode tokens their requests plus the accepted drafts (a fallback step
+    adds one token per request), and it counts every request and generated token once."""
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    phases = window.get("phases", [])
+    want = {
+        "decode_passes": counted_steps(window),
+        "decode_tokens": sum(p["reqs"] + p["correct_drafts"] for p in phases),
+        "requests": len(requests),
+        "generation_tokens": sum(r.get("completion_tokens") or 0 for r in requests),
+    }
+    says = {
+        "decode_passes": "decode passes (the counted steps)",
+        "decode_tokens": "decode tokens (the steps' requests plus accepted drafts)",
+        "requests": "finished requests",
+        "generation_tokens": "generated tokens",
+    }
+    return [
+        f"/metrics counted {delta.get(k, 0):g} {says[k]}, expected {v}"
+        for k, v in want.items()
+        if delta.get(k, 0) != v or not v
+    ]
+
+
+def check_server(expect: dict, window: dict, run: dict, threshold: int, hysteresis: int) -> list[str]:
+    """The claims of a served engine (switches_logged, metrics_agree) on one workload's run."""
+    fails = []
+    if expect.get("switches_logged"):
+        fails += check_switch_log(run.get("switches"), window, threshold, hysteresis)
+    if expect.get("metrics_agree"):
+        if "metrics_after" not in run:
+            fails.append("no /metrics were read, so SGLang's counts cannot be checked")
+        else:
+            fails += check_metrics(run["metrics_before"], run["metrics_after"], window, run["requests"])
+    return fails
+
+
 @dataclass
 class TokenComparison:
     requests: int = 0

@@ -149,19 +149,28 @@ def record(i: int, out: dict, req: dict, want_logprobs: bool, t0: float) -> dict
     return rec
 
 
+def request_args(req: dict, want_logprobs: bool) -> dict:
+    """One workload request as SGLang's GenerateReqInput fields: the arguments of
+    Engine.async_generate and the JSON body of the server's /generate alike (greedy, its
+    length fixed by ignoring EOS)."""
+    args = {
+        "input_ids": req["prompt"],
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": req["max_new_tokens"], "ignore_eos": True},
+    }
+    if want_logprobs or req.get("return_logprob"):
+        args.update(return_logprob=True, top_logprobs_num=2)
+    if req.get("return_hidden_states"):
+        args["return_hidden_states"] = True
+    return args
+
+
 async def _run_workload(engine, wl: dict, want_logprobs: bool) -> list[dict]:
     t0 = time.perf_counter()
 
     async def one(i, req):
         if req["delay"]:
             await asyncio.sleep(req["delay"])
-        params = {"temperature": 0.0, "max_new_tokens": req["max_new_tokens"], "ignore_eos": True}
-        kwargs = {}
-        if want_logprobs or req.get("return_logprob"):
-            kwargs = dict(return_logprob=True, top_logprobs_num=2)
-        if req.get("return_hidden_states"):
-            kwargs["return_hidden_states"] = True
-        out = await engine.async_generate(input_ids=req["prompt"], sampling_params=params, **kwargs)
+        out = await engine.async_generate(**request_args(req, want_logprobs))
         return record(i, out, req, want_logprobs, t0)
 
     return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(wl["requests"]))))

@@ -320,6 +320,8 @@ def plan_jobs(
                 "tp_size": tp_size,
             }
         )
+        if c.served:  # its server writes to the job's log, where its switch lines are read
+            jobs[-1].update(module="spectool.harness.verify.server_worker", log_path=str(out_dir / f"{c.name}.log"))
         if upstream_switch and c.algorithm:
             jobs[-1].update(observe="log", log_path=str(out_dir / f"{c.name}.log"), initial_steps=3)
         if c.model != "dense" and not m.get("meta"):  # its models are trained by a job of the run
@@ -466,6 +468,7 @@ def evaluate(
         claims = scenarios.expectations(s.expect, recipe_counters=recipe_counters)
         fails += compare.check_expectations(claims, window)
         fails += compare.compare_outputs(basew["requests"], cand["requests"], claims)
+        fails += compare.check_server(claims, window, cand, c.threshold, c.hysteresis)
         tr = compare.transitions(window["phases"])
         # No step counted (the patch without the flag): the counts are unknown, not zero.
         counted = compare.counted_steps(window) > 0

@@ -68,6 +68,10 @@ class EngineConfig:
     # The target: "dense" (the golden Llama) or "moe" (the golden Qwen3-MoE, golden_moe.py).
     model: str = "dense"
     attention: str = "triton"  # SGLang's attention backend
+    # Served as users serve SGLang: `python -m sglang.launch_server` with the flags on its
+    # command line, the workload sent to its HTTP API (server_worker.py); the same settings
+    # as an in-process Engine, so it is compared with the same baseline.
+    served: bool = False
 
     @property
     def settings_key(self) -> tuple:
@@ -109,10 +113,19 @@ class Expect:
     # The hidden states of the requests that ask for them equal the baseline's decode steps'
     # within this tolerance, relative to the row's largest value; None: not compared.
     hidden_states_within: float | None = None
+    # A served engine (EngineConfig.served): its log shows one spec-fallback line per switch
+    # the counters count, drafting OFF above T and ON at or below T - H.
+    switches_logged: bool = False
+    # A served engine: SGLang's own /metrics count the workload's decode passes as the
+    # counters count steps, and its decode tokens as their requests plus accepted drafts, so
+    # a fallback step shows there as a pass of one token per request; every request and
+    # generated token is counted once.
+    metrics_agree: bool = False
 
 
-# The claims checked on the recipe's own counters (not where the switch is upstream's).
-RECIPE_COUNTER_CLAIMS = ("kv_only", "kv_only_prefill")
+# The claims checked on the recipe's own counters and log lines (not where the switch is
+# upstream's).
+RECIPE_COUNTER_CLAIMS = ("kv_only", "kv_only_prefill", "switches_logged", "metrics_agree")
 
 
 def expectations(expect: Expect, *, recipe_counters: bool = True) -> dict:
@@ -263,6 +276,8 @@ def configs() -> list[EngineConfig]:
         ),
         EngineConfig("base-moe", None, model="moe", workloads=["stagger", "arrive-logprobs"]),
         EngineConfig("eagle3-moe-t4", "EAGLE3", T, model="moe", workloads=["stagger", "arrive-logprobs"]),
+        # The HTTP server with the flag and the fallback's defaults, as users run it.
+        EngineConfig("eagle3-t4-http", "EAGLE3", T, workloads=["arrive"], served=True),
     ]
 
 
@@ -434,6 +449,22 @@ def scenarios() -> list[Scenario]:
             "stagger",
             Expect(counted=False),
             "requests finishing one by one, no flag",
+        ),
+        Scenario(
+            "eagle3 HTTP server transition up",
+            "eagle3-t4-http",
+            "arrive",
+            Expect(
+                "positive",
+                fallback_after_spec=True,
+                spec_after_fallback=True,
+                kv_only="positive",
+                min_acceptance_after=HEAD_ACCEPTANCE,
+                switches_logged=True,
+                metrics_agree=True,
+            ),
+            "python -m sglang.launch_server, requests from concurrent HTTP clients: spec -> fallback -> spec, "
+            "each switch in the server log, the fallback's decode passes in SGLang's /metrics",
         ),
     ]
     for label, config in (("moe", "eagle3-moe-t4"), ("flashinfer", "eagle3-t4-flashinfer")):
