@@ -24,6 +24,8 @@ What changed in 0.5.16, and how this code follows it:
   0.5.12's start-up adds the fallback's to decode.
 """
 
+import logging
+
 import torch
 from sglang.srt.layers.moe.utils import (
     speculative_moe_a2a_backend_context,
@@ -42,6 +44,8 @@ from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftI
 from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+logger = logging.getLogger(__name__)
 
 
 class EAGLEWorkerV2:
