@@ -976,7 +976,7 @@ def test_graph_sizes_go_through_the_releases_cuda_graph_config(version, threshol
         },
     )
     sizes = [1, 2, 4, 8, 12, 16, 24, 32]
-    decode = phase_cls(bs=list(sizes))
+    decode = phase_cls(backend="full", bs=list(sizes))
     args = SimpleNamespace(cuda_graph_config=SimpleNamespace(decode=decode), enable_return_hidden_states=False)
     seen = {}
 
@@ -1038,7 +1038,7 @@ def test_0516_decode_graph_captures_hidden_states_without_writing_server_args(ve
         },
     )
     sizes = [1, 2, 4, 8, 12, 16, 24, 32]
-    decode = phase_cls(bs=list(sizes))
+    decode = phase_cls(backend="full", bs=list(sizes))
     args = server_args(server_args_class(tree, {}), enable_return_hidden_states=False)
     object.__setattr__(args, "cuda_graph_config", SimpleNamespace(decode=decode))
     if version != "0.5.16":  # 0.5.16 raises only under SGLANG_STRICT_CONFIG_MUTATION
@@ -1083,6 +1083,11 @@ def test_0516_decode_graph_captures_hidden_states_without_writing_server_args(ve
     assert seen["decode"] == ([4, 8, 12, 16, 24, 32], "NONE", want_mode, not standalone)
     assert seen["draft"] == [4, 8, 12, 16, 24, 32] and seen["kv_only"]
     assert decode.bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == "EAGLE3"
+    # Decode graphs switched off by backend alone (--cuda-graph-backend-decode disabled):
+    # the fallback captures none either.
+    seen.clear()
+    decode.backend = "disabled"
+    assert w._spec_fallback_build_graphs(args) == "none (decode CUDA graphs are disabled)" and not seen
 
 
 @pytest.mark.parametrize("version", ARGUMENT_CAPTURE)
@@ -1312,3 +1317,33 @@ def test_0516_hybrid_targets_are_told_by_the_releases_mambaish_config(version, h
             refuse(worker)
     else:
         refuse(worker)
+
+
+@pytest.mark.parametrize("version", ARGUMENT_CAPTURE)
+def test_0516_capture_mode_never_asks_more_than_the_standalone_graph_captured(version, patched_release):
+    """EAGLE-3 fallback forwards capture FULL (the draft reads the target's hidden states);
+    STANDALONE ones NULL, or, for requests asking for hidden states, what the release's own
+    decode graph captured (the server's mode, LAST with --return-hidden-states-mode last):
+    the runner refuses a replay that asks more than it captured."""
+    tree = patched_release(version)
+    capture_mode = load_function(
+        tree / "sglang/srt/model_executor/forward_batch_info.py",
+        "CaptureHiddenMode",
+        {"IntEnum": enum.IntEnum, "total_ordering": functools.total_ordering},
+    )
+    mode = load_function(
+        tree / WORKER, "EAGLEWorkerV2._spec_fallback_capture_mode", {"CaptureHiddenMode": capture_mode}
+    )
+
+    def worker(standalone, graph_mode):
+        state = fallback_state_class(tree)()
+        state.graph_runner = None if graph_mode is None else SimpleNamespace(capture_hidden_mode=graph_mode)
+        return SimpleNamespace(
+            speculative_algorithm=SimpleNamespace(is_standalone=lambda: standalone), _spec_fallback=state
+        )
+
+    assert mode(worker(False, capture_mode.FULL)) == capture_mode.FULL
+    assert mode(worker(False, capture_mode.FULL), hidden=True) == capture_mode.FULL
+    assert mode(worker(True, capture_mode.LAST)) == capture_mode.NULL
+    assert mode(worker(True, capture_mode.LAST), hidden=True) == capture_mode.LAST
+    assert mode(worker(True, None), hidden=True) == capture_mode.FULL  # eager: whatever the request asks

@@ -35,6 +35,8 @@ class EAGLEWorkerV2:
         read them: server_args.cuda_graph_config.decode.bs."""
         state = self._spec_fallback
         mr = self._target_worker.model_runner
+        if mr.server_args.cuda_graph_config.decode.backend == "disabled":  # Backend.DISABLED
+            return "none (decode CUDA graphs are disabled)"
         floor = state.threshold - state.hysteresis
         sizes = [bs for bs in mr.server_args.cuda_graph_config.decode.bs if bs > floor]
         if not sizes:

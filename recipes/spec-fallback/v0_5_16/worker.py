@@ -96,6 +96,8 @@ class EAGLEWorkerV2:
         own capture mode (STANDALONE keeps the release's runner, which captures NULL)."""
         state = self._spec_fallback
         mr = self._target_worker.model_runner
+        if mr.server_args.cuda_graph_config.decode.backend == "disabled":  # Backend.DISABLED
+            return "none (decode CUDA graphs are disabled)"
         floor = state.threshold - state.hysteresis
         sizes = [bs for bs in mr.server_args.cuda_graph_config.decode.bs if bs > floor]
         if not sizes:
@@ -143,9 +145,15 @@ class EAGLEWorkerV2:
         """The hidden-state capture of the fallback's plain decode forwards: FULL for EAGLE
         (the draft reads the target's auxiliary hidden states, and its next draft input its
         own hidden states), and for requests that asked for hidden states; else NULL
-        (STANDALONE)."""
-        if self.speculative_algorithm.is_standalone() and not hidden:
-            return CaptureHiddenMode.NULL
+        (STANDALONE), or for STANDALONE requests asking for hidden states what its decode graph
+        captured."""
+        if self.speculative_algorithm.is_standalone():
+            if not hidden:
+                return CaptureHiddenMode.NULL
+            # The release's own runner captured the server's mode, which may be LAST: a
+            # replay asking more than its graph captured is refused.
+            runner = self._spec_fallback.graph_runner
+            return getattr(runner, "capture_hidden_mode", CaptureHiddenMode.FULL)
         return CaptureHiddenMode.FULL
 
     def _spec_fallback_target_decode(self, batch, input_ids, new_seq_lens=None, hidden=False):
