@@ -205,6 +205,14 @@ def _validate(args):
         (dict(enable_two_batch_overlap=True), "--enable-two-batch-overlap"),
         (dict(enable_pdmux=True), "--enable-pdmux"),
         (
+            dict(moe_runner_backend="triton", speculative_moe_runner_backend="flashinfer_trtllm"),
+            "--speculative-moe-runner-backend flashinfer_trtllm different from the target's (triton)",
+        ),
+        (
+            dict(moe_a2a_backend="none", speculative_moe_a2a_backend="deepep"),
+            "--speculative-moe-a2a-backend deepep different from the target's (none)",
+        ),
+        (
             dict(speculative_disable_batch_size_threshold=32),
             "leave --speculative-disable-batch-size-threshold unset or give it the same value (got 32)",
         ),
@@ -304,8 +312,13 @@ def test_tier_memory_is_reserved_for_the_tiers_sglang_does_not_capture(patched, 
     2 MiB per graph batch), tier 0's only when its threshold comes from the last boundary
     (the fallback's own reservation counts it otherwise); nothing without tiers."""
     body = ast.parse(function_source(patched / ARGS, "ServerArgs._handle_gpu_memory_settings")).body[0]
-    loop = next(n for n in ast.walk(body) if isinstance(n, ast.For) and ast.unparse(n.target) == "tier_steps")
-    code = compile(ast.Module([loop], []), "reserve", "exec")
+    block = next(
+        n.body
+        for n in ast.walk(body)
+        if any(isinstance(x, ast.For) and ast.unparse(x.target) == "tier_steps" for x in getattr(n, "body", []))
+    )
+    loop = next(i for i, x in enumerate(block) if isinstance(x, ast.For) and ast.unparse(x.target) == "tier_steps")
+    code = compile(ast.Module(block[loop - 2 : loop + 1], []), "reserve", "exec")  # tiers, start, the loop
 
     def reserved(**kw):
         ns = {"self": _tiers(args_cls, cuda_graph_max_bs=64, **kw), "reserved_mem": 0}
@@ -316,6 +329,8 @@ def test_tier_memory_is_reserved_for_the_tiers_sglang_does_not_capture(patched, 
     assert reserved(speculative_disable_batch_size_threshold=48) == 640
     assert reserved(speculative_num_steps_tiers=None) == 0
     assert reserved(speculative_num_steps_tiers=[2, 1]) == 2 * 640
+    # --speculative-num-steps left to SGLang: the first tier's graphs are SGLang's own.
+    assert reserved(speculative_num_steps=None) == 2 * 640
 
 
 # -- the worker --------------------------------------------------------------------------------

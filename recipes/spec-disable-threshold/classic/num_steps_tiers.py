@@ -58,8 +58,12 @@ def reserve_tier_memory(self, reserved_mem):
     # Each tier's own CUDA graphs and attention backends beyond those SGLang captures for
     # --speculative-num-steps, reserved as the fallback's (tier 0) are; tier 0's here only
     # when its threshold comes from the last boundary (set later, by the validation).
-    for tier_steps in self.speculative_num_steps_tiers or ():
-        if tier_steps != self.speculative_num_steps and (
+    # Left unset, --speculative-num-steps is chosen later; the validation then refuses a
+    # first tier above it, so the first tier's graphs are SGLang's own.
+    tiers = self.speculative_num_steps_tiers or ()
+    start = self.speculative_num_steps if self.speculative_num_steps is not None else tiers[:1] and tiers[0]
+    for tier_steps in tiers:
+        if tier_steps != start and (
             tier_steps > 0 or self.speculative_disable_batch_size_threshold is None
         ):
             reserved_mem += 512 + self.cuda_graph_max_bs * 2
@@ -153,6 +157,26 @@ class ServerArgs(TierFields):
         ):
             if on:
                 raise ValueError(f"{flag} cannot be combined with {name}: {why}.")
+        moe = (
+            ("--speculative-moe-runner-backend", "speculative_moe_runner_backend", "moe_runner_backend"),
+            ("--speculative-moe-a2a-backend", "speculative_moe_a2a_backend", "moe_a2a_backend"),
+        )
+        for name, spec_field, field in moe:
+            spec_value, value = getattr(self, spec_field, None), getattr(self, field, None)
+            if spec_value is not None and spec_value != value:
+                raise ValueError(
+                    f"{flag} cannot be combined with {name} {spec_value} different from the "
+                    f"target's ({value}): the tiers' target graphs are captured with the draft's "
+                    "MoE settings."
+                )
+        max_running = self.max_running_requests
+        if max_running is not None and bounds[-1] >= max_running:
+            logger.warning(
+                "--speculative-num-steps-tier-boundaries: the last boundary (%d) is at or above "
+                "--max-running-requests (%d), so the last tier is never reached.",
+                bounds[-1],
+                max_running,
+            )
         threshold = self.speculative_disable_batch_size_threshold
         if tiers[-1] == 0:
             if threshold is not None and threshold != bounds[-1]:

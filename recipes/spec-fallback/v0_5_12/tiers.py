@@ -192,7 +192,7 @@ class EAGLEWorkerV2:
         tier = state.tier_for_batch(bs, tiers.tier, tiers.boundaries, tiers.hysteresis)
         steps = tiers.steps[tier]
         if tier != tiers.tier:
-            logger.info(
+            logger.debug(  # the counters count switches; SGLang logs each swap itself
                 "spec-tiers: decode batch of %d requests, draft steps %d -> %d",
                 bs,
                 tiers.steps[tiers.tier],
