@@ -1000,7 +1000,15 @@ def test_graph_sizes_go_through_the_releases_cuda_graph_config(version, threshol
         _spec_fallback_build_draft_extend_graph=lambda a: seen.setdefault("draft", list(decode.bs)),
         _spec_fallback_build_kv_only_graphs=lambda a: seen.setdefault("kv_only", True),
     )
-    bind_methods(path, "EAGLEWorkerV2", ns, w, "_spec_fallback_build_graphs", "_spec_fallback_capture")
+    bind_methods(
+        path,
+        "EAGLEWorkerV2",
+        ns,
+        w,
+        "_spec_fallback_build_graphs",
+        "_spec_fallback_capture",
+        "_spec_fallback_decode_runner",
+    )
     what = w._spec_fallback_build_graphs(args)
     assert decode.bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == "EAGLE3"
     if not want:
@@ -1077,7 +1085,15 @@ def test_0516_decode_graph_captures_hidden_states_without_writing_server_args(ve
         _spec_fallback_build_draft_extend_graph=lambda a: seen.setdefault("draft", list(decode.bs)),
         _spec_fallback_build_kv_only_graphs=lambda a: seen.setdefault("kv_only", True),
     )
-    bind_methods(path, "EAGLEWorkerV2", ns, w, "_spec_fallback_build_graphs", "_spec_fallback_capture")
+    bind_methods(
+        path,
+        "EAGLEWorkerV2",
+        ns,
+        w,
+        "_spec_fallback_build_graphs",
+        "_spec_fallback_capture",
+        "_spec_fallback_decode_runner",
+    )
     assert w._spec_fallback_build_graphs(args) == "batch sizes [4, 8, 12, 16, 24, 32]"
     want_mode = capture_mode.NULL if standalone else capture_mode.FULL
     assert seen["decode"] == ([4, 8, 12, 16, 24, 32], "NONE", want_mode, not standalone)

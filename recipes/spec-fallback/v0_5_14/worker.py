@@ -49,25 +49,34 @@ class EAGLEWorkerV2:
         try:
             for phase, _ in saved:
                 phase.bs = list(sizes)
-            saved_mode = (mr.spec_algorithm, mr.server_args.enable_return_hidden_states)
+            saved_algorithm = mr.spec_algorithm
             try:
-                # Captured as a plain decode model returning the EAGLE-3 auxiliary hidden
-                # states (capture FULL), which the draft needs; STANDALONE captures NULL.
-                mr.spec_algorithm = SpeculativeAlgorithm.NONE
-                if not self.speculative_algorithm.is_standalone():
-                    mr.server_args.enable_return_hidden_states = True
+                mr.spec_algorithm = SpeculativeAlgorithm.NONE  # captured as a plain decode model
                 state.graph_runner = self._spec_fallback_capture(
-                    "a decode CUDA graph",
-                    lambda: CudaGraphRunner(mr, attn_backend=state.attn_backend),
+                    "a decode CUDA graph", lambda: self._spec_fallback_decode_runner(mr)
                 )
             finally:
-                mr.spec_algorithm, mr.server_args.enable_return_hidden_states = saved_mode
+                mr.spec_algorithm = saved_algorithm
             self._spec_fallback_build_draft_extend_graph(server_args)
         finally:
             for phase, value in saved:
                 phase.bs = value
         self._spec_fallback_build_kv_only_graphs(server_args)
         return f"batch sizes {sizes}"
+
+    def _spec_fallback_decode_runner(self, mr):
+        """The fallback's decode graph runner, returning the EAGLE-3 auxiliary hidden states
+        the draft needs (capture FULL; STANDALONE captures NULL). This release's runner reads
+        the capture from server_args, so it is turned on for the capture and put back."""
+        state = self._spec_fallback
+        if self.speculative_algorithm.is_standalone():
+            return CudaGraphRunner(mr, attn_backend=state.attn_backend)
+        saved = mr.server_args.enable_return_hidden_states
+        mr.server_args.enable_return_hidden_states = True
+        try:
+            return CudaGraphRunner(mr, attn_backend=state.attn_backend)
+        finally:
+            mr.server_args.enable_return_hidden_states = saved
 
     def _spec_fallback_draft_extend(self, batch, tokens, hidden_states, next_draft_input):
         """The draft forward of the KV sync: K/V only far above the threshold, a plain draft

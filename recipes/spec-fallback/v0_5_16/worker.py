@@ -43,7 +43,6 @@ from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
 from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput
 from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 logger = logging.getLogger(__name__)
 
@@ -89,57 +88,24 @@ class EAGLEWorkerV2:
             indexer_topk_output=target_out.indexer_topk_output,
         )
 
-    def _spec_fallback_build_graphs(self, server_args):
-        """0.5.14's graph building. ServerArgs is read-only once resolved from 0.5.16, so the
-        decode graph does not capture hidden states by turning on
-        server_args.enable_return_hidden_states: the runner it builds answers FULL for its
-        own capture mode (STANDALONE keeps the release's runner, which captures NULL)."""
+    def _spec_fallback_decode_runner(self, mr):
+        """0.5.14's decode graph runner. ServerArgs is read-only once resolved from 0.5.16,
+        so the capture of hidden states is not turned on in server_args: the runner class
+        answers FULL for its own capture mode (STANDALONE keeps the release's runner, which
+        captures NULL)."""
         state = self._spec_fallback
-        mr = self._target_worker.model_runner
-        if mr.server_args.cuda_graph_config.decode.backend == "disabled":  # Backend.DISABLED
-            return "none (decode CUDA graphs are disabled)"
-        floor = state.threshold - state.hysteresis
-        sizes = [bs for bs in mr.server_args.cuda_graph_config.decode.bs if bs > floor]
-        if not sizes:
-            return f"none (no CUDA graph batch size is above {floor} requests)"
-        phases = {
-            id(args.cuda_graph_config.decode): args.cuda_graph_config.decode
-            for args in (mr.server_args, self.draft_worker.draft_runner.server_args)
-        }
-        saved = [(phase, phase.bs) for phase in phases.values()]
-        runner_class = CudaGraphRunner
-        if not self.speculative_algorithm.is_standalone():
-            runner_class = type(
-                "SpecFallbackDecodeRunner",
-                (CudaGraphRunner,),
-                {
-                    # Data descriptors: the base runner's own assignments leave them FULL.
-                    "return_hidden_states_mode": property(
-                        lambda runner: CaptureHiddenMode.FULL, lambda runner, value: None
-                    ),
-                    "enable_return_hidden_states": property(lambda runner: True, lambda runner, value: None),
-                },
-            )
-        try:
-            for phase, _ in saved:
-                phase.bs = list(sizes)
-            saved_algorithm = mr.spec_algorithm
-            try:
-                # Captured as a plain decode model (returning the EAGLE-3 auxiliary hidden
-                # states, which the draft needs).
-                mr.spec_algorithm = SpeculativeAlgorithm.NONE
-                state.graph_runner = self._spec_fallback_capture(
-                    "a decode CUDA graph",
-                    lambda: runner_class(mr, attn_backend=state.attn_backend),
-                )
-            finally:
-                mr.spec_algorithm = saved_algorithm
-            self._spec_fallback_build_draft_extend_graph(server_args)
-        finally:
-            for phase, value in saved:
-                phase.bs = value
-        self._spec_fallback_build_kv_only_graphs(server_args)
-        return f"batch sizes {sizes}"
+        if self.speculative_algorithm.is_standalone():
+            return CudaGraphRunner(mr, attn_backend=state.attn_backend)
+        runner_class = type(
+            "SpecFallbackDecodeRunner",
+            (CudaGraphRunner,),
+            {
+                # Data descriptors: the base runner's own assignments leave them FULL.
+                "return_hidden_states_mode": property(lambda runner: CaptureHiddenMode.FULL, lambda runner, value: None),
+                "enable_return_hidden_states": property(lambda runner: True, lambda runner, value: None),
+            },
+        )
+        return runner_class(mr, attn_backend=state.attn_backend)
 
     def _spec_fallback_capture_mode(self, hidden=False):
         """The hidden-state capture of the fallback's plain decode forwards: FULL for EAGLE
