@@ -292,13 +292,14 @@ def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:
     two to measure (A0 and A1 only) and merge, so the rule can place T on a finer grid; none
     once the two are within 25% of each other, where run-to-run noise is as large as the
     step."""
-    measured = sorted(C for C in set(concurrencies) if ("A0", C) in m and ("A1", C) in m)
+    # The tiers' rule with two configurations: EAGLE-3's chain and no speculation.
+    tiers = suggest_tiers(m, concurrencies, {1: "A1", 0: "A0"})
+    both = len(tiers["arms"]) == 2  # else one arm has no cells: nothing to compare
+    measured = [row["C"] for row in tiers["rows"]] if both else []
     T = 0
-    for C in measured:
-        if m[("A1", C)]["median"] < m[("A0", C)]["median"]:
-            break
-        T = C
-    wins = [C for C in measured if m[("A1", C)]["median"] >= m[("A0", C)]["median"]]
+    if both and tiers["tiers"] and tiers["tiers"][0]:
+        T = tiers["boundaries"][0] if tiers["boundaries"] else measured[-1]
+    wins = [row["C"] for row in tiers["rows"] if row["fastest"]] if both else []
     first_loss = next((C for C in measured if C > T), None)
     refine = refine_between(T, first_loss) if T and first_loss and first_loss > 1.25 * T else []
     why = (
