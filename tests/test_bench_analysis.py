@@ -190,6 +190,12 @@ def test_the_tier_rule_takes_the_fastest_configuration_and_only_shortens_the_dra
         "--speculative-num-steps 3 --speculative-num-steps-tiers 3,2,1,0 --speculative-num-steps-tier-boundaries 8,16,48"
     )
     assert [r["tier"] for r in res["rows"]] == [3, 3, 2, 1, 1, 0, 0]
+    # The arm that measures these tiers: A2 (the fallback is the last tier, at threshold 48).
+    assert (res["threshold"], res["variant"]) == (
+        48,
+        "TIER=A2:speculative_num_steps=3;speculative_num_draft_tokens=4;"
+        "speculative_num_steps_tiers=3,2,1,0;speculative_num_steps_tier_boundaries=8,16,48",
+    )
     assert res["refine"] == {8: [10, 12, 14], 16: [20, 24, 28], 48: [52, 56, 60]} and res["against_the_rule"] == []
     assert res["why"].startswith(
         "3 draft steps up to C=8, 2 draft steps up to C=16, 1 draft step up to C=48, no speculation above"
@@ -214,6 +220,13 @@ def test_the_tier_rule_on_ties_noise_and_missing_arms():
     # One configuration fastest everywhere: no tiers, no flags; speculation never winning says so.
     one = analyze.suggest_tiers(_configs({1: (100, 110, 120, 130), 8: (100, 105, 110, 115)}), [1, 8])
     assert (one["tiers"], one["flags"]) == ([3], None) and one["why"].startswith("3 draft steps is the fastest")
+    assert (one["threshold"], one["variant"]) == (None, None)
+    # Tiers without the fallback are measured on A1, with no threshold.
+    assert analyze.tier_variant([2, 1], [16]) == (
+        None,
+        "TIER=A1:speculative_num_steps=2;speculative_num_draft_tokens=3;"
+        "speculative_num_steps_tiers=2,1;speculative_num_steps_tier_boundaries=16",
+    )
     never = analyze.suggest_tiers(_configs({1: (100, 90, 80, 70)}), [1])
     assert never["tiers"] == [0] and never["why"] == "speculation never wins: serve without it"
     # Other arm names, given.

@@ -209,6 +209,11 @@ def test_bench_suggest_tiers(tmp_path):
         "suggested: --speculative-num-steps 3 --speculative-num-steps-tiers 3,1,0 "
         "--speculative-num-steps-tier-boundaries 1,16" in r.output
     )
+    assert (
+        "measure them: spectool bench --threshold 16 --variant 'TIER=A2:speculative_num_steps=3;"
+        "speculative_num_draft_tokens=4;speculative_num_steps_tiers=3,1,0;"
+        "speculative_num_steps_tier_boundaries=1,16' (and the same options)" in r.output
+    )
     r = run("bench", "--out", tmp_path, "--suggest-tiers", "--json")
     assert json.loads(r.output)["boundaries"] == [1, 16]
     for arms, needle in (("3=A1,x=A0", "'x=A0' is not STEPS=ARM"), ("3=A1,3=S1", "3 steps are named twice")):

@@ -191,8 +191,13 @@ def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(
         env = {}
         got_version, switch = runner.inspect_tree(str(tree), env)
         assert (got_version, switch) == (version, upstream) and env["PYTHONPATH"].startswith(str(tree))
-        jobs, cfgs, skipped = runner.plan_jobs(scenarios.configs(), wls, models, tmp_path, version, switch)
+        tiers = runner.has_tiers(str(tree))
+        assert tiers == (version == "0.5.12")  # the recipes add --speculative-num-steps-tiers there
+        jobs, cfgs, skipped = runner.plan_jobs(scenarios.configs(), wls, models, tmp_path, version, switch, tiers=tiers)
         spec_jobs = [j for j in jobs if j["config"]["algorithm"]]
+        if not tiers:
+            assert "no --speculative-num-steps-tiers" in skipped.pop("eagle3-tiers")
+            assert all(not c.tiers for c in cfgs)
         if upstream:
             assert set(skipped) == {"standalone-t4", "standalone-t4-hidden"}
             assert all("EAGLE/EAGLE3 only" in why for why in skipped.values())
@@ -200,5 +205,5 @@ def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(
                 j["observe"] == "log" and j["log_path"].endswith(f"{j['config']['name']}.log") for j in spec_jobs
             )
         else:
-            assert skipped == {} and len(cfgs) == len(scenarios.configs())
+            assert skipped == {} and len(cfgs) == len(scenarios.configs()) - (not tiers)
             assert all("observe" not in j and j["stats_path"] for j in spec_jobs)

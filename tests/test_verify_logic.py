@@ -62,6 +62,7 @@ def test_engine_flags_name_what_the_recipe_adds():
         "eagle3-t4-eager",
         "eagle3-t4-chunked",
         "eagle3-t4-kv-only",
+        "eagle3-tiers",
     }
     assert all(c.threshold is not None for c in scenarios.configs() if c.fallback_args), "flags act with a threshold"
 
@@ -373,16 +374,21 @@ def _counters(expect) -> dict:
         return {}
     n = SYNTHETIC_FALLBACK_STEPS
 
-    def phase(i, mode, steps):
+    def phase(i, mode, steps, draft_steps=3):
         return {
             "id": i,
             "mode": mode,
+            "draft_steps": draft_steps if mode == "spec" else 0,
             "steps": steps,
             "reqs": steps,
-            "correct_drafts": 3 * steps if mode == "spec" else 0,
+            "correct_drafts": draft_steps * steps if mode == "spec" else 0,
         }
 
-    if expect.fallback_steps == "all" or (
+    if expect.min_tier_acceptance:  # every tier entered from both sides, drafts accepted whole
+        tiers = list(expect.tiers or scenarios.TIERS)
+        walk = tiers + tiers[-2::-1]  # down to 0 and back: each boundary crossed both ways
+        phases = [phase(i + 1, "spec" if d else "fallback", n, d) for i, d in enumerate(walk)]
+    elif expect.fallback_steps == "all" or (
         expect.fallback_steps == "positive" and not (expect.spec_after_fallback or expect.fallback_after_spec)
     ):
         phases = [phase(1, "fallback", n)]
@@ -831,3 +837,52 @@ def test_flashinfer_starts_first_and_moe_engines_wait_for_their_training(tmp_pat
     assert runner.next_ready(pending, {}) is None
     results = {"train": {"ok": False}}
     assert runner.next_ready(pending, results) is None and results["a"]["error"] == "not started: train failed"
+
+
+def test_tier_claims_fail_by_name(tmp_path):
+    """The tiers scenarios: a boundary never crossed one way, or a tier whose acceptance after
+    a switch fell (a stale draft KV cache), fails exactly that scenario, naming the boundary or
+    the tier; a walk through every boundary with drafts accepted whole passes."""
+    _evaluate(_engine_results(), tmp_path, record=True)
+    s = next(s for s in scenarios.scenarios() if s.expect.tiers == scenarios.TIERS)
+
+    def failed(change):
+        results = _engine_results()
+        change(results[s.config]["workloads"][s.workload]["stats_after"]["phases"])
+        return _failed(_evaluate(results, tmp_path))
+
+    assert failed(lambda phases: None) == {}
+    # Walk 3, 1, 0, 1, 3 without the last phase: back down from 1 to 3 is never seen, and
+    # the 3-step tier is never entered from another.
+    ((missed, unmeasured),) = failed(lambda phases: phases.pop()).values()
+    assert missed == (
+        "expected every tier boundary of 3,1,0 crossed both ways, missed 3|1 down (draft steps per phase: [3, 1, 0, 1])"
+    )
+    assert unmeasured == "expected acceptance >= 2.50 in the 3-step tier after a switch (0.625 of 4), none measured"
+
+    def stale_after_fallback(phases):
+        phases[3].update(correct_drafts=0)  # the 1-step tier entered from the fallback
+
+    ((msg,),) = failed(stale_after_fallback).values()
+    want = 2 * scenarios.TIER_ACCEPTANCE
+    assert msg == (
+        f"expected acceptance >= {want:.2f} in the 1-step tier entered from 0 draft steps "
+        f"({scenarios.TIER_ACCEPTANCE:g} of 2), got 1.00: stale draft KV?"
+    )
+
+
+def test_tier_walk_crossings_and_acceptance():
+    """The phases a stats file records, read as tiers: one entry per change of draft length,
+    the boundaries crossed each way (a jump crosses every boundary between), and each tier's
+    acceptance over the phases entered from another tier."""
+
+    def p(mode, draft_steps, steps, correct):
+        return {"mode": mode, "draft_steps": draft_steps, "steps": steps, "reqs": steps, "correct_drafts": correct}
+
+    phases = [p("spec", 3, 4, 12), p("spec", 3, 2, 6), p("fallback", 0, 5, 0), p("spec", 1, 4, 2), p("spec", 3, 2, 6)]
+    assert compare.tier_walk(phases) == [3, 0, 1, 3]
+    assert compare.tier_crossings([3, 0, 1, 3], [3, 1, 0]) == []
+    assert compare.tier_crossings([3, 0, 3], [3, 1, 0]) == []
+    assert compare.tier_crossings([3, 1, 3], [3, 1, 0]) == ["1|0 up", "1|0 down"]
+    # The first phase was entered before the window: only the later 3-step phase counts.
+    assert compare.tier_acceptance(phases) == {(0, 1): 1.5, (1, 3): 4.0}

@@ -108,15 +108,24 @@ class SpecFallbackState:
             tier -= 1
         return tier
 
-    def record_step(self, bs, fallback, switched):
-        """Count one decode step of `bs` requests in its phase, and a switch of `active`."""
+    def record_step(self, bs, fallback, switched, draft_steps=None):
+        """Count one decode step of `bs` requests in its phase, and a switch of `active`.
+        A phase is a run of steps of one mode and one draft length (`draft_steps`, the
+        speculative steps' count of draft steps; 0 for the fallback), so the acceptance of
+        each tier of --speculative-num-steps-tiers is read from its own phases."""
         mode = "fallback" if fallback else "spec"
+        draft_steps = 0 if fallback else draft_steps
         stats = self.stats
         with self.lock:
             phases = stats["phases"]
-            if not phases or phases[-1]["mode"] != mode:
+            if (
+                not phases
+                or phases[-1]["mode"] != mode
+                or phases[-1].get("draft_steps") != draft_steps
+            ):
                 stats["phase_count"] += 1
                 phases.append({"id": stats["phase_count"], "mode": mode,
+                               "draft_steps": draft_steps,
                                "steps": 0, "reqs": 0, "correct_drafts": 0})
                 del phases[:-200]
             phases[-1]["steps"] += 1
@@ -303,7 +312,9 @@ class EAGLEWorkerV2:
                 state.stats["spec_steps"],
             )
         state.active = active
-        state.record_step(bs, take, switched)
+        state.record_step(
+            bs, take, switched, getattr(self, "speculative_num_steps", None)
+        )
         return take
 
     def _spec_fallback_on_verify(self, num_correct_drafts_per_req):

@@ -355,6 +355,11 @@ def bench(
                 text = f"acceptance {a:g}:\n{analyze.tiers_markdown(res)}" + (
                     f"suggested: {res['flags']} ({res['why']})" if res["flags"] else f"suggested: {res['why']}"
                 )
+                if res["variant"]:
+                    threshold = f"--threshold {res['threshold']} " if res["threshold"] is not None else ""
+                    text += (
+                        f"\nmeasure them: spectool bench {threshold}--variant '{res['variant']}' (and the same options)"
+                    )
                 if res["against_the_rule"]:
                     text += (
                         f"\nat C={','.join(map(str, res['against_the_rule']))} a longer draft is the fastest "

@@ -39,10 +39,8 @@ def server_arg_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(ServerArgs)}
 
 
-def server_arg_annotations(sglang_dir: str | None = None) -> dict[str, str]:
-    """ServerArgs field name -> its type as written (``Optional[int]``), read from the
-    server_args.py of the tree under --sglang-dir (else of the installed SGLang) without
-    importing it. Annotated fields (0.5.17+: ``A[int, "help", ...]``) give their type."""
+def server_args_path(sglang_dir: str | None = None) -> Path:
+    """The server_args.py of the tree under --sglang-dir, else of the installed SGLang."""
     import importlib.util
 
     from ..errors import BadInputError
@@ -50,15 +48,34 @@ def server_arg_annotations(sglang_dir: str | None = None) -> dict[str, str]:
     if sglang_dir:
         from ..source import locate
 
-        path = locate(sglang_dir).root / "sglang" / "srt" / "server_args.py"
-    else:
-        spec = importlib.util.find_spec("sglang")
-        if spec is None or not spec.submodule_search_locations:
-            raise BadInputError("no SGLang is installed to read ServerArgs from; pass --sglang-dir.")
-        path = Path(next(iter(spec.submodule_search_locations))) / "srt" / "server_args.py"
+        return locate(sglang_dir).root / "sglang" / "srt" / "server_args.py"
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise BadInputError("no SGLang is installed to read ServerArgs from; pass --sglang-dir.")
+    return Path(next(iter(spec.submodule_search_locations))) / "srt" / "server_args.py"
+
+
+def server_args_source(sglang_dir: str | None = None) -> str:
+    """The text of that server_args.py (with what the recipes inserted), or a clear error."""
+    from ..errors import BadInputError
+
+    path = server_args_path(sglang_dir)
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError) as exc:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise BadInputError(f"cannot read SGLang's ServerArgs from {path}: {exc}.") from None
+
+
+def server_arg_annotations(sglang_dir: str | None = None) -> dict[str, str]:
+    """ServerArgs field name -> its type as written (``Optional[int]``), read from the
+    server_args.py of the tree under --sglang-dir (else of the installed SGLang) without
+    importing it. Annotated fields (0.5.17+: ``A[int, "help", ...]``) give their type."""
+    from ..errors import BadInputError
+
+    path = server_args_path(sglang_dir)
+    try:
+        tree = ast.parse(server_args_source(sglang_dir))
+    except SyntaxError as exc:
         raise BadInputError(f"cannot read SGLang's ServerArgs from {path}: {exc}.") from None
     cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs"), None)
     if cls is None:

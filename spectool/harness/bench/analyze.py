@@ -379,16 +379,34 @@ def suggest_tiers(m: dict, concurrencies: list[int], arms: dict[int, str] | None
             )
             + " for these arms and merge to place the boundaries more finely"
         )
+    threshold, variant = tier_variant(tiers, boundaries)
     return {
         "arms": present,
         "rows": rows,
         "tiers": tiers,
         "boundaries": boundaries,
         "flags": flags,
+        "threshold": threshold,
+        "variant": variant,
         "against_the_rule": [r["C"] for r in rows if r["fastest"] > r["tier"]],
         "refine": refine,
         "why": why,
     }
+
+
+def tier_variant(tiers: list[int], boundaries: list[int], name: str = "TIER") -> tuple[int | None, str | None]:
+    """(--threshold, --variant) of the arm that measures these tiers: A2 with the tiers when
+    the last is the fallback (its threshold is the last boundary), else A1 with them; the
+    step count of the first tier is the engine's own. (None, None) without tiers."""
+    if len(tiers) < 2:
+        return None, None
+    fields = (
+        f"speculative_num_steps={tiers[0]};speculative_num_draft_tokens={tiers[0] + 1};"
+        f"speculative_num_steps_tiers={','.join(map(str, tiers))};"
+        f"speculative_num_steps_tier_boundaries={','.join(map(str, boundaries))}"
+    )
+    threshold = boundaries[-1] if tiers[-1] == 0 else None
+    return threshold, f"{name}={'A2' if threshold is not None else 'A1'}:{fields}"
 
 
 def _steps(n: int) -> str:

@@ -43,9 +43,9 @@ def acceptance(phases: list[dict]) -> float | None:
 
 
 def transitions(phases: list[dict]) -> dict:
-    modes = [p["mode"] for p in phases if p["steps"] > 0]
-    first_fb = modes.index("fallback") if "fallback" in modes else None
-    last_fb = len(modes) - 1 - modes[::-1].index("fallback") if "fallback" in modes else None
+    fallbacks = [i for i, p in enumerate(phases) if p["mode"] == "fallback" and p["steps"] > 0]
+    first_fb = fallbacks[0] if fallbacks else None
+    last_fb = fallbacks[-1] if fallbacks else None
     spec_before = [p for p in phases[:first_fb] if p["mode"] == "spec"] if first_fb is not None else []
     spec_after = [p for p in phases[last_fb + 1 :] if p["mode"] == "spec"] if last_fb is not None else []
     return {
@@ -59,6 +59,51 @@ def transitions(phases: list[dict]) -> dict:
 def counted_steps(window: dict) -> int:
     """Decode steps the engine's counters saw in the window, in either mode."""
     return window.get("fallback_steps", 0) + window.get("spec_steps", 0)
+
+
+def tier_walk(phases: list[dict]) -> list[int]:
+    """The draft length of each decode phase in order (0: the fallback's plain decode), one
+    entry per change: the tiers of --speculative-num-steps-tiers a workload walked through."""
+    walk = []
+    for p in phases:
+        if p["steps"] > 0:
+            steps = 0 if p["mode"] == "fallback" else p.get("draft_steps")
+            if not walk or walk[-1] != steps:
+                walk.append(steps)
+    return walk
+
+
+def tier_crossings(walk: list[int], tiers: list[int]) -> list[str]:
+    """The tier boundaries `walk` did not cross in both directions, as text ("3|1 up"); a
+    boundary lies between neighbouring tiers of `tiers` (draft steps, largest first)."""
+    order = {steps: i for i, steps in enumerate(tiers)}
+    index = [order.get(steps) for steps in walk]
+    seen = set()
+    for a, b in zip(index, index[1:]):
+        if a is None or b is None:
+            continue
+        for boundary in range(min(a, b), max(a, b)):
+            seen.add((boundary, "up" if b > a else "down"))
+    return [
+        f"{tiers[i]}|{tiers[i + 1]} {way}"
+        for i in range(len(tiers) - 1)
+        for way in ("up", "down")
+        if (i, way) not in seen
+    ]
+
+
+def tier_acceptance(phases: list[dict]) -> dict[tuple[int, int], float]:
+    """(draft steps before, draft steps) -> acceptance of the phases of that tier entered from
+    that one (0: the fallback; the first phase of a window, entered before it, is left out):
+    what each kind of switch leaves of the draft KV cache. A head that drafts the copy task
+    whole accepts steps + 1 per step."""
+    groups = {}
+    live = [p for p in phases if p["steps"] > 0 or p["reqs"] > 0]
+    for prev, p in zip(live, live[1:]):
+        steps, before = p.get("draft_steps"), prev.get("draft_steps")
+        if p["mode"] == "spec" and steps and steps != before:
+            groups.setdefault((before, steps), []).append(p)
+    return {key: acceptance(group) for key, group in sorted(groups.items()) if acceptance(group) is not None}
 
 
 def check_expectations(expect: dict, window: dict) -> list[str]:
@@ -100,6 +145,32 @@ def check_expectations(expect: dict, window: dict) -> list[str]:
     if floor is not None and (tr["acceptance_after"] is None or tr["acceptance_after"] < floor):
         got = "none measured" if tr["acceptance_after"] is None else f"{tr['acceptance_after']:.2f}"
         fails.append(f"expected acceptance >= {floor} after speculation resumed, got {got}: stale draft KV?")
+    tiers = expect.get("tiers")
+    if tiers:
+        walk = tier_walk(window.get("phases", []))
+        missed = tier_crossings(walk, list(tiers))
+        if missed:
+            fails.append(
+                f"expected every tier boundary of {','.join(map(str, tiers))} crossed both ways, missed "
+                f"{', '.join(missed)} (draft steps per phase: {walk})"
+            )
+        ratio = expect.get("min_tier_acceptance")
+        if ratio is not None:
+            entered = tier_acceptance(window.get("phases", []))
+            for steps in (s for s in tiers if s > 0):
+                floor = ratio * (steps + 1)
+                kinds = {before: acc_t for (before, to), acc_t in entered.items() if to == steps}
+                if not kinds:
+                    fails.append(
+                        f"expected acceptance >= {floor:.2f} in the {steps}-step tier after a switch "
+                        f"({ratio:g} of {steps + 1}), none measured"
+                    )
+                for before, acc_t in kinds.items():
+                    if acc_t < floor:
+                        fails.append(
+                            f"expected acceptance >= {floor:.2f} in the {steps}-step tier entered from {before} "
+                            f"draft steps ({ratio:g} of {steps + 1}), got {acc_t:.2f}: stale draft KV?"
+                        )
     if expect.get("resume_acceptance_not_lower"):
         a, b = tr["acceptance_before"], tr["acceptance_after"]
         if a is None or b is None:

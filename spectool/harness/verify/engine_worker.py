@@ -108,6 +108,11 @@ def engine_kwargs(job: dict) -> dict:
             kw["speculative_disable_batch_size_threshold"] = cfg["threshold"]
             kw["speculative_disable_batch_size_hysteresis"] = cfg["hysteresis"]
             kw.update(cfg["fallback_args"])
+        if cfg.get("tiers"):
+            kw.update(
+                speculative_num_steps_tiers=list(cfg["tiers"]),
+                speculative_num_steps_tier_boundaries=list(cfg["tier_boundaries"]),
+            )
     if job.get("observe") == "log" and algo:
         kw["decode_log_interval"] = 1  # one log line per decode step: the counters' source
     kw.update(job.get("engine_overrides", {}))

@@ -15,10 +15,12 @@ from pathlib import Path
 
 from ...errors import BadInputError
 from ...statuses import Status
+from ..engine_compat import server_args_source
 from . import compare, golden_moe, scenarios
 from .golden_model import ModelSpec, ensure_models
 from .golden_moe import MoeSpec
 
+TIERS_FLAG = "speculative_num_steps_tiers"  # the ServerArgs field of the tiers' engines
 TRAIN_MOE = "train-moe"  # the runner's job that trains the MoE golden models on the GPU
 
 
@@ -187,7 +189,9 @@ def verify(
     moe_job = None
     if any(c.model == "moe" for c in cfgs):
         models["moe"], moe_job = moe_models(golden_root / "models", moe_cache, MoeSpec().for_tp(tp_size))
-    jobs, cfgs, skipped = plan_jobs(cfgs, wls, models, out_dir, sg_version, upstream_switch, tp_size, port_base)
+    jobs, cfgs, skipped = plan_jobs(
+        cfgs, wls, models, out_dir, sg_version, upstream_switch, tp_size, port_base, tiers=has_tiers(sglang_dir)
+    )
     if moe_job:  # trained next to the engines that need neither, started as early as they are
         jobs.insert(sum(c.attention != "triton" for c in cfgs), moe_job)
     with Progress(
@@ -286,15 +290,38 @@ def inspect_tree(sglang_dir: str | None, env: dict, *, recipes_dir=None, select=
     return str(tree.version), any(r.id == "spec-fallback" and r.status == Status.UPSTREAMED for r in chk.plan.results)
 
 
+def has_tiers(sglang_dir: str | None) -> bool:
+    """Whether the tree's ServerArgs (as patched) has --speculative-num-steps-tiers."""
+    return TIERS_FLAG in server_args_source(sglang_dir)
+
+
 def plan_jobs(
-    cfgs, wls, models, out_dir: Path, sg_version: str, upstream_switch: bool, tp_size: int = 1, port_base: int = 31000
+    cfgs,
+    wls,
+    models,
+    out_dir: Path,
+    sg_version: str,
+    upstream_switch: bool,
+    tp_size: int = 1,
+    port_base: int = 31000,
+    *,
+    tiers: bool = True,
 ):
-    """One job per engine configuration; (jobs, configs run, configs skipped with the reason)."""
+    """One job per engine configuration; (jobs, configs run, configs skipped with the reason).
+    `tiers`: the tree's ServerArgs has --speculative-num-steps-tiers (else the engines of
+    tier configs are skipped)."""
     skipped = {}
+    if upstream_switch or not tiers:
+        skipped = {
+            c.name: f"SGLang {sg_version} has no --speculative-num-steps-tiers (the recipes add it to 0.5.12)"
+            for c in cfgs
+            if c.tiers
+        }
+        cfgs = [c for c in cfgs if c.name not in skipped]
     if upstream_switch:
         # Upstream's tiers (0.5.19+) cover EAGLE/EAGLE3 only; the threshold recipe refuses the
         # flag for other algorithms at start-up, so those scenarios do not apply there.
-        skipped = {
+        skipped |= {
             c.name: "upstream's batch-size switch supports EAGLE/EAGLE3 only; the flag is refused for "
             f"{c.algorithm} on SGLang {sg_version}"
             for c in cfgs

@@ -72,6 +72,10 @@ class EngineConfig:
     # command line, the workload sent to its HTTP API (server_worker.py); the same settings
     # as an in-process Engine, so it is compared with the same baseline.
     served: bool = False
+    # --speculative-num-steps-tiers and its boundaries (the recipes add them on some releases
+    # only; elsewhere the engine is skipped with the reason).
+    tiers: tuple[int, ...] | None = None
+    tier_boundaries: tuple[int, ...] | None = None
 
     @property
     def settings_key(self) -> tuple:
@@ -113,6 +117,13 @@ class Expect:
     # The hidden states of the requests that ask for them equal the baseline's decode steps'
     # within this tolerance, relative to the row's largest value; None: not compared.
     hidden_states_within: float | None = None
+    # --speculative-num-steps-tiers: the draft steps of each tier (largest first), every
+    # boundary between neighbours crossed in both directions by the workload's batches.
+    tiers: tuple[int, ...] | None = None
+    # The acceptance of each positive tier's phases entered from another tier, at least this
+    # share of the most it can accept (draft steps + 1): the trained head drafts the copy
+    # task whole with its draft KV cache in sync; a stale one accepts far less.
+    min_tier_acceptance: float | None = None
     # A served engine (EngineConfig.served): its log shows one spec-fallback line per switch
     # the counters count, drafting OFF above T and ON at or below T - H.
     switches_logged: bool = False
@@ -201,6 +212,14 @@ def workloads(spec: ModelSpec = ModelSpec(), seed: int = 1234) -> dict[str, Work
             "as arrive, the 2 long requests and 2 of the 8 arriving ones asking for logprobs (top 2): "
             "their logprobs cross speculative and fallback steps",
         ),
+        Workload(
+            "tiers",
+            [Request(copy_prompt(rng, spec), 480)]
+            + [Request(copy_prompt(rng, spec), 40, delay=0.03) for _ in range(2)]
+            + [Request(copy_prompt(rng, spec), n, delay=0.12) for n in (24, 32, 40, 48, 56, 64)],
+            "one long request decodes alone, 2 join and leave, then 6 join and leave one by one: "
+            "the batch walks 1 -> 3 -> 1 -> 7 -> 6 ... 1",
+        ),
     ]
     return {x.name: x for x in w}
 
@@ -222,13 +241,21 @@ MARGIN_8 = {"speculative_disable_kv_only_margin": 8}
 KV_ONLY_EACH_STEP = {"speculative_disable_kv_only_steps_per_replay": 1}
 
 
+# The tiers engine: 3 draft steps for one request, 1 for 2-4, the fallback above T = 4 (the
+# last boundary), so the golden batches cross both boundaries. Within the margin of 8 its
+# fallback syncs the draft in full, so every tier's first step drafts from a real state.
+TIERS = (3, 1, 0)
+TIER_BOUNDARIES = (1, THRESHOLD)
+TIER_ACCEPTANCE = HEAD_ACCEPTANCE / 4  # of steps + 1, as the 3-step engines' floor is of 4
+
+
 def configs() -> list[EngineConfig]:
     T = THRESHOLD
     return [
         EngineConfig(
             "base-graph",
             None,
-            workloads=["bs1", f"bs{T - 1}", f"bs{T}", f"bs{T + 1}", "bs8", "stagger", "arrive", "logprobs"],
+            workloads=["bs1", f"bs{T - 1}", f"bs{T}", f"bs{T + 1}", "bs8", "stagger", "arrive", "logprobs", "tiers"],
         ),
         EngineConfig("base-eager", None, cuda_graph=False, workloads=[f"bs{T + 1}", "stagger"]),
         EngineConfig("base-chunked", None, chunked_prefill=64, workloads=["long"]),
@@ -258,6 +285,16 @@ def configs() -> list[EngineConfig]:
         EngineConfig("eagle3-t4-chunked", "EAGLE3", T, chunked_prefill=64, workloads=["long"], fallback_args=MARGIN_8),
         EngineConfig(
             "eagle3-t4-kv-only", "EAGLE3", T, workloads=[f"bs{T + 1}", "stagger", "arrive"], fallback_args=DRAFT_KV_ONLY
+        ),
+        # --speculative-num-steps-tiers 3,1,0 with boundaries 1,4 (0.5.12).
+        EngineConfig(
+            "eagle3-tiers",
+            "EAGLE3",
+            T,
+            workloads=["stagger", "arrive", "tiers"],
+            fallback_args=MARGIN_8,
+            tiers=TIERS,
+            tier_boundaries=TIER_BOUNDARIES,
         ),
         EngineConfig("standalone-t4", "STANDALONE", T, workloads=["bs1", "stagger", "arrive"]),
         # STANDALONE returns the target's final hidden states, as the no-speculation engine does
@@ -406,6 +443,35 @@ def scenarios() -> list[Scenario]:
                 min_acceptance_after=HEAD_ACCEPTANCE,
             ),
             "KV-only sync mid-request",
+        ),
+        Scenario(
+            "tiers shrink 3,1,0",
+            "eagle3-tiers",
+            "stagger",
+            Expect("positive", spec_after_fallback=True, min_tier_acceptance=TIER_ACCEPTANCE),
+            "12 requests finishing one by one: fallback above 4, 1 draft step at 2-4, 3 at 1, each tier "
+            "drafting from the draft KV the one before kept",
+        ),
+        Scenario(
+            "tiers arrive 1,0",
+            "eagle3-tiers",
+            "arrive",
+            Expect(
+                "positive",
+                fallback_after_spec=True,
+                spec_after_fallback=True,
+                tiers=TIERS[1:],
+                min_tier_acceptance=TIER_ACCEPTANCE,
+            ),
+            "2 long requests on 1 draft step, 8 arrive (fallback) and leave: back to 1 draft step mid-request",
+        ),
+        Scenario(
+            "tiers every boundary both ways",
+            "eagle3-tiers",
+            "tiers",
+            Expect("positive", tiers=TIERS, min_tier_acceptance=TIER_ACCEPTANCE),
+            "a long request on 3 draft steps while 2 requests join and leave (1 step), then 6 (fallback, "
+            "then 1 step, then 3): every boundary crossed up and down",
         ),
         Scenario(
             "standalone bs=1 (high acceptance)",

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Draft-length tiers on the lent H200, in one call: measure the fixed configurations (no
+# speculation, EAGLE-3 at 3, 2 and 1 draft steps), let `spectool bench --suggest-tiers` derive
+# the tiers from them, then measure the tiered engine its flags start, into the same folder.
+# Usage there: bash tools/device/bench-tiers.sh VERSION RESULTS [spectool bench args, e.g.
+# --concurrency 1,16,64 --max-batch 256 --reps 2]. FIXED_BUDGET, TIER_BUDGET: each stage's
+# --budget in seconds (engine start-up included). Returns $OUT/NAME.tgz and the two logs.
+set -euo pipefail
+SGLANG_VERSION=$1; RESULTS=$2; shift 2
+source tools/device/setup.sh
+python3 -m spectool.cli apply --sglang-dir "$SITE" >/dev/null
+NAME=$(basename "$RESULTS"); DEST="$OUT/$NAME"
+mkdir -p "$DEST"
+[ -d "$RESULTS" ] && cp -r "$RESULTS"/. "$DEST"/
+bench() { python3 -m spectool.cli bench --sglang-dir "$SITE" --out "$DEST" --no-transition "$@"; }
+set +e
+timeout $((${FIXED_BUDGET:-300} + 60)) bench --budget "${FIXED_BUDGET:-300}" --arms A0,A1 \
+  --variant "S2=A1:speculative_num_steps=2;speculative_num_draft_tokens=3" \
+  --variant "S1=A1:speculative_num_steps=1;speculative_num_draft_tokens=2" "$@" 2>&1 | tee "$OUT/bench-fixed.log"
+bench --suggest-tiers --tier-arms 3=A1,2=S2,1=S1,0=A0 --json "$@" > "$DEST/suggested-tiers.json"
+read -r THRESHOLD VARIANT < <(python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(r["threshold"] if r["threshold"] is not None else 1, r["variant"] or "")' "$DEST/suggested-tiers.json")
+rc=0
+if [ -n "$VARIANT" ]; then
+  # A0 shares the tiered engine's wave: its cells are measured already, so it only starts.
+  timeout $((${TIER_BUDGET:-200} + 60)) bench --budget "${TIER_BUDGET:-200}" --threshold "$THRESHOLD" --arms A0 \
+    --variant "$VARIANT" "$@" 2>&1 | tee "$OUT/bench-tiered.log"
+  rc=${PIPESTATUS[0]}
+fi
+tar czf "$DEST.tgz" -C "$DEST" --exclude=models --exclude=traces . && rm -rf "$DEST"
+exit $rc
