@@ -754,6 +754,13 @@ def test_recording_keeps_what_the_golden_file_holds(tmp_path):
     data = json.loads(path.read_text())
     del data["workloads"]["outputs"]
     path.write_text(json.dumps(data))
+    # Without --record the workload it lacks is compared with its baseline only, and named.
+    report = _evaluate(_engine_results(), tmp_path)
+    assert report["ok"] and not report["golden_problems"]
+    assert (
+        f"{path} has no workload outputs (add it with --record); compared with its baseline only"
+        in report["golden_skipped"]
+    )
     report = _evaluate(_engine_results(), tmp_path, record=True)
     assert report["ok"] and "outputs" in json.loads(path.read_text())["workloads"]
     results = _engine_results()

@@ -415,6 +415,11 @@ def evaluate(
             held = data.get("workloads", {}).get(key)
             if held is None and only_held:
                 continue
+            if held is None and data.get("workloads"):  # a workload added after the recording
+                golden_skipped.append(
+                    f"{path} has no workload {key} (add it with --record); compared with its baseline only"
+                )
+                continue
             if held is not None and held.get("model_weights") != b.get("model_weights"):
                 golden_skipped.append(
                     f"{path}: {key} was recorded with model weights {held.get('model_weights')}, this run's are "
