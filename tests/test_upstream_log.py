@@ -196,7 +196,8 @@ def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(
         jobs, cfgs, skipped = runner.plan_jobs(scenarios.configs(), wls, models, tmp_path, version, switch, tiers=tiers)
         spec_jobs = [j for j in jobs if j["config"]["algorithm"]]
         if not tiers:
-            assert "no --speculative-num-steps-tiers" in skipped.pop("eagle3-tiers")
+            for name in ("eagle3-tiers", "eagle3-tiers-31"):
+                assert "no --speculative-num-steps-tiers" in skipped.pop(name)
             assert all(not c.tiers for c in cfgs)
         if upstream:
             assert set(skipped) == {"standalone-t4", "standalone-t4-hidden"}
@@ -205,5 +206,5 @@ def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(
                 j["observe"] == "log" and j["log_path"].endswith(f"{j['config']['name']}.log") for j in spec_jobs
             )
         else:
-            assert skipped == {} and len(cfgs) == len(scenarios.configs()) - (not tiers)
+            assert skipped == {} and len(cfgs) == len(scenarios.configs()) - 2 * (not tiers)
             assert all("observe" not in j and j["stats_path"] for j in spec_jobs)

@@ -492,7 +492,7 @@ def test_a_run_that_meets_every_claim_passes_and_its_baselines_become_the_golden
         assert row["fallback_steps"] == (counted if s.expect.counted else None), s.name
         assert row["min_baseline_margin"] == 5.0
     unset = [r for r in report["scenarios"] if r["fallback_steps"] is None]
-    assert unset and all(r["config"] == "eagle3-unset" for r in unset)
+    assert unset and {r["config"] for r in unset} == {"eagle3-unset", "eagle3-tiers-31"}
 
 
 def test_each_path_claim_fails_by_name(tmp_path):
@@ -588,16 +588,16 @@ def test_counters_from_upstreams_log_check_only_what_the_log_shows(tmp_path):
                 w["stats_after"].update(draft_kv_only_steps=0, draft_kv_only_graph_steps=0, draft_kv_only_prefills=0)
     for w in results["eagle3-unset"]["workloads"].values():
         w["stats_after"] = {"fallback_steps": 0, "spec_steps": 9, "phases": [_phase(1, "spec", 9)]}
-    skipped = {"standalone-t4": "upstream's batch-size switch supports EAGLE/EAGLE3 only"}
+    skipped = {
+        "standalone-t4": "upstream's batch-size switch supports EAGLE/EAGLE3 only",
+        **{c.name: "no --speculative-num-steps-tiers" for c in scenarios.configs() if c.tiers},
+    }
     cfgs = [c for c in scenarios.configs() if c.name not in skipped]
     report = _evaluate(results, tmp_path, cfgs=cfgs, skipped=skipped, recipe_counters=False)
     assert report["ok"], _failed(report)
     rows = [r for r in report["scenarios"] if r.get("skipped")]
-    assert (
-        rows
-        and {r["config"] for r in rows} == {"standalone-t4"}
-        and all(r["skipped"] == skipped["standalone-t4"] for r in rows)
-    )
+    assert rows and {r["config"] for r in rows} == set(skipped)
+    assert all(r["skipped"] == skipped[r["config"]] for r in rows)
     assert _failed(_evaluate(results, tmp_path, cfgs=cfgs, skipped=skipped)), "the recipe's own counters are checked"
 
 

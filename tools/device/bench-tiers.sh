@@ -12,20 +12,20 @@ python3 -m spectool.cli apply --sglang-dir "$SITE" >/dev/null
 NAME=$(basename "$RESULTS"); DEST="$OUT/$NAME"
 mkdir -p "$DEST"
 [ -d "$RESULTS" ] && cp -r "$RESULTS"/. "$DEST"/
-bench() { python3 -m spectool.cli bench --sglang-dir "$SITE" --out "$DEST" --no-transition "$@"; }
+BENCH=(python3 -m spectool.cli bench --sglang-dir "$SITE" --out "$DEST" --no-transition)
 set +e
-timeout $((${FIXED_BUDGET:-300} + 60)) bench --budget "${FIXED_BUDGET:-300}" --arms A0,A1 \
+timeout $((${FIXED_BUDGET:-300} + 60)) "${BENCH[@]}" --budget "${FIXED_BUDGET:-300}" --arms A0,A1 \
   --variant "S2=A1:speculative_num_steps=2;speculative_num_draft_tokens=3" \
   --variant "S1=A1:speculative_num_steps=1;speculative_num_draft_tokens=2" "$@" 2>&1 | tee "$OUT/bench-fixed.log"
-bench --suggest-tiers --tier-arms 3=A1,2=S2,1=S1,0=A0 --json "$@" > "$DEST/suggested-tiers.json"
+"${BENCH[@]}" --suggest-tiers --tier-arms 3=A1,2=S2,1=S1,0=A0 --json "$@" > "$DEST/suggested-tiers.json"
 read -r THRESHOLD VARIANT < <(python3 -c '
 import json, sys
 r = json.load(open(sys.argv[1]))
-print(r["threshold"] if r["threshold"] is not None else 1, r["variant"] or "")' "$DEST/suggested-tiers.json")
+print(r.get("threshold") or 1, r.get("variant") or "")' "$DEST/suggested-tiers.json")
 rc=0
 if [ -n "$VARIANT" ]; then
   # A0 shares the tiered engine's wave: its cells are measured already, so it only starts.
-  timeout $((${TIER_BUDGET:-200} + 60)) bench --budget "${TIER_BUDGET:-200}" --threshold "$THRESHOLD" --arms A0 \
+  timeout $((${TIER_BUDGET:-200} + 60)) "${BENCH[@]}" --budget "${TIER_BUDGET:-200}" --threshold "$THRESHOLD" --arms A0 \
     --variant "$VARIANT" "$@" 2>&1 | tee "$OUT/bench-tiered.log"
   rc=${PIPESTATUS[0]}
 fi

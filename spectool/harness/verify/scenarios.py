@@ -264,7 +264,7 @@ def configs() -> list[EngineConfig]:
             "eagle3-t4",
             "EAGLE3",
             T,
-            workloads=["bs1", f"bs{T - 1}", f"bs{T}", f"bs{T + 1}", "stagger", "arrive", "logprobs"],
+            workloads=["bs1", f"bs{T - 1}", f"bs{T}", f"bs{T + 1}", "stagger", "arrive", "logprobs", "tiers"],
             fallback_args=MARGIN_8,
         ),
         EngineConfig(
@@ -296,12 +296,16 @@ def configs() -> list[EngineConfig]:
             tiers=TIERS,
             tier_boundaries=TIER_BOUNDARIES,
         ),
+        # The tiers without the fallback: 3 draft steps for one request, 1 above.
+        EngineConfig(
+            "eagle3-tiers-31", "EAGLE3", None, workloads=["tiers"], tiers=TIERS[:2], tier_boundaries=TIER_BOUNDARIES[:1]
+        ),
         EngineConfig("standalone-t4", "STANDALONE", T, workloads=["bs1", "stagger", "arrive"]),
         # STANDALONE returns the target's final hidden states, as the no-speculation engine does
         # (an EAGLE-3 target returns its EAGLE-3 features instead, on every kind of step).
         EngineConfig("standalone-t4-hidden", "STANDALONE", T, hidden_states=True, workloads=["outputs"]),
         # The patch without the flag: what every user who has not opted in runs.
-        EngineConfig("eagle3-unset", "EAGLE3", None, workloads=["bs8", "stagger"]),
+        EngineConfig("eagle3-unset", "EAGLE3", None, workloads=["bs8", "stagger", "tiers"]),
         # A second target architecture, MoE (golden_moe.py: router top-k, fused experts, its
         # own trained EAGLE-3 head), and a second attention backend, flashinfer, for the dense
         # target: each through both transitions on the fallback's defaults (the KV-only draft
@@ -474,6 +478,20 @@ def scenarios() -> list[Scenario]:
             "then 1 step, then 3): every boundary crossed up and down",
         ),
         Scenario(
+            "eagle3 long request through both transitions",
+            "eagle3-t4",
+            "tiers",
+            Expect("positive", fallback_after_spec=True, spec_after_fallback=True, min_acceptance_after=HEAD_ACCEPTANCE),
+            "the tiers workload on the binary switch: a 480-token request through spec -> fallback -> spec",
+        ),
+        Scenario(
+            "tiers 3,1 without the fallback",
+            "eagle3-tiers-31",
+            "tiers",
+            Expect(counted=False),
+            "3 draft steps for one request, 1 for more, no threshold: the fallback's decision never runs",
+        ),
+        Scenario(
             "standalone bs=1 (high acceptance)",
             "standalone-t4",
             "bs1",
@@ -508,6 +526,13 @@ def scenarios() -> list[Scenario]:
             "bs8",
             Expect(counted=False),
             "the release's own path on every step, prefill included",
+        ),
+        Scenario(
+            "eagle3 patched, flag unset, long request",
+            "eagle3-unset",
+            "tiers",
+            Expect(counted=False),
+            "the tiers workload on the release's own path: a 480-token request among joining ones",
         ),
         Scenario(
             "eagle3 patched, flag unset stagger",
