@@ -481,7 +481,9 @@ def scenarios() -> list[Scenario]:
             "eagle3 long request through both transitions",
             "eagle3-t4",
             "tiers",
-            Expect("positive", fallback_after_spec=True, spec_after_fallback=True, min_acceptance_after=HEAD_ACCEPTANCE),
+            Expect(
+                "positive", fallback_after_spec=True, spec_after_fallback=True, min_acceptance_after=HEAD_ACCEPTANCE
+            ),
             "the tiers workload on the binary switch: a 480-token request through spec -> fallback -> spec",
         ),
         Scenario(
