@@ -213,8 +213,8 @@ def workloads(spec: ModelSpec = ModelSpec(), seed: int = 1234) -> dict[str, Work
             "their logprobs cross speculative and fallback steps",
         ),
         Workload(
-            "tiers",
-            [Request(copy_prompt(rng, spec), 480)]
+            "tier-walk",
+            [Request(copy_prompt(rng, spec), 400)]
             + [Request(copy_prompt(rng, spec), 40, delay=0.03) for _ in range(2)]
             + [Request(copy_prompt(rng, spec), n, delay=0.12) for n in (24, 32, 40, 48, 56, 64)],
             "one long request decodes alone, 2 join and leave, then 6 join and leave one by one: "
@@ -255,7 +255,17 @@ def configs() -> list[EngineConfig]:
         EngineConfig(
             "base-graph",
             None,
-            workloads=["bs1", f"bs{T - 1}", f"bs{T}", f"bs{T + 1}", "bs8", "stagger", "arrive", "logprobs", "tiers"],
+            workloads=[
+                "bs1",
+                f"bs{T - 1}",
+                f"bs{T}",
+                f"bs{T + 1}",
+                "bs8",
+                "stagger",
+                "arrive",
+                "logprobs",
+                "tier-walk",
+            ],
         ),
         EngineConfig("base-eager", None, cuda_graph=False, workloads=[f"bs{T + 1}", "stagger"]),
         EngineConfig("base-chunked", None, chunked_prefill=64, workloads=["long"]),
@@ -264,7 +274,7 @@ def configs() -> list[EngineConfig]:
             "eagle3-t4",
             "EAGLE3",
             T,
-            workloads=["bs1", f"bs{T - 1}", f"bs{T}", f"bs{T + 1}", "stagger", "arrive", "logprobs", "tiers"],
+            workloads=["bs1", f"bs{T - 1}", f"bs{T}", f"bs{T + 1}", "stagger", "arrive", "logprobs", "tier-walk"],
             fallback_args=MARGIN_8,
         ),
         EngineConfig(
@@ -291,21 +301,26 @@ def configs() -> list[EngineConfig]:
             "eagle3-tiers",
             "EAGLE3",
             T,
-            workloads=["stagger", "arrive", "tiers"],
+            workloads=["stagger", "arrive", "tier-walk"],
             fallback_args=MARGIN_8,
             tiers=TIERS,
             tier_boundaries=TIER_BOUNDARIES,
         ),
         # The tiers without the fallback: 3 draft steps for one request, 1 above.
         EngineConfig(
-            "eagle3-tiers-31", "EAGLE3", None, workloads=["tiers"], tiers=TIERS[:2], tier_boundaries=TIER_BOUNDARIES[:1]
+            "eagle3-tiers-31",
+            "EAGLE3",
+            None,
+            workloads=["tier-walk"],
+            tiers=TIERS[:2],
+            tier_boundaries=TIER_BOUNDARIES[:1],
         ),
         EngineConfig("standalone-t4", "STANDALONE", T, workloads=["bs1", "stagger", "arrive"]),
         # STANDALONE returns the target's final hidden states, as the no-speculation engine does
         # (an EAGLE-3 target returns its EAGLE-3 features instead, on every kind of step).
         EngineConfig("standalone-t4-hidden", "STANDALONE", T, hidden_states=True, workloads=["outputs"]),
         # The patch without the flag: what every user who has not opted in runs.
-        EngineConfig("eagle3-unset", "EAGLE3", None, workloads=["bs8", "stagger", "tiers"]),
+        EngineConfig("eagle3-unset", "EAGLE3", None, workloads=["bs8", "stagger", "tier-walk"]),
         # A second target architecture, MoE (golden_moe.py: router top-k, fused experts, its
         # own trained EAGLE-3 head), and a second attention backend, flashinfer, for the dense
         # target: each through both transitions on the fallback's defaults (the KV-only draft
@@ -472,7 +487,7 @@ def scenarios() -> list[Scenario]:
         Scenario(
             "tiers every boundary both ways",
             "eagle3-tiers",
-            "tiers",
+            "tier-walk",
             Expect("positive", tiers=TIERS, min_tier_acceptance=TIER_ACCEPTANCE),
             "a long request on 3 draft steps while 2 requests join and leave (1 step), then 6 (fallback, "
             "then 1 step, then 3): every boundary crossed up and down",
@@ -480,16 +495,16 @@ def scenarios() -> list[Scenario]:
         Scenario(
             "eagle3 long request through both transitions",
             "eagle3-t4",
-            "tiers",
+            "tier-walk",
             Expect(
                 "positive", fallback_after_spec=True, spec_after_fallback=True, min_acceptance_after=HEAD_ACCEPTANCE
             ),
-            "the tiers workload on the binary switch: a 480-token request through spec -> fallback -> spec",
+            "the tier walk on the binary switch: a 400-token request through spec -> fallback -> spec",
         ),
         Scenario(
             "tiers 3,1 without the fallback",
             "eagle3-tiers-31",
-            "tiers",
+            "tier-walk",
             Expect(counted=False),
             "3 draft steps for one request, 1 for more, no threshold: the fallback's decision never runs",
         ),
@@ -532,9 +547,9 @@ def scenarios() -> list[Scenario]:
         Scenario(
             "eagle3 patched, flag unset, long request",
             "eagle3-unset",
-            "tiers",
+            "tier-walk",
             Expect(counted=False),
-            "the tiers workload on the release's own path: a 480-token request among joining ones",
+            "the tier walk on the release's own path: a 400-token request among joining ones",
         ),
         Scenario(
             "eagle3 patched, flag unset stagger",
