@@ -92,21 +92,25 @@ def _engine_outputs(folder: Path) -> tuple[dict, dict]:
 
 @pytest.mark.parametrize("folder", VERIFY, ids=_name)
 def test_a_verify_runs_rows_regenerate_from_its_engines_outputs(folder):
-    """Every scenario the run passed: its tokens compared again with its baseline engine's,
-    its step counters taken again from the engine's snapshots (rebuilt from the engine's log
-    where the switch is upstream's), and the baselines compared with the golden file."""
+    """Every scenario of the run, passed or failed: its tokens compared again with the
+    run's baseline engine of the same settings, its step counters taken again from the
+    engine's snapshots (rebuilt from the engine's log where the switch is upstream's), and
+    the baselines of the workloads the tables still define compared with the golden file."""
     report = json.loads((folder / "verify-results.json").read_text())
     outs, logs = _engine_outputs(folder)
     cfgs = {c.name: c for c in scenarios.configs()}
     from_log = report["counters_from"].startswith("engine log")
     wls = scenarios.workloads()
-    assert report["ok"] and report["scenarios"]
+    assert report["scenarios"] and report["ok"] == all(row["ok"] for row in report["scenarios"])
     for row in report["scenarios"]:
-        assert row["ok"], row["scenario"]
         if row.get("skipped"):
             continue
         cfg, w = cfgs[row["config"]], row["workload"]
-        base = scenarios.baseline_for(cfg, list(cfgs.values()), w)
+        base = next(
+            b
+            for b in cfgs.values()
+            if b.algorithm is None and b.settings_key == cfg.settings_key and w in outs.get(b.name, {}).get("workloads", {})
+        )
         cand = outs[cfg.name]["workloads"][w]
         cmp = compare.compare_tokens(outs[base.name]["workloads"][w]["requests"], cand["requests"])
         assert (cmp.requests, cmp.equal, cmp.tokens) == (row["requests"], row["equal"], row["tokens"]), row["scenario"]
@@ -138,6 +142,7 @@ def test_a_verify_runs_rows_regenerate_from_its_engines_outputs(folder):
         for name, out in outs.items()
         if name in cfgs and cfgs[name].algorithm is None  # not the jobs that train a model
         for w in out["workloads"]
+        if w in wls
     }
     for (key, w), requests in baselines.items():
         assert compare.compare_to_golden(golden, key, [r.prompt for r in wls[w].requests], requests) == [], key

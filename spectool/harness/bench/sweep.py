@@ -704,8 +704,12 @@ def summarize(
     r = analyze.merged_ratios(cells, concurrencies, acc_len)
     intervals = analyze.merged_intervals(cells, concurrencies, acc_len)
     per_run = analyze.per_run_ratios(cells, concurrencies, acc_len)
-    labels = {a.name: a.label for a in [*make_arms(threshold, max(concurrencies)), *arm_list]}
-    labels.update({a: a for a, _ in m if a not in labels})  # variants of an earlier run
+    # The standard arms, then the others in the order the cells first name them: a folder
+    # measured in several runs (variants of an earlier one) regenerates the same table.
+    labels = {a.name: a.label for a in make_arms(threshold, max(concurrencies))}
+    given = {a.name: a.label for a in arm_list}
+    for arm in dict.fromkeys(c["arm"] for c in cells):
+        labels.setdefault(arm, given.get(arm, arm))
     tp = max((cell_tp(c) for c in cells), default=1)  # one size per folder (load_cells, merge)
     report = {
         "sglang_version": version,
