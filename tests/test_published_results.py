@@ -109,7 +109,9 @@ def test_a_verify_runs_rows_regenerate_from_its_engines_outputs(folder):
         base = next(
             b
             for b in cfgs.values()
-            if b.algorithm is None and b.settings_key == cfg.settings_key and w in outs.get(b.name, {}).get("workloads", {})
+            if b.algorithm is None
+            and b.settings_key == cfg.settings_key
+            and w in outs.get(b.name, {}).get("workloads", {})
         )
         cand = outs[cfg.name]["workloads"][w]
         cmp = compare.compare_tokens(outs[base.name]["workloads"][w]["requests"], cand["requests"])

@@ -191,6 +191,8 @@ def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(
         env = {}
         got_version, switch = runner.inspect_tree(str(tree), env)
         assert (got_version, switch) == (version, upstream) and env["PYTHONPATH"].startswith(str(tree))
+        # The request kinds each release's fallback keeps speculating, read from its rule.
+        assert runner.kept_speculative(str(tree)) == {"0.5.12": set(), "0.5.17": {"grammar"}, "0.5.19": set()}[version]
         tiers = runner.has_tiers(str(tree))
         assert tiers == (version == "0.5.12")  # the recipes add --speculative-num-steps-tiers there
         jobs, cfgs, skipped = runner.plan_jobs(scenarios.configs(), wls, models, tmp_path, version, switch, tiers=tiers)

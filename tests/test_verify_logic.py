@@ -327,7 +327,8 @@ def test_golden_files_speak_only_for_their_model(tmp_path):
     from spectool.harness.verify import runner
 
     root = Path(__file__).resolve().parent.parent / "golden"
-    for spec, skipped in ((ModelSpec(), 0), (ModelSpec().for_tp(2), 2)):
+    files = len(list(root.glob("*/sm90/golden.json")))
+    for spec, skipped in ((ModelSpec(), 0), (ModelSpec().for_tp(2), files)):
         models = {"meta": {"key": spec.key()}}
         report = runner.evaluate({}, [], {}, models, "0.5.12", "sm90", "NVIDIA H200", root, False)
         assert report["ok"] and not report["golden_problems"], spec
@@ -893,3 +894,32 @@ def test_tier_walk_crossings_and_acceptance():
     assert compare.tier_crossings([3, 1, 3], [3, 1, 0]) == ["1|0 up", "1|0 down"]
     # The first phase was entered before the window: only the later 3-step phase counts.
     assert compare.tier_acceptance(phases) == {(0, 1): 1.5, (1, 3): 4.0}
+
+
+def test_a_releases_rule_that_keeps_a_request_kind_speculating_is_what_its_scenarios_check(tmp_path):
+    """Where the release's fallback keeps logprob and hidden-state batches speculating (its
+    documented rule), the scenarios whose requests ask for them claim every step speculative,
+    their logprobs the speculative path's and no hidden-state rows; the row says so. Counted
+    fallback steps there fail them; elsewhere nothing changes."""
+    _evaluate(_engine_results(), tmp_path, record=True)
+    kinds = {s.name: scenarios.request_kinds(scenarios.workloads()[s.workload]) for s in scenarios.scenarios()}
+    asking = {name for name, k in kinds.items() if k & {"logprob", "hidden_states"}}
+    assert {"eagle3 logprob requests fall back", "standalone hidden states and logprobs"} <= asking
+    results = _engine_results()
+    for s in scenarios.scenarios():
+        if s.name in asking and results[s.config]["workloads"][s.workload]["stats_after"]:
+            n = SYNTHETIC_FALLBACK_STEPS
+            results[s.config]["workloads"][s.workload]["stats_after"] = {
+                "fallback_steps": 0,
+                "spec_steps": n,
+                "phases": [_phase(1, "spec", n)],
+            }
+    kept = frozenset({"grammar", "logprob", "hidden_states"})
+    report = _evaluate(results, tmp_path, kept_kinds=kept)
+    assert report["ok"], _failed(report)
+    row = next(r for r in report["scenarios"] if r["scenario"] == "eagle3 logprob requests fall back")
+    assert row["what"].endswith("(SGLang 0.5.12 keeps logprob batches speculating: checked as such)")
+    assert set(_failed(_evaluate(results, tmp_path))) == {
+        name for name in asking if next(s for s in scenarios.scenarios() if s.name == name).expect.counted
+    }
+    assert _failed(_evaluate(_engine_results(), tmp_path, kept_kinds=kept))  # fallback steps where the rule has none

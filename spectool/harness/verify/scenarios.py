@@ -139,6 +139,32 @@ class Expect:
 RECIPE_COUNTER_CLAIMS = ("kv_only", "kv_only_prefill", "switches_logged", "metrics_agree")
 
 
+# The request kinds a workload's requests ask for, as the fallback's eligibility rule names
+# them (runner.kept_speculative reads which kinds a release's rule keeps speculating).
+REQUEST_KINDS = ("grammar", "logprob", "hidden_states")
+
+
+def request_kinds(workload: Workload) -> set[str]:
+    """The kinds of output the workload's requests ask for beyond their tokens."""
+    kinds = set()
+    for r in workload.requests:
+        kinds |= {"logprob"} if r.return_logprob else set()
+        kinds |= {"hidden_states"} if r.return_hidden_states else set()
+    return kinds
+
+
+def kept_speculative_claims(expect: Expect) -> Expect:
+    """A scenario's claims on a release whose fallback keeps its requests' kind on the
+    speculative path (a documented per-request rule): every step speculates, tokens stay
+    exact and requested logprobs are the speculative path's (within LOGPROB_SPEC_TOL of plain
+    decoding); hidden states are SGLang's speculative rows, not compared."""
+    return Expect(
+        "zero",
+        counted=expect.counted,
+        logprobs_within=LOGPROB_SPEC_TOL if expect.logprobs_within is not None else None,
+    )
+
+
 def expectations(expect: Expect, *, recipe_counters: bool = True) -> dict:
     """A scenario's claims as the run it is checked on can show them: without the recipe's
     counters (upstream's switch) its counter claims, and a claim that nothing is counted, are
