@@ -965,3 +965,30 @@ def test_plots_label_the_measured_concurrencies_even_in_a_band_without_a_power_o
     m = analyze.medians(_sweep([40, 48, 56], ("A0", "A1", "A2")))
     analyze.plot(m, [40, 48, 56], {"A0": "no speculation", "A2": "patched"}, tmp_path / "band.png", "band")
     assert (tmp_path / "band.png").stat().st_size > 0
+
+
+def test_a_folder_holds_one_target(tmp_path):
+    """Cells of the MoE target carry `target`: a folder of 8B cells is refused at --target
+    qwen3-30b-a3b (and the reverse), before any GPU is looked for, and cannot be merged with
+    one of the other target; the report and its plot title name the target."""
+    from click.testing import CliRunner
+
+    from spectool.cli import main
+    from spectool.errors import BadInputError
+    from spectool.harness.bench.sweep import load_cells
+
+    dense = _folder(tmp_path / "dense", _sweep([64, 128]))
+    res = CliRunner().invoke(main, ["bench", "--out", str(dense), "--target", "qwen3-30b-a3b"])
+    assert res.exit_code == 2 and "--target llama-8b" in res.output and "Traceback" not in res.output
+    cells = analyze.read_cells(dense / "cells.jsonl")
+    moe = _folder(tmp_path / "moe", [{**c, "target": "qwen3-30b-a3b"} for c in cells])
+    _, done = load_cells(moe / "cells.jsonl", 3.0, target="qwen3-30b-a3b")
+    assert len(done) == len(cells)
+    with pytest.raises(BadInputError, match="--target qwen3-30b-a3b"):
+        load_cells(moe / "cells.jsonl", 3.0)
+    r = CliRunner().invoke(main, ["bench", "--out", str(tmp_path / "m"), "--merge", str(dense), "--merge", str(moe)])
+    assert r.exit_code == 2 and "target" in r.output and not (tmp_path / "m").exists()
+    assert summarize(tmp_path, analyze.read_cells(moe / "cells.jsonl"), [64], 32, 3.0, None, {})["target"] == (
+        "qwen3-30b-a3b"
+    )
+    assert "target" not in summarize(dense, cells, [64], 32, 3.0, None, {})

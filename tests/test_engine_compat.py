@@ -1,6 +1,7 @@
 """Engine arguments are mapped onto each release's ServerArgs fields (read from the source)."""
 
 import ast
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +112,58 @@ def test_a_variant_value_its_field_cannot_take_is_refused(text, annotation, need
 
     with pytest.raises(ValueError, match=re.escape(needle)):
         server_arg_value("f", text, annotation)
+
+
+def _config_reads(path) -> set[str]:
+    """The `config.X` a model file reads without a getattr/hasattr guard naming X."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    guarded = {
+        n.args[1].value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and getattr(n.func, "id", None) in ("getattr", "hasattr")
+        and len(n.args) >= 2
+        and isinstance(n.args[1], ast.Constant)
+    }
+    reads = {
+        n.attr
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "config"
+    }
+    return reads - guarded
+
+
+def test_bench_targets_give_every_field_their_model_classes_read(cached_release, tmp_path):
+    """Each --target's configs, as written for the engines, name a model class of SGLang 0.5.12
+    (the target's with EAGLE-3 capture) and give every config field its model file reads
+    unguarded; the MoE target routes 8 of 128 experts."""
+    import json
+
+    from spectool.harness.bench.models import TARGETS, write_models
+
+    models = cached_release("0.5.12") / "sglang" / "srt" / "models"
+    files = {
+        "LlamaForCausalLM": "llama.py",
+        "Qwen3MoeForCausalLM": "qwen3_moe.py",
+        "LlamaForCausalLMEagle3": "llama_eagle3.py",
+    }
+    for name in TARGETS:
+        paths = write_models(tmp_path / name, name)
+        for key in ("target", "draft"):
+            cfg = json.loads((Path(paths[key]) / "config.json").read_text())
+            (arch,) = cfg["architectures"]
+            source = models / files[arch]
+            assert "EntryClass" in source.read_text() and arch in source.read_text()
+            needed = _config_reads(source) | (_config_reads(models / "llama.py") if "Eagle3" in arch else set())
+            # Fields every transformers config has, and the one read for llama4_text heads only.
+            assert needed <= set(cfg) | {"pad_token_id", "rope_scaling", "intermediate_size_mlp"}, (
+                name,
+                key,
+                needed - set(cfg),
+            )
+            if key == "target":
+                assert "set_eagle3_layers_to_capture" in source.read_text(), arch
+    moe = TARGETS["qwen3-30b-a3b"].target
+    assert (moe["num_experts"], moe["num_experts_per_tok"], TARGETS["qwen3-30b-a3b"].max_engines) == (128, 8, 1)

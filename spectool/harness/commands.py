@@ -10,7 +10,7 @@ import click
 from ..cli import _console, _csv, _dir_opt, _json_opt, _numbers, exit_codes, guarded, recipes_opts, selection
 from ..errors import EXIT_FAILED, EXIT_OK, BadInputError
 from ..report import to_json
-from .bench.arms import MAX_ENGINES
+from .bench.models import DEFAULT_TARGET, TARGETS
 from .bench.sweep import LOADS, PORT_BASE, PROFILE_LOADS
 
 
@@ -188,9 +188,18 @@ def _tier_arms(text: str) -> dict[int, str]:
 @click.option(
     "--max-engines",
     type=click.IntRange(min=1),
-    default=MAX_ENGINES,
+    default=None,
+    help="Engines on the GPU at once; more arms run in waves. Default: as many of the --target's as fit "
+    f"one H200 ({', '.join(f'{t.name} {t.max_engines}' for t in TARGETS.values())}; an 8B-shaped engine "
+    "takes ~28 GiB, a Qwen3-30B-A3B-shaped one ~70 GiB).",
+)
+@click.option(
+    "--target",
+    type=click.Choice(list(TARGETS)),
+    default=DEFAULT_TARGET,
     show_default=True,
-    help="Engines on the GPU at once; more arms run in waves (an 8B-shaped engine takes ~28 GiB).",
+    help="The target shape (dummy weights) with its EAGLE-3 head: the 8B Llama, or the MoE of "
+    "Qwen3-30B-A3B (48 layers, 128 experts, 8 per token). A folder holds cells of one target only.",
 )
 @click.option(
     "--suggest-threshold",
@@ -313,6 +322,7 @@ def bench(
     fresh_engines,
     tp,
     max_batch,
+    target,
     as_json,
 ):
     """Throughput sweep (GPU): no-spec, EAGLE-3, and the patched fallback, per concurrency."""
@@ -394,6 +404,7 @@ def bench(
             port_base=port_base,
             tp=tp,
             max_batch=max_batch,
+            target=target,
             console=_console(),
             **({"out_len": out_len} if profile_load != "wave" else {}),
         )
@@ -422,6 +433,7 @@ def bench(
             fresh_engines=fresh_engines,
             tp=tp,
             max_batch=max_batch,
+            target=target,
             console=_console(),
         )
     if as_json:

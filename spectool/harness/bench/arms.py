@@ -38,10 +38,6 @@ def arms(threshold: int, max_bs: int = 256) -> list[Arm]:
 
 
 DEFAULT_ARMS = ("A0", "A1", "A2", "A3", "A4")
-# Engines of the benchmark shape (8B target, bf16, KV for 256 x 272 tokens, graphs) take about
-# 28 GiB each: five do not fit one H200 (measured: the fifth ran out of memory while capturing
-# its graphs, and a fallback without its graphs would have been measured eagerly).
-MAX_ENGINES = 4
 
 
 def variant(spec: str, base_arms: list[Arm], server_args: dict[str, str] | Callable[[], dict[str, str]]) -> Arm:

@@ -18,10 +18,12 @@ from pathlib import Path
 from ...errors import BadInputError
 from ..engine_compat import server_arg_annotations
 from . import analyze
-from .arms import DEFAULT_ARMS, MAX_ENGINES, engine_kwargs
+from .arms import DEFAULT_ARMS, engine_kwargs
 from .arms import arms as make_arms
 from .arms import variant as make_variant
-from .models import write_models
+from .models import DEFAULT_TARGET, TARGETS, write_models
+
+MAX_ENGINES = TARGETS[DEFAULT_TARGET].max_engines  # the default target's engines per H200
 
 DEFAULT_C = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 # Alternating low and high load (closed loop): switches must cost nothing visible. Each phase
@@ -99,7 +101,7 @@ def run(
     sglang_dir: str | None = None,
     arm_names: list[str] | None = None,
     variants=(),
-    max_engines: int = MAX_ENGINES,
+    max_engines: int | None = None,
     load: str = "lockstep",
     transition_arms=None,
     engine_log_level: str = "warning",
@@ -107,6 +109,7 @@ def run(
     fresh_engines: bool = False,
     tp: int = 1,
     max_batch: int | None = None,
+    target: str = DEFAULT_TARGET,
     console=None,
 ) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -114,6 +117,7 @@ def run(
     from ..verify.runner import gpu_info
 
     max_bs = engine_batch(concurrencies, max_batch)
+    max_engines = engines_per_gpu(target, max_engines)
     arm_list = select_arms(threshold, max_bs, arm_names, variants, sglang_dir)
     # Named arms must be measured; the default (A2) just finds no engine in a run without it.
     unknown = sorted(set(transition_arms or ()) - {a.name for a in arm_list})
@@ -128,7 +132,7 @@ def run(
     cells_path = out / "cells.jsonl"
     if load not in LOADS:
         raise BadInputError(f"--load {load!r}: use {' or '.join(LOADS)}.")
-    cells, done = load_cells(cells_path, acc_len, load, tp)  # a folder it must not extend is refused first
+    cells, done = load_cells(cells_path, acc_len, load, tp, target)  # a folder it must not extend is refused first
     _, gpu = gpu_info("bench")  # a clear error (exit 2) without a GPU, before any engine starts
     t_start = time.time()
     out.mkdir(parents=True, exist_ok=True)
@@ -179,6 +183,7 @@ def run(
                 log_level=engine_log_level,
                 port_base=port_base,
                 tp=tp,
+                target=target,
             ) as (procs, started):
                 startup.update(started)
                 for step in steps:
@@ -217,6 +222,7 @@ def run(
                         "max_batch": max_bs,
                         **({"engines": f"rep{rep}"} if fresh_engines else {}),
                         **({"tp": tp} if tp > 1 else {}),
+                        **({"target": target} if target != DEFAULT_TARGET else {}),
                     }
                     cells.append(cell)
                     with open(cells_path, "a") as f:
@@ -225,6 +231,11 @@ def run(
             if stopped:
                 break
     return summarize(out, cells, concurrencies, threshold, acc_len, trans, startup, version, gpu, arm_list, load)
+
+
+def engines_per_gpu(target: str, max_engines: int | None) -> int:
+    """--max-engines, or as many of the target's engines as fit one H200 at once."""
+    return TARGETS[target].max_engines if max_engines is None else max_engines
 
 
 def engine_batch(concurrencies, max_batch: int | None = None) -> int:
@@ -249,15 +260,23 @@ def cell_tp(cell: dict) -> int:
     return int(cell.get("tp", 1))
 
 
+def cell_target(cell: dict) -> str:
+    """The target shape a recorded cell was measured on (cells without `target`: the 8B Llama)."""
+    return cell.get("target", DEFAULT_TARGET)
+
+
 # What cells must share to make one table, resumed (load_cells) or merged (merge): the option,
 # how a cell records it, and how an error names the values found.
 CELL_SETUP = (
     ("load", cell_load, lambda vs: f"the {' and '.join(vs)} load"),
     ("tp", cell_tp, lambda vs: f"--tp {' and '.join(map(str, vs))}"),
+    ("target", cell_target, lambda vs: f"--target {' and '.join(vs)}"),
 )
 
 
-def load_cells(cells_path: Path, acc_len: float, load: str = "lockstep", tp: int = 1) -> tuple[list, set]:
+def load_cells(
+    cells_path: Path, acc_len: float, load: str = "lockstep", tp: int = 1, target: str = DEFAULT_TARGET
+) -> tuple[list, set]:
     """The cells a results folder holds and their (arm, C, rep, acc_len) keys, so a run resumes;
     refused (a one-paragraph error) if they were measured with another setting of CELL_SETUP
     (the other load, another tensor-parallel size): such cells must not share a table."""
@@ -265,7 +284,7 @@ def load_cells(cells_path: Path, acc_len: float, load: str = "lockstep", tp: int
         return [], set()
     cells = analyze.read_cells(cells_path)
     done = {(c["arm"], c["C"], c["rep"], c.get("acc_len", acc_len)) for c in cells}
-    asked = {"load": load, "tp": tp}
+    asked = {"load": load, "tp": tp, "target": target}
     for name, read, describe in CELL_SETUP:
         held = sorted({read(c) for c in cells})
         if set(held) - {asked[name]}:
@@ -447,10 +466,11 @@ def _engines(
     log_level: str = "warning",
     port_base: int = PORT_BASE,
     tp: int = 1,
+    target: str = DEFAULT_TARGET,
 ):
     """Start one engine process per arm (in parallel), yield (procs, startup seconds), stop them.
     Engine i owns the ports from port_base + 100*i (its rendezvous port among them)."""
-    models = write_models(out / "models")
+    models = write_models(out / "models", target)
     procs = {}
     for i, arm in enumerate(arm_list):
         job = {
@@ -513,11 +533,12 @@ def profile(
     out_len: int = 1024,
     acc_len: float = 3.0,
     sglang_dir: str | None = None,
-    max_engines: int = MAX_ENGINES,
+    max_engines: int | None = None,
     load: str = "wave",
     port_base: int = PORT_BASE,
     tp: int = 1,
     max_batch: int | None = None,
+    target: str = DEFAULT_TARGET,
     console=None,
 ) -> dict:
     """Profile `steps` steady-state steps per arm and C with SGLang's own profiler and reduce
@@ -534,6 +555,7 @@ def profile(
     from . import profile as prof
 
     max_bs = engine_batch(concurrencies, max_batch)
+    max_engines = engines_per_gpu(target, max_engines)
     arm_list = select_arms(threshold, max_bs, arm_names, variants, sglang_dir)
     if len(arm_list) > max_engines:
         raise BadInputError(
@@ -545,7 +567,14 @@ def profile(
     version, env = _environment(sglang_dir, acc_len)
     rows, raw = {}, {}
     with _engines(
-        arm_list, out, env, max_bs, kv_pool_tokens(max_bs, prompt_len, out_len), port_base=port_base, tp=tp
+        arm_list,
+        out,
+        env,
+        max_bs,
+        kv_pool_tokens(max_bs, prompt_len, out_len),
+        port_base=port_base,
+        tp=tp,
+        target=target,
     ) as (procs, _):
         for i, C in enumerate(concurrencies):
             k = concurrencies[:i].count(C)  # how often this C was profiled before, on these engines
@@ -711,6 +740,7 @@ def summarize(
     for arm in dict.fromkeys(c["arm"] for c in cells):
         labels.setdefault(arm, given.get(arm, arm))
     tp = max((cell_tp(c) for c in cells), default=1)  # one size per folder (load_cells, merge)
+    target = next((cell_target(c) for c in cells), DEFAULT_TARGET)
     report = {
         "sglang_version": version,
         "gpu": gpu,
@@ -719,6 +749,7 @@ def summarize(
         "concurrencies": concurrencies,
         "load": load,
         **({"tp": tp} if tp > 1 else {}),
+        **({"target": target} if target != DEFAULT_TARGET else {}),
         "cells": {f"{a}@{C}": v for (a, C), v in sorted(m.items(), key=lambda kv: (kv[0][0], kv[0][1]))},
         "ratios": {str(C): v for C, v in r.items()},
         "ratio_intervals_90": {str(C): v for C, v in intervals.items()},
@@ -742,7 +773,7 @@ def summarize(
         )
     (out / "bench-table.md").write_text("\n".join(parts))
     sharded = f", TP={tp}" if tp > 1 else ""
-    title = f"Llama-3.1-8B shape, {gpu or '?'}{sharded}, SGLang {version or '?'}, acceptance {acc_len}, T={threshold}, {load} load"
+    title = f"{TARGETS[target].title}, {gpu or '?'}{sharded}, SGLang {version or '?'}, acceptance {acc_len}, T={threshold}, {load} load"
     if m:  # a transition-only run (--reps 0) has no cells to plot
         try:
             analyze.plot(m, concurrencies, labels, out / "bench-plot.png", title)
