@@ -193,7 +193,7 @@ def test_the_tier_rule_takes_the_fastest_configuration_and_only_shortens_the_dra
     # The arm that measures these tiers: A2 (the fallback is the last tier, at threshold 48).
     assert (res["threshold"], res["variant"]) == (
         48,
-        "TIER=A2:speculative_num_steps=3;speculative_num_draft_tokens=4;"
+        "TIER3-2-1-0_8-16-48=A2:speculative_num_steps=3;speculative_num_draft_tokens=4;"
         "speculative_num_steps_tiers=3,2,1,0;speculative_num_steps_tier_boundaries=8,16,48",
     )
     assert res["refine"] == {8: [10, 12, 14], 16: [20, 24, 28], 48: [52, 56, 60]} and res["against_the_rule"] == []
@@ -224,7 +224,7 @@ def test_the_tier_rule_on_ties_noise_and_missing_arms():
     # Tiers without the fallback are measured on A1, with no threshold.
     assert analyze.tier_variant([2, 1], [16]) == (
         None,
-        "TIER=A1:speculative_num_steps=2;speculative_num_draft_tokens=3;"
+        "TIER2-1_16=A1:speculative_num_steps=2;speculative_num_draft_tokens=3;"
         "speculative_num_steps_tiers=2,1;speculative_num_steps_tier_boundaries=16",
     )
     never = analyze.suggest_tiers(_configs({1: (100, 90, 80, 70)}), [1])

@@ -210,7 +210,7 @@ def test_bench_suggest_tiers(tmp_path):
         "--speculative-num-steps-tier-boundaries 1,16" in r.output
     )
     assert (
-        "measure them: spectool bench --threshold 16 --variant 'TIER=A2:speculative_num_steps=3;"
+        "measure them: spectool bench --threshold 16 --variant 'TIER3-1-0_1-16=A2:speculative_num_steps=3;"
         "speculative_num_draft_tokens=4;speculative_num_steps_tiers=3,1,0;"
         "speculative_num_steps_tier_boundaries=1,16' (and the same options)" in r.output
     )

@@ -116,8 +116,6 @@ def test_a_variant_value_its_field_cannot_take_is_refused(text, annotation, need
 
 def _config_reads(path) -> set[str]:
     """The `config.X` a model file reads without a getattr/hasattr guard naming X."""
-    import ast
-
     tree = ast.parse(path.read_text())
     guarded = {
         n.args[1].value

@@ -184,6 +184,7 @@ def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(
 
     models = {"target": "t", "eagle3_draft": "d", "moe": {"target": "mt", "eagle3_draft": "md", "meta": {"key": "m"}}}
     wls = scenarios.workloads()
+    assert runner.kept_speculative(str(patched_release("0.5.14"))) == {"grammar", "logprob", "hidden_states"}
     for version, upstream in (("0.5.12", False), ("0.5.17", False), ("0.5.19", True)):
         with _pytest.raises(BadInputError, match="is not patched"):
             runner.inspect_tree(str(cached_release(version)), {})
@@ -191,7 +192,8 @@ def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(
         env = {}
         got_version, switch = runner.inspect_tree(str(tree), env)
         assert (got_version, switch) == (version, upstream) and env["PYTHONPATH"].startswith(str(tree))
-        # The request kinds each release's fallback keeps speculating, read from its rule.
+        # The request kinds each release's fallback keeps speculating, read from its rule (the
+        # seed era's, which 0.5.13-0.5.15 keep, below).
         assert runner.kept_speculative(str(tree)) == {"0.5.12": set(), "0.5.17": {"grammar"}, "0.5.19": set()}[version]
         tiers = runner.has_tiers(str(tree))
         assert tiers == (version == "0.5.12")  # the recipes add --speculative-num-steps-tiers there

@@ -463,7 +463,7 @@ def _evaluate(results, golden_root, record=False, **kw):
         cfgs,
         scenarios.workloads(),
         {"meta": {"key": ModelSpec().key()}},
-        "0.5.12",
+        kw.pop("version", "0.5.12"),
         "sm90",
         "NVIDIA H200",
         golden_root,
@@ -879,6 +879,21 @@ def test_tier_claims_fail_by_name(tmp_path):
     )
 
 
+def test_a_tier_floor_without_named_tiers_checks_every_tier_entered(tmp_path):
+    """The shrinking walk claims no boundaries, only the acceptance of each tier it entered:
+    a stale draft KV cache in the 3-step tier fails it by name."""
+    _evaluate(_engine_results(), tmp_path, record=True)
+    s = next(s for s in scenarios.scenarios() if s.expect.min_tier_acceptance and not s.expect.tiers)
+    results = _engine_results()
+    phases = results[s.config]["workloads"][s.workload]["stats_after"]["phases"]
+    assert _failed(_evaluate(results, tmp_path)) == {}
+    for p in phases:
+        if p["draft_steps"] == 3:
+            p["correct_drafts"] = 0
+    ((msg,),) = _failed(_evaluate(results, tmp_path)).values()
+    assert msg.startswith("expected acceptance >= 2.50 in the 3-step tier entered from 1 draft steps")
+
+
 def test_tier_walk_crossings_and_acceptance():
     """The phases a stats file records, read as tiers: one entry per change of draft length,
     the boundaries crossed each way (a jump crosses every boundary between), and each tier's
@@ -901,7 +916,7 @@ def test_a_releases_rule_that_keeps_a_request_kind_speculating_is_what_its_scena
     documented rule), the scenarios whose requests ask for them claim every step speculative,
     their logprobs the speculative path's and no hidden-state rows; the row says so. Counted
     fallback steps there fail them; elsewhere nothing changes."""
-    _evaluate(_engine_results(), tmp_path, record=True)
+    _evaluate(_engine_results(), tmp_path, record=True, version="0.5.14")
     kinds = {s.name: scenarios.request_kinds(scenarios.workloads()[s.workload]) for s in scenarios.scenarios()}
     asking = {name for name, k in kinds.items() if k & {"logprob", "hidden_states"}}
     assert {"eagle3 logprob requests fall back", "standalone hidden states and logprobs"} <= asking
@@ -915,11 +930,13 @@ def test_a_releases_rule_that_keeps_a_request_kind_speculating_is_what_its_scena
                 "phases": [_phase(1, "spec", n)],
             }
     kept = frozenset({"grammar", "logprob", "hidden_states"})
-    report = _evaluate(results, tmp_path, kept_kinds=kept)
+    report = _evaluate(results, tmp_path, kept_kinds=kept, version="0.5.14")
     assert report["ok"], _failed(report)
     row = next(r for r in report["scenarios"] if r["scenario"] == "eagle3 logprob requests fall back")
-    assert row["what"].endswith("(SGLang 0.5.12 keeps logprob batches speculating: checked as such)")
-    assert set(_failed(_evaluate(results, tmp_path))) == {
+    assert row["what"].endswith("(SGLang 0.5.14 keeps logprob batches speculating: checked as such)")
+    assert set(_failed(_evaluate(results, tmp_path, version="0.5.14"))) == {
         name for name in asking if next(s for s in scenarios.scenarios() if s.name == name).expect.counted
     }
-    assert _failed(_evaluate(_engine_results(), tmp_path, kept_kinds=kept))  # fallback steps where the rule has none
+    assert _failed(
+        _evaluate(_engine_results(), tmp_path, kept_kinds=kept, version="0.5.14")
+    )  # fallback steps where the rule has none

@@ -17,17 +17,24 @@ set +e
 timeout $((${FIXED_BUDGET:-300} + 60)) "${BENCH[@]}" --budget "${FIXED_BUDGET:-300}" --arms A0,A1 \
   --variant "S2=A1:speculative_num_steps=2;speculative_num_draft_tokens=3" \
   --variant "S1=A1:speculative_num_steps=1;speculative_num_draft_tokens=2" "$@" 2>&1 | tee "$OUT/bench-fixed.log"
-"${BENCH[@]}" --suggest-tiers --tier-arms 3=A1,2=S2,1=S1,0=A0 --json "$@" > "$DEST/suggested-tiers.json"
-read -r THRESHOLD VARIANT < <(python3 -c '
+rc=${PIPESTATUS[0]}  # 124: stopped by its timeout, with every cell measured so far kept
+if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then
+  rc=0
+  "${BENCH[@]}" --suggest-tiers --tier-arms 3=A1,2=S2,1=S1,0=A0 --json "$@" > "$DEST/suggested-tiers.json" || rc=$?
+fi
+VARIANT=""
+if [ "$rc" -eq 0 ]; then
+  read -r THRESHOLD VARIANT < <(python3 -c '
 import json, sys
 r = json.load(open(sys.argv[1]))
 print(r.get("threshold") or 1, r.get("variant") or "")' "$DEST/suggested-tiers.json")
-rc=0
+  [ -n "$VARIANT" ] || { echo "bench-tiers: no tiers suggested (see suggested-tiers.json)"; rc=3; }
+fi
 if [ -n "$VARIANT" ]; then
-  # A0 shares the tiered engine's wave: its cells are measured already, so it only starts.
+  # A0 shares the tiered engine's wave: it measures the cells the fixed stage left, if any.
   timeout $((${TIER_BUDGET:-200} + 60)) "${BENCH[@]}" --budget "${TIER_BUDGET:-200}" --threshold "$THRESHOLD" --arms A0 \
     --variant "$VARIANT" "$@" 2>&1 | tee "$OUT/bench-tiered.log"
   rc=${PIPESTATUS[0]}
 fi
 tar czf "$DEST.tgz" -C "$DEST" --exclude=models --exclude=traces . && rm -rf "$DEST"
-exit $rc
+exit "$rc"

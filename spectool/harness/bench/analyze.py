@@ -394,12 +394,15 @@ def suggest_tiers(m: dict, concurrencies: list[int], arms: dict[int, str] | None
     }
 
 
-def tier_variant(tiers: list[int], boundaries: list[int], name: str = "TIER") -> tuple[int | None, str | None]:
+def tier_variant(tiers: list[int], boundaries: list[int], name: str | None = None) -> tuple[int | None, str | None]:
     """(--threshold, --variant) of the arm that measures these tiers: A2 with the tiers when
     the last is the fallback (its threshold is the last boundary), else A1 with them; the
-    step count of the first tier is the engine's own. (None, None) without tiers."""
+    step count of the first tier is the engine's own. The arm is named after its tiers
+    (TIER3-1-0_16-48), so other tiers measured into the same folder are another arm. (None,
+    None) without tiers."""
     if len(tiers) < 2:
         return None, None
+    name = name or f"TIER{'-'.join(map(str, tiers))}_{'-'.join(map(str, boundaries))}"
     fields = (
         f"speculative_num_steps={tiers[0]};speculative_num_draft_tokens={tiers[0] + 1};"
         f"speculative_num_steps_tiers={','.join(map(str, tiers))};"

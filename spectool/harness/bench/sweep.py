@@ -230,7 +230,9 @@ def run(
                     bar.advance(task)
             if stopped:
                 break
-    return summarize(out, cells, concurrencies, threshold, acc_len, trans, startup, version, gpu, arm_list, load)
+    return summarize(
+        out, cells, concurrencies, threshold, acc_len, trans, startup, version, gpu, arm_list, load, target=target
+    )
 
 
 def engines_per_gpu(target: str, max_engines: int | None) -> int:
@@ -728,6 +730,7 @@ def summarize(
     arm_list=(),
     load="lockstep",
     extra=None,
+    target=None,
 ) -> dict:
     m = analyze.medians(cells, acc_len)
     r = analyze.merged_ratios(cells, concurrencies, acc_len)
@@ -740,7 +743,8 @@ def summarize(
     for arm in dict.fromkeys(c["arm"] for c in cells):
         labels.setdefault(arm, given.get(arm, arm))
     tp = max((cell_tp(c) for c in cells), default=1)  # one size per folder (load_cells, merge)
-    target = next((cell_target(c) for c in cells), DEFAULT_TARGET)
+    target = target or next((cell_target(c) for c in cells), DEFAULT_TARGET)  # given, else the cells'
+
     report = {
         "sglang_version": version,
         "gpu": gpu,

@@ -155,8 +155,9 @@ def request_kinds(workload: Workload) -> set[str]:
 
 def kept_speculative_claims(expect: Expect) -> Expect:
     """A scenario's claims on a release whose fallback keeps its requests' kind on the
-    speculative path (a documented per-request rule): every step speculates, tokens stay
-    exact and requested logprobs are the speculative path's (within LOGPROB_SPEC_TOL of plain
+    speculative path (a documented per-request rule): every step speculates (the rule is
+    per batch, and each such workload keeps a request of that kind in every decode batch:
+    one that asks from its first step to the workload's last), tokens stay exact and requested logprobs are the speculative path's (within LOGPROB_SPEC_TOL of plain
     decoding); hidden states are SGLang's speculative rows, not compared."""
     return Expect(
         "zero",
