@@ -199,6 +199,7 @@ def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(
         assert tiers == (version == "0.5.12")  # the recipes add --speculative-num-steps-tiers there
         jobs, cfgs, skipped = runner.plan_jobs(scenarios.configs(), wls, models, tmp_path, version, switch, tiers=tiers)
         spec_jobs = [j for j in jobs if j["config"]["algorithm"]]
+        assert "needs --sglang-dir" in skipped.pop("eagle3-stock")  # no stock copy was made
         if not tiers:
             for name in ("eagle3-tiers", "eagle3-tiers-31"):
                 assert "no --speculative-num-steps-tiers" in skipped.pop(name)
@@ -210,5 +211,33 @@ def test_verify_plans_log_counters_and_skips_only_on_upstream_switch_releases(
                 j["observe"] == "log" and j["log_path"].endswith(f"{j['config']['name']}.log") for j in spec_jobs
             )
         else:
-            assert skipped == {} and len(cfgs) == len(scenarios.configs()) - 2 * (not tiers)
+            assert skipped == {} and len(cfgs) == len(scenarios.configs()) - 1 - 2 * (not tiers)
             assert all("observe" not in j and j["stats_path"] for j in spec_jobs)
+
+
+def test_a_stock_engine_imports_the_release_as_published(cached_release, patched_release, tmp_path):
+    """The stock copy of a patched 0.5.12 holds every patched file as the release published it
+    (the patched tree keeps its patches), and its engine imports that copy first, without a
+    counters file; a tree spectool never patched is refused in one paragraph."""
+    import pytest as _pytest
+
+    from spectool import lockfile
+    from spectool.errors import BadInputError
+    from spectool.harness.verify import runner, scenarios
+    from spectool.harness.verify.stock import stock_copy
+
+    tree, release = patched_release("0.5.12"), cached_release("0.5.12")
+    stock = stock_copy(str(tree), tmp_path / "stock")
+    patched = lockfile.read(tree).lock.files
+    assert patched
+    for rel in patched:
+        assert (stock / rel).read_bytes() == (release / rel).read_bytes() != (tree / rel).read_bytes(), rel
+    with _pytest.raises(BadInputError, match="needs the originals spectool saved"):
+        stock_copy(str(release), tmp_path / "other")
+    models = {"target": "t", "eagle3_draft": "d", "moe": {"target": "mt", "eagle3_draft": "md", "meta": {"key": "m"}}}
+    cfgs = runner.select_configs(["eagle3-stock"])
+    jobs, _, skipped = runner.plan_jobs(
+        cfgs, scenarios.workloads(), models, tmp_path, "0.5.12", False, stock_root=stock
+    )
+    (job,) = [j for j in jobs if j["config"]["name"] == "eagle3-stock"]
+    assert skipped == {} and job["python_path"] == str(stock) and job["stats_path"] is None

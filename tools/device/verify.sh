@@ -26,6 +26,6 @@ cp golden/"$SGLANG_VERSION"/*/golden.json "$PACK/" 2>/dev/null || true
 for m in "$VERIFY_DIR"/models/golden-moe-*; do
   if [ -d "$m" ]; then mkdir -p "$PACK/models" && cp -r "$m" "$PACK/models/"; fi
 done
-tar czf "$PACK/verify-logs.tgz" -C "$VERIFY_DIR" --exclude='*.job.json' --exclude=models . 2>/dev/null || true
+tar czf "$PACK/verify-logs.tgz" -C "$VERIFY_DIR" --exclude='*.job.json' --exclude=models --exclude=stock . 2>/dev/null || true
 tar czf "$PACK.tgz" -C "$PACK" . && rm -rf "$PACK"
 exit $rc

@@ -19,6 +19,7 @@ from ..engine_compat import server_args_source
 from . import compare, golden_moe, scenarios
 from .golden_model import ModelSpec, ensure_models
 from .golden_moe import MoeSpec
+from .stock import stock_copy
 
 TIERS_FLAG = "speculative_num_steps_tiers"  # the ServerArgs field of the tiers' engines
 TRAIN_MOE = "train-moe"  # the runner's job that trains the MoE golden models on the GPU
@@ -48,6 +49,8 @@ def _launch(job: dict, workdir: Path, env: dict) -> tuple[subprocess.Popen, Path
     if job.get("stats_path"):
         Path(job["stats_path"]).unlink(missing_ok=True)
     job_path.write_text(json.dumps(job))
+    if job.get("python_path"):  # a stock engine imports the release as published first
+        env = {**env, "PYTHONPATH": os.pathsep.join([job["python_path"], env.get("PYTHONPATH", "")])}
     log = open(log_path, "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", module, str(job_path), str(out_path)],
@@ -189,8 +192,18 @@ def verify(
     moe_job = None
     if any(c.model == "moe" for c in cfgs):
         models["moe"], moe_job = moe_models(golden_root / "models", moe_cache, MoeSpec().for_tp(tp_size))
+    stock_root = stock_copy(sglang_dir, out_dir / "stock") if sglang_dir and any(c.stock for c in cfgs) else None
     jobs, cfgs, skipped = plan_jobs(
-        cfgs, wls, models, out_dir, sg_version, upstream_switch, tp_size, port_base, tiers=has_tiers(sglang_dir)
+        cfgs,
+        wls,
+        models,
+        out_dir,
+        sg_version,
+        upstream_switch,
+        tp_size,
+        port_base,
+        tiers=has_tiers(sglang_dir),
+        stock_root=stock_root,
     )
     if moe_job:  # trained next to the engines that need neither, started as early as they are
         jobs.insert(sum(c.attention != "triton" for c in cfgs), moe_job)
@@ -336,18 +349,26 @@ def plan_jobs(
     port_base: int = 31000,
     *,
     tiers: bool = True,
+    stock_root: Path | None = None,
 ):
     """One job per engine configuration; (jobs, configs run, configs skipped with the reason).
     `tiers`: the tree's ServerArgs has --speculative-num-steps-tiers (else the engines of
-    tier configs are skipped)."""
+    tier configs are skipped). `stock_root`: the release as published (stock.stock_copy),
+    which the stock configs import first (without it they are skipped)."""
     skipped = {}
+    if stock_root is None:
+        skipped |= {
+            c.name: "a stock engine needs --sglang-dir, a tree spectool patched (its originals are the stock files)"
+            for c in cfgs
+            if c.stock
+        }
     if upstream_switch or not tiers:
-        skipped = {
+        skipped |= {
             c.name: f"SGLang {sg_version} has no --speculative-num-steps-tiers (the recipes add it to 0.5.12)"
             for c in cfgs
             if c.tiers
         }
-        cfgs = [c for c in cfgs if c.name not in skipped]
+    cfgs = [c for c in cfgs if c.name not in skipped]
     if upstream_switch:
         # Upstream's tiers (0.5.19+) cover EAGLE/EAGLE3 only; the threshold recipe refuses the
         # flag for other algorithms at start-up, so those scenarios do not apply there.
@@ -377,6 +398,8 @@ def plan_jobs(
                 "tp_size": tp_size,
             }
         )
+        if c.stock:  # the release as published: no recipe, so no counters file
+            jobs[-1].update(python_path=str(stock_root), stats_path=None)
         if c.served:  # its server writes to the job's log, where its switch lines are read
             jobs[-1].update(module="spectool.harness.verify.server_worker", log_path=str(out_dir / f"{c.name}.log"))
         if upstream_switch and c.algorithm:

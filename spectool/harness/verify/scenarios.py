@@ -76,6 +76,9 @@ class EngineConfig:
     # only; elsewhere the engine is skipped with the reason).
     tiers: tuple[int, ...] | None = None
     tier_boundaries: tuple[int, ...] | None = None
+    # The release as published, without the recipes (stock.py): a control for a scenario
+    # that fails on every patched engine.
+    stock: bool = False
 
     @property
     def settings_key(self) -> tuple:
@@ -248,6 +251,9 @@ def workloads(spec: ModelSpec = ModelSpec(), seed: int = 1234) -> dict[str, Work
             "the batch walks 1 -> 3 -> 1 -> 7 -> 6 ... 1",
         ),
     ]
+    # The tier walk's long request alone at 480 tokens (its prompt, no draw from the stream).
+    walk = w[-1]
+    w.append(Workload("long-480", [Request(walk.requests[0].prompt, 480)], "one request of 480 tokens"))
     return {x.name: x for x in w}
 
 
@@ -292,6 +298,7 @@ def configs() -> list[EngineConfig]:
                 "arrive",
                 "logprobs",
                 "tier-walk",
+                "long-480",
             ],
         ),
         EngineConfig("base-eager", None, cuda_graph=False, workloads=[f"bs{T + 1}", "stagger"]),
@@ -347,7 +354,10 @@ def configs() -> list[EngineConfig]:
         # (an EAGLE-3 target returns its EAGLE-3 features instead, on every kind of step).
         EngineConfig("standalone-t4-hidden", "STANDALONE", T, hidden_states=True, workloads=["outputs"]),
         # The patch without the flag: what every user who has not opted in runs.
-        EngineConfig("eagle3-unset", "EAGLE3", None, workloads=["bs8", "stagger", "tier-walk"]),
+        EngineConfig("eagle3-unset", "EAGLE3", None, workloads=["bs8", "stagger", "tier-walk", "long-480"]),
+        # EAGLE-3 on the release as published: whether a request the patched engines decode
+        # differently from plain decoding is the release's own.
+        EngineConfig("eagle3-stock", "EAGLE3", None, workloads=["long-480"], stock=True),
         # A second target architecture, MoE (golden_moe.py: router top-k, fused experts, its
         # own trained EAGLE-3 head), and a second attention backend, flashinfer, for the dense
         # target: each through both transitions on the fallback's defaults (the KV-only draft
@@ -577,6 +587,20 @@ def scenarios() -> list[Scenario]:
             "tier-walk",
             Expect(counted=False),
             "the tier walk on the release's own path: a 400-token request among joining ones",
+        ),
+        Scenario(
+            "eagle3 patched, flag unset, 480 tokens",
+            "eagle3-unset",
+            "long-480",
+            Expect(counted=False),
+            "one request of 480 tokens on the patch without the flag",
+        ),
+        Scenario(
+            "eagle3 stock, 480 tokens",
+            "eagle3-stock",
+            "long-480",
+            Expect(counted=False),
+            "the same request on the release as published: the control of the one above",
         ),
         Scenario(
             "eagle3 patched, flag unset stagger",
