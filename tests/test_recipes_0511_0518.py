@@ -955,18 +955,10 @@ def test_batches_whose_outputs_the_era_does_not_serve_stay_speculative(version, 
             assert worker._spec_fallback_eligible(batch(**kw)) is False, kw
 
 
-@pytest.mark.parametrize("version", [v for v in LATER if v not in ARGUMENT_CAPTURE])
-@pytest.mark.parametrize("threshold,hysteresis,want", [(4, 2, [4, 8, 12, 16, 24, 32]), (32, 0, [])])
-def test_graph_sizes_go_through_the_releases_cuda_graph_config(version, threshold, hysteresis, want, patched_release):
-    """From 0.5.14 the graph runners read their capture sizes from
-    server_args.cuda_graph_config.decode.bs (the release's own PhaseConfig): the fallback's
-    graphs are captured only above threshold - hysteresis, and the list is put back after,
-    also when a capture fails."""
-    tree = patched_release(version)
-    path = tree / WORKER
-    config_py = tree / "sglang/srt/model_executor/cuda_graph_config.py"
-    phase_cls = load_function(
-        config_py,
+def _phase_config(tree):
+    """The release's own PhaseConfig (0.5.14 on: cuda_graph_config.py)."""
+    return load_function(
+        tree / "sglang/srt/model_executor/cuda_graph_config.py",
         "PhaseConfig",
         {
             "dataclass": dataclasses.dataclass,
@@ -975,6 +967,41 @@ def test_graph_sizes_go_through_the_releases_cuda_graph_config(version, threshol
             "Backend": SimpleNamespace(DISABLED="disabled"),
         },
     )
+
+
+def _graph_builder(tree, args, ns, seen, decode, threshold, hysteresis, standalone=False):
+    """(worker, model runner) with the patched graph builder of 0.5.14 on bound to logged
+    stand-ins for the GPU work: the draft-extend and KV-only captures record into `seen`."""
+    mr = SimpleNamespace(server_args=args, spec_algorithm="EAGLE3")
+    w = SimpleNamespace(
+        _target_worker=SimpleNamespace(model_runner=mr),
+        _spec_fallback=fallback_state_class(tree)(threshold=threshold, hysteresis=hysteresis, attn_backend="b"),
+        speculative_algorithm=SimpleNamespace(is_standalone=lambda: standalone),
+        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(server_args=args)),
+        _spec_fallback_build_draft_extend_graph=lambda a: seen.setdefault("draft", list(decode.bs)),
+        _spec_fallback_build_kv_only_graphs=lambda a: seen.setdefault("kv_only", True),
+    )
+    bind_methods(
+        tree / WORKER,
+        "EAGLEWorkerV2",
+        ns,
+        w,
+        "_spec_fallback_build_graphs",
+        "_spec_fallback_capture",
+        "_spec_fallback_decode_runner",
+    )
+    return w, mr
+
+
+@pytest.mark.parametrize("version", [v for v in LATER if v not in ARGUMENT_CAPTURE])
+@pytest.mark.parametrize("threshold,hysteresis,want", [(4, 2, [4, 8, 12, 16, 24, 32]), (32, 0, [])])
+def test_graph_sizes_go_through_the_releases_cuda_graph_config(version, threshold, hysteresis, want, patched_release):
+    """From 0.5.14 the graph runners read their capture sizes from
+    server_args.cuda_graph_config.decode.bs (the release's own PhaseConfig): the fallback's
+    graphs are captured only above threshold - hysteresis, and the list is put back after,
+    also when a capture fails."""
+    tree = patched_release(version)
+    phase_cls = _phase_config(tree)
     sizes = [1, 2, 4, 8, 12, 16, 24, 32]
     decode = phase_cls(backend="full", bs=list(sizes))
     args = SimpleNamespace(cuda_graph_config=SimpleNamespace(decode=decode), enable_return_hidden_states=False)
@@ -991,24 +1018,7 @@ def test_graph_sizes_go_through_the_releases_cuda_graph_config(version, threshol
         return SimpleNamespace(capture_bs=list(mr.server_args.cuda_graph_config.decode.bs))
 
     ns = {"CudaGraphRunner": runner, "SpeculativeAlgorithm": SimpleNamespace(NONE="NONE")}
-    mr = SimpleNamespace(server_args=args, spec_algorithm="EAGLE3")
-    w = SimpleNamespace(
-        _target_worker=SimpleNamespace(model_runner=mr),
-        _spec_fallback=fallback_state_class(tree)(threshold=threshold, hysteresis=hysteresis, attn_backend="b"),
-        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
-        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(server_args=args)),
-        _spec_fallback_build_draft_extend_graph=lambda a: seen.setdefault("draft", list(decode.bs)),
-        _spec_fallback_build_kv_only_graphs=lambda a: seen.setdefault("kv_only", True),
-    )
-    bind_methods(
-        path,
-        "EAGLEWorkerV2",
-        ns,
-        w,
-        "_spec_fallback_build_graphs",
-        "_spec_fallback_capture",
-        "_spec_fallback_decode_runner",
-    )
+    w, mr = _graph_builder(tree, args, ns, seen, decode, threshold, hysteresis)
     what = w._spec_fallback_build_graphs(args)
     assert decode.bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == "EAGLE3"
     if not want:
@@ -1030,21 +1040,11 @@ def test_0516_decode_graph_captures_hidden_states_without_writing_server_args(ve
     runner class (FULL for EAGLE-3, the release's NULL for STANDALONE), captured only above
     threshold - hysteresis, with the release's real ServerArgs left untouched."""
     tree = patched_release(version)
-    path = tree / WORKER
     forward_py = tree / "sglang/srt/model_executor/forward_batch_info.py"
     capture_mode = load_function(
         forward_py, "CaptureHiddenMode", {"IntEnum": enum.IntEnum, "total_ordering": functools.total_ordering}
     )
-    phase_cls = load_function(
-        tree / "sglang/srt/model_executor/cuda_graph_config.py",
-        "PhaseConfig",
-        {
-            "dataclass": dataclasses.dataclass,
-            "Optional": typing.Optional,
-            "List": list,
-            "Backend": SimpleNamespace(DISABLED="disabled"),
-        },
-    )
+    phase_cls = _phase_config(tree)
     sizes = [1, 2, 4, 8, 12, 16, 24, 32]
     decode = phase_cls(backend="full", bs=list(sizes))
     args = server_args(server_args_class(tree, {}), enable_return_hidden_states=False)
@@ -1076,24 +1076,7 @@ def test_0516_decode_graph_captures_hidden_states_without_writing_server_args(ve
         "CaptureHiddenMode": capture_mode,
         "SpeculativeAlgorithm": SimpleNamespace(NONE="NONE"),
     }
-    mr = SimpleNamespace(server_args=args, spec_algorithm="EAGLE3")
-    w = SimpleNamespace(
-        _target_worker=SimpleNamespace(model_runner=mr),
-        _spec_fallback=fallback_state_class(tree)(threshold=4, hysteresis=2, attn_backend="b"),
-        speculative_algorithm=SimpleNamespace(is_standalone=lambda: standalone),
-        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(server_args=args)),
-        _spec_fallback_build_draft_extend_graph=lambda a: seen.setdefault("draft", list(decode.bs)),
-        _spec_fallback_build_kv_only_graphs=lambda a: seen.setdefault("kv_only", True),
-    )
-    bind_methods(
-        path,
-        "EAGLEWorkerV2",
-        ns,
-        w,
-        "_spec_fallback_build_graphs",
-        "_spec_fallback_capture",
-        "_spec_fallback_decode_runner",
-    )
+    w, mr = _graph_builder(tree, args, ns, seen, decode, 4, 2, standalone)
     assert w._spec_fallback_build_graphs(args) == "batch sizes [4, 8, 12, 16, 24, 32]"
     want_mode = capture_mode.NULL if standalone else capture_mode.FULL
     assert seen["decode"] == ([4, 8, 12, 16, 24, 32], "NONE", want_mode, not standalone)
