@@ -140,6 +140,22 @@ def _originals(tree: SglangTree, lock) -> dict[str, bytes]:
     return {rel: lockfile.original_path(tree.dir, rel).read_bytes() for rel in lock.files}
 
 
+def originals(sglang_dir, *, version=None) -> dict[str, bytes]:
+    """The release's own bytes of every file the recipes patched in the tree (path relative
+    to the package root), from the originals spectool saved and the lockfile checked; a
+    SourceError (with the remedy) when the tree holds no trustworthy record of them."""
+    tree = locate(sglang_dir, version)
+    rec = lockfile.read(tree.dir)
+    if not rec.applied:
+        raise SourceError(
+            f"{tree.dir} was never patched by spectool (no spectool.lock): it is the release as published; "
+            f"run 'spectool apply --sglang-dir {sglang_dir}' first."
+        )
+    if rec.lock is None:
+        raise SourceError(f"{rec.problem}. {lockfile.remedy(tree.dir, rec)}")
+    return _originals(tree, rec.lock)
+
+
 def check(sglang_dir, *, recipes_dir=None, select=None, options=None, version=None) -> Outcome:
     """Would everything apply, or is it applied and intact? Writes nothing."""
     from .plan import build_plan

@@ -232,7 +232,7 @@ def test_a_stock_engine_imports_the_release_as_published(cached_release, patched
     assert patched
     for rel in patched:
         assert (stock / rel).read_bytes() == (release / rel).read_bytes() != (tree / rel).read_bytes(), rel
-    with _pytest.raises(BadInputError, match="needs the originals spectool saved"):
+    with _pytest.raises(BadInputError, match="was never patched by spectool"):
         stock_copy(str(release), tmp_path / "other")
     models = {"target": "t", "eagle3_draft": "d", "moe": {"target": "mt", "eagle3_draft": "md", "meta": {"key": "m"}}}
     cfgs = runner.select_configs(["eagle3-stock"])

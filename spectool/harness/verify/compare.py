@@ -103,7 +103,8 @@ def tier_acceptance(phases: list[dict]) -> dict[tuple[int, int], float]:
         steps, before = p.get("draft_steps"), prev.get("draft_steps")
         if p["mode"] == "spec" and steps and steps != before:
             groups.setdefault((before, steps), []).append(p)
-    return {key: acceptance(group) for key, group in sorted(groups.items()) if acceptance(group) is not None}
+    measured = {key: acceptance(group) for key, group in sorted(groups.items())}
+    return {key: acc for key, acc in measured.items() if acc is not None}
 
 
 def check_expectations(expect: dict, window: dict) -> list[str]:

@@ -338,6 +338,22 @@ def has_tiers(sglang_dir: str | None) -> bool:
     return TIERS_FLAG in server_args_source(sglang_dir)
 
 
+def _cannot_run(c, sg_version: str, upstream_switch: bool, tiers: bool, stock_root: Path | None) -> str | None:
+    """Why engine config `c` cannot run on this tree (None: it can)."""
+    if c.stock and stock_root is None:
+        return "a stock engine needs --sglang-dir, a tree spectool patched (its originals are the stock files)"
+    if c.tiers and (upstream_switch or not tiers):
+        return f"SGLang {sg_version} has no --speculative-num-steps-tiers (the recipes add it to 0.5.12)"
+    if upstream_switch and c.algorithm not in (None, "EAGLE", "EAGLE3"):
+        # Upstream's tiers (0.5.19+) cover EAGLE/EAGLE3 only; the threshold recipe refuses the
+        # flag for other algorithms at start-up, so those scenarios do not apply there.
+        return (
+            f"upstream's batch-size switch supports EAGLE/EAGLE3 only; the flag is refused for "
+            f"{c.algorithm} on SGLang {sg_version}"
+        )
+    return None
+
+
 def plan_jobs(
     cfgs,
     wls,
@@ -355,30 +371,8 @@ def plan_jobs(
     `tiers`: the tree's ServerArgs has --speculative-num-steps-tiers (else the engines of
     tier configs are skipped). `stock_root`: the release as published (stock.stock_copy),
     which the stock configs import first (without it they are skipped)."""
-    skipped = {}
-    if stock_root is None:
-        skipped |= {
-            c.name: "a stock engine needs --sglang-dir, a tree spectool patched (its originals are the stock files)"
-            for c in cfgs
-            if c.stock
-        }
-    if upstream_switch or not tiers:
-        skipped |= {
-            c.name: f"SGLang {sg_version} has no --speculative-num-steps-tiers (the recipes add it to 0.5.12)"
-            for c in cfgs
-            if c.tiers
-        }
+    skipped = {c.name: why for c in cfgs if (why := _cannot_run(c, sg_version, upstream_switch, tiers, stock_root))}
     cfgs = [c for c in cfgs if c.name not in skipped]
-    if upstream_switch:
-        # Upstream's tiers (0.5.19+) cover EAGLE/EAGLE3 only; the threshold recipe refuses the
-        # flag for other algorithms at start-up, so those scenarios do not apply there.
-        skipped |= {
-            c.name: "upstream's batch-size switch supports EAGLE/EAGLE3 only; the flag is refused for "
-            f"{c.algorithm} on SGLang {sg_version}"
-            for c in cfgs
-            if c.algorithm not in (None, "EAGLE", "EAGLE3")
-        }
-        cfgs = [c for c in cfgs if c.name not in skipped]
     # flashinfer compiles its kernels at first use (minutes): its engines start first.
     cfgs = sorted(cfgs, key=lambda c: c.attention == "triton")
     jobs = []

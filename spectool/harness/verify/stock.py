@@ -11,28 +11,17 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ... import lockfile
-from ...errors import BadInputError
+from ... import api
 from ...source import locate
 
 
 def stock_copy(sglang_dir: str, dest: Path) -> Path:
-    """Copy the patched tree's `sglang` package under `dest` with its original files restored;
-    returns the folder to put first on an engine's PYTHONPATH. A clear error when the tree
-    holds no record of what was patched."""
-    tree = locate(sglang_dir)
-    rec = lockfile.read(tree.dir)
-    if rec.lock is None:
-        raise BadInputError(
-            f"a stock engine needs the originals spectool saved in {tree.dir} ({rec.problem or 'no spectool.lock'}); "
-            "run 'spectool apply' there first, or leave the stock engines out (--only)."
-        )
+    """Copy the patched tree's `sglang` package under `dest` with its original files restored
+    (api.originals); returns the folder to put first on an engine's PYTHONPATH."""
+    files = api.originals(sglang_dir)  # refused first, before anything is copied
     if dest.exists():
         shutil.rmtree(dest)
-    shutil.copytree(tree.root / "sglang", dest / "sglang", symlinks=True)
-    for rel in rec.lock.files:
-        original = lockfile.original_path(tree.dir, rel)
-        if not original.is_file():
-            raise BadInputError(f"the original of {rel} is missing from {original.parent}; run 'spectool recover'.")
-        shutil.copyfile(original, dest / rel)
+    shutil.copytree(locate(sglang_dir).root / "sglang", dest / "sglang", symlinks=True)
+    for rel, data in files.items():
+        (dest / rel).write_bytes(data)
     return dest
