@@ -10,7 +10,7 @@ EAGLE-3 ones the acceptance their trained head reaches.
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .golden_model import ModelSpec, copy_prompt
 
@@ -374,6 +374,24 @@ def configs() -> list[EngineConfig]:
     ]
 
 
+# Both transitions on the fallback's defaults (the KV-only draft sync), with the trained
+# head's acceptance floor after speculation resumes; engines add claims of their own.
+KV_ONLY_DOWN = Expect(
+    "positive",
+    spec_after_fallback=True,
+    kv_only="positive",
+    kv_only_prefill="positive",
+    min_acceptance_after=HEAD_ACCEPTANCE,
+)
+KV_ONLY_UP = Expect(
+    "positive",
+    fallback_after_spec=True,
+    spec_after_fallback=True,
+    kv_only="positive",
+    min_acceptance_after=HEAD_ACCEPTANCE,
+)
+
+
 def scenarios() -> list[Scenario]:
     T = THRESHOLD
     s = [
@@ -478,26 +496,14 @@ def scenarios() -> list[Scenario]:
             "eagle3 KV-only transition down",
             "eagle3-t4-kv-only",
             "stagger",
-            Expect(
-                "positive",
-                spec_after_fallback=True,
-                kv_only="positive",
-                kv_only_prefill="positive",
-                min_acceptance_after=HEAD_ACCEPTANCE,
-            ),
+            KV_ONLY_DOWN,
             "KV-only prefill and sync, then speculation resumes from zero drafts over that draft KV",
         ),
         Scenario(
             "eagle3 KV-only transition up",
             "eagle3-t4-kv-only",
             "arrive",
-            Expect(
-                "positive",
-                fallback_after_spec=True,
-                spec_after_fallback=True,
-                kv_only="positive",
-                min_acceptance_after=HEAD_ACCEPTANCE,
-            ),
+            KV_ONLY_UP,
             "KV-only sync mid-request",
         ),
         Scenario(
@@ -613,15 +619,7 @@ def scenarios() -> list[Scenario]:
             "eagle3 HTTP server transition up",
             "eagle3-t4-http",
             "arrive",
-            Expect(
-                "positive",
-                fallback_after_spec=True,
-                spec_after_fallback=True,
-                kv_only="positive",
-                min_acceptance_after=HEAD_ACCEPTANCE,
-                switches_logged=True,
-                metrics_agree=True,
-            ),
+            replace(KV_ONLY_UP, switches_logged=True, metrics_agree=True),
             "python -m sglang.launch_server, requests from concurrent HTTP clients: spec -> fallback -> spec, "
             "each switch in the server log, the fallback's decode passes in SGLang's /metrics",
         ),
@@ -632,27 +630,14 @@ def scenarios() -> list[Scenario]:
                 f"{label} eagle3 transition down",
                 config,
                 "stagger",
-                Expect(
-                    "positive",
-                    spec_after_fallback=True,
-                    kv_only="positive",
-                    kv_only_prefill="positive",
-                    min_acceptance_after=HEAD_ACCEPTANCE,
-                ),
+                KV_ONLY_DOWN,
                 "KV-only prefill and sync (the defaults), then speculation resumes drafting from the synced draft KV",
             ),
             Scenario(
                 f"{label} eagle3 transition up, logprobs",
                 config,
                 "arrive-logprobs",
-                Expect(
-                    "positive",
-                    fallback_after_spec=True,
-                    spec_after_fallback=True,
-                    kv_only="positive",
-                    min_acceptance_after=HEAD_ACCEPTANCE,
-                    logprobs_within=LOGPROB_SPEC_TOL,
-                ),
+                replace(KV_ONLY_UP, logprobs_within=LOGPROB_SPEC_TOL),
                 "spec -> fallback -> spec inside the long requests, which ask for logprobs: their logprobs "
                 "across both kinds of step are plain decoding's",
             ),
