@@ -493,7 +493,7 @@ def test_a_run_that_meets_every_claim_passes_and_its_baselines_become_the_golden
         assert row["fallback_steps"] == (counted if s.expect.counted else None), s.name
         assert row["min_baseline_margin"] == 5.0
     unset = [r for r in report["scenarios"] if r["fallback_steps"] is None]
-    assert unset and {r["config"] for r in unset} == {"eagle3-unset", "eagle3-tiers-31", "eagle3-stock"}
+    assert unset and {r["config"] for r in unset} == {"eagle3-unset", "eagle3-tiers-31"}
 
 
 def test_each_path_claim_fails_by_name(tmp_path):
@@ -941,3 +941,72 @@ def test_a_releases_rule_that_keeps_a_request_kind_speculating_is_what_its_scena
     assert _failed(
         _evaluate(_engine_results(), tmp_path, kept_kinds=kept, version="0.5.14")
     )  # fallback steps where the rule has none
+
+
+def test_a_scenario_with_a_reference_is_checked_against_the_release_as_published(tmp_path):
+    """A stock reference makes the release's own tokens the claim: the patch without the flag
+    passes when it decodes as the release does, even where both differ from plain decoding
+    (that difference is reported), and fails, naming the reference, where it does not."""
+    (s,) = [s for s in scenarios.scenarios() if s.reference]
+    assert s.reference == "eagle3-stock" and scenarios.check_plan() == []
+    results = _engine_results()
+    for name in (s.config, s.reference):  # both leave plain decoding at the same token
+        results[name]["workloads"][s.workload]["requests"][0]["output_ids"][436] += 5
+    row = next(r for r in _evaluate(results, tmp_path)["scenarios"] if r["scenario"] == s.name)
+    assert row["ok"] and row["reference"] == s.reference and row["mismatches"] == []
+    assert [m["first_diff"] for m in row["baseline_mismatches"]] == [436]
+
+    results[s.config]["workloads"][s.workload]["requests"][0]["output_ids"][100] += 1
+    failed = _failed(_evaluate(results, tmp_path))
+    assert failed == {s.name: [f"1 request(s) differ from {s.reference}'s"]}
+
+    skipped = {s.reference: "no saved originals"}
+    cfgs = [c for c in scenarios.configs() if c.name != s.reference]
+    row = next(
+        r for r in _evaluate(results, tmp_path, cfgs=cfgs, skipped=skipped)["scenarios"] if r["scenario"] == s.name
+    )
+    assert row["ok"] and row["skipped"] == f"its reference {s.reference}: no saved originals"
+
+
+def test_a_request_joins_once_the_request_it_waits_for_has_made_its_tokens():
+    """The tier walk's joins count tokens, not seconds: a follower starts when its leader's
+    streamed output reaches the count, whatever the time that took, and one waiting for more
+    tokens than the leader makes starts when the leader finishes."""
+    import asyncio
+
+    from spectool.harness.verify.engine_worker import Joins
+
+    reqs = [{"delay": 0.0}, {"delay": 0.0, "after": [0, 3]}, {"delay": 0.0, "after": [0, 99]}, {"delay": 0.01}]
+    joins = Joins(reqs)
+    assert [joins.streamed(i) for i in range(4)] == [True, False, False, False]
+
+    async def walk():
+        started = []
+
+        async def follower(i):
+            await joins.start(i)
+            started.append((i, joins.produced[0]))
+
+        tasks = [asyncio.create_task(follower(i)) for i in (1, 2, 3)]
+        for tokens in (1, 2, 3, 4):
+            await asyncio.sleep(0.05)
+            await joins.progress(0, tokens)
+        await asyncio.sleep(0.01)
+        assert [i for i, _ in started] == [3, 1]  # the delayed one at its delay, then the join
+        await joins.finished(0)
+        await asyncio.gather(*tasks)
+        return started
+
+    assert asyncio.run(walk()) == [(3, 0), (1, 3), (2, float("inf"))]
+
+
+def test_the_tier_walk_joins_by_tokens_and_no_served_engine_runs_it():
+    """Every join of the tier walk names an earlier request and a token count it makes; the
+    HTTP clients send by delay only, so no served engine may run a workload that joins."""
+    wls = scenarios.workloads()
+    joins = [(i, r.after) for i, r in enumerate(wls["tier-walk"].requests) if r.after]
+    assert len(joins) == 8 and all(
+        j < i and tokens < wls["tier-walk"].requests[j].max_new_tokens for i, (j, tokens) in joins
+    )
+    served = [c for c in scenarios.configs() if c.served]
+    assert served and not any(r.after for c in served for w in c.workloads for r in wls[w].requests)

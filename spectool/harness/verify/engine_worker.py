@@ -169,13 +169,53 @@ def request_args(req: dict, want_logprobs: bool) -> dict:
     return args
 
 
+class Joins:
+    """When each request of a workload starts: at its delay, or with `after` (request,
+    tokens) once that request has produced that many tokens. The requests others wait on
+    are streamed (`streamed`), and their progress is reported as it comes."""
+
+    def __init__(self, requests: list[dict]):
+        self.requests = requests
+        self.produced = {j: 0 for j in {r["after"][0] for r in requests if r.get("after")}}
+        self.changed = asyncio.Condition()
+
+    def streamed(self, i: int) -> bool:
+        return i in self.produced
+
+    async def start(self, i: int) -> None:
+        req = self.requests[i]
+        if req.get("after"):
+            j, tokens = req["after"]
+            async with self.changed:
+                await self.changed.wait_for(lambda: self.produced[j] >= tokens)
+        elif req["delay"]:
+            await asyncio.sleep(req["delay"])
+
+    async def progress(self, i: int, tokens: float) -> None:
+        async with self.changed:
+            self.produced[i] = tokens
+            self.changed.notify_all()
+
+    async def finished(self, i: int) -> None:
+        """A request waiting for more tokens than this one made starts now."""
+        await self.progress(i, float("inf"))
+
+
 async def _run_workload(engine, wl: dict, want_logprobs: bool) -> list[dict]:
+    """The workload's requests at once, each started as Joins says; a streamed request's last
+    chunk is its whole output, as a request that is not streamed returns it."""
     t0 = time.perf_counter()
+    joins = Joins(wl["requests"])
 
     async def one(i, req):
-        if req["delay"]:
-            await asyncio.sleep(req["delay"])
-        out = await engine.async_generate(**request_args(req, want_logprobs))
+        await joins.start(i)
+        args = request_args(req, want_logprobs)
+        if not joins.streamed(i):
+            return record(i, await engine.async_generate(**args), req, want_logprobs, t0)
+        out = None
+        async for out in await engine.async_generate(**args, stream=True):
+            await joins.progress(i, len(out["output_ids"]))
+        await joins.finished(i)
         return record(i, out, req, want_logprobs, t0)
 
     return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(wl["requests"]))))

@@ -260,6 +260,7 @@ def select_configs(only: list[str] | None) -> list:
     needed = {c.name for c in named}
     for c in named:
         needed |= {scenarios.baseline_for(c, every, w).name for w in c.workloads} if c.algorithm else set()
+    needed |= {s.reference for s in scenarios.scenarios() if s.reference and s.config in needed}
     return [c for c in every if c.name in needed]
 
 
@@ -517,8 +518,12 @@ def evaluate(
         )
     else:
         golden_problems.append(f"no golden file at {gpath} (record one with --record)")
+    skipped = skipped or {}
     for s in scenarios.scenarios():
-        if s.config in (skipped or {}):
+        why = skipped.get(s.config) or (
+            s.reference in skipped and f"its reference {s.reference}: {skipped[s.reference]}"
+        )
+        if why:
             rows.append(
                 {
                     "scenario": s.name,
@@ -526,7 +531,7 @@ def evaluate(
                     "workload": s.workload,
                     "what": s.what,
                     "ok": True,
-                    "skipped": skipped[s.config],
+                    "skipped": why,
                     "failures": [],
                 }
             )
@@ -547,6 +552,15 @@ def evaluate(
         cmp = compare.compare_tokens(basew["requests"], cand["requests"], prompts)
         window = compare.stats_window(cand["stats_before"], cand["stats_after"])
         fails = [] if cmp.ok else [f"{len(cmp.mismatches)} request(s) differ from the no-speculation baseline"]
+        if s.reference:  # the release as published is the claim; plain decoding's difference is reported
+            ref = results.get(s.reference, {})
+            if not ref.get("ok"):
+                row.update(ok=False, failures=[f"engine {s.reference} failed"])
+                rows.append(row)
+                continue
+            row.update(reference=s.reference, baseline_mismatches=cmp.mismatches)
+            cmp = compare.compare_tokens(ref["workloads"][s.workload]["requests"], cand["requests"], prompts)
+            fails = [] if cmp.ok else [f"{len(cmp.mismatches)} request(s) differ from {s.reference}'s"]
         expect, rule = s.expect, sorted(scenarios.request_kinds(wls[s.workload]) & kept_kinds)
         if rule and c.threshold is not None:
             expect = scenarios.kept_speculative_claims(expect)
@@ -600,6 +614,14 @@ def evaluate(
     }
 
 
+def _difference(m: dict) -> str:
+    return (
+        f"request {m.get('request')}: first difference at token {m.get('first_diff')} "
+        f"(baseline {m.get('baseline_token')} vs {m.get('candidate_token')}, "
+        f"baseline top-2 gap {m.get('baseline_top2_margin')})"
+    )
+
+
 def print_report(report: dict, console) -> None:
     from rich.table import Table
 
@@ -641,9 +663,11 @@ def print_report(report: dict, console) -> None:
         for fl in r.get("failures", []):
             console.print(f"[red]{r['scenario']}[/]: {fl}")
         for m in r.get("mismatches", [])[:3]:
+            console.print(f"    {_difference(m)}")
+        if r.get("baseline_mismatches"):
             console.print(
-                f"    request {m.get('request')}: first difference at token {m.get('first_diff')} "
-                f"(baseline {m.get('baseline_token')} vs {m.get('candidate_token')}, baseline top-2 gap {m.get('baseline_top2_margin')})"
+                f"{r['scenario']}: as on {r['reference']}, plain decoding differs: "
+                + "; ".join(_difference(m) for m in r["baseline_mismatches"][:3])
             )
     for r in report["scenarios"]:
         if r.get("skipped"):
