@@ -1,0 +1,67 @@
+"""Evaluate a golden GPU run again, on this machine, with the scenarios as they are defined
+now: the engines' outputs in a results folder's verify-logs.tgz are compared by spectool's
+own `evaluate()`, and the folder's verify-results.json is rewritten (the run's own report
+stays in its verify.log). For a claim whose definition changed after the run, so that the
+published rows are what the current code says of the data.
+
+Usage: python tools/evaluate_verify_run.py RESULTS_FOLDER [--kept grammar,logprob,...]
+(--kept: the request kinds the release keeps speculating, as `runner.kept_speculative`
+reads them from the patched tree; none on 0.5.12 and from 0.5.16 on)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tarfile
+from pathlib import Path
+
+from spectool.harness.verify import runner, scenarios
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def engine_outputs(folder: Path) -> dict:
+    """config -> the engine's recorded output (its .out.json in verify-logs.tgz)."""
+    outs = {}
+    with tarfile.open(folder / "verify-logs.tgz") as tar:
+        for m in tar.getmembers():
+            name = Path(m.name).name
+            if m.isfile() and name.endswith(".out.json"):
+                outs[name[: -len(".out.json")]] = json.loads(tar.extractfile(m).read())
+    return outs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("--kept", default="", help="request kinds the release keeps speculating")
+    args = ap.parse_args()
+    path = args.folder / "verify-results.json"
+    old = json.loads(path.read_text())
+    outs = engine_outputs(args.folder)
+    cfgs = [c for c in scenarios.configs() if c.name in outs]
+    skipped = {r["config"]: r["skipped"] for r in old["scenarios"] if r.get("skipped")}
+    models = {"meta": old["model"], **({"moe": {"meta": old["moe_model"]}} if old.get("moe_model") else {})}
+    report = runner.evaluate(
+        outs,
+        cfgs,
+        scenarios.workloads(),
+        models,
+        old["sglang_version"],
+        old["gpu_arch"],
+        old["gpu"],
+        ROOT / "golden",
+        False,
+        skipped,
+        recipe_counters=old["counters_from"] == "spectool stats file",
+        kept_kinds=frozenset(k for k in args.kept.split(",") if k),
+    )
+    for key in ("tp_size", "counters_from", "wall_seconds", "model_build_log"):
+        report[key] = old.get(key)
+    report["engines"] = old["engines"]
+    path.write_text(json.dumps(report, indent=2))
+    print(f"{path}: ok={report['ok']}; failed: {[r['scenario'] for r in report['scenarios'] if not r['ok']]}")
+
+
+if __name__ == "__main__":
+    main()
