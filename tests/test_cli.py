@@ -323,3 +323,12 @@ def test_suggest_threshold_refuses_a_folder_without_cells_at_that_acceptance(tmp
     res = CliRunner().invoke(main, ["bench", "--suggest-threshold", "--out", str(tmp_path)])
     assert res.exit_code == 2, res.output
     assert "no cells at acceptance 3" in res.output and "holds 2 (pass --acc-len)" in res.output
+
+
+def test_bench_suggest_threshold_refuses_a_folder_without_both_arms(tmp_path):
+    """A run cut off before A1 measured anything holds A0 alone: no T is suggested (exit 2,
+    naming the arms to measure), where "never wins" would turn speculation off."""
+    cells = [{"arm": "A0", "C": C, "rep": 0, "acc_len": 3.0, "output_tok_s": 100.0 * C} for C in (1, 16, 64)]
+    (tmp_path / "cells.jsonl").write_text("\n".join(json.dumps(c) for c in cells))
+    r = run("bench", "--out", tmp_path, "--suggest-threshold", "--json")
+    assert r.exit_code == 2 and "A0 and A1 were not both measured" in r.output and "--arms A0,A1" in r.output

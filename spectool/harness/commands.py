@@ -378,6 +378,8 @@ def bench(
                 click.echo(to_json(res) if as_json else text)
                 continue
             res = analyze.suggest_threshold(m, measured)
+            if res["threshold"] is None:
+                raise BadInputError(f"--suggest-threshold: {folder}: {res['why']}.")
             click.echo(
                 to_json(res) if as_json else f"acceptance {a:g}: suggested threshold {res['threshold']} ({res['why']})"
             )

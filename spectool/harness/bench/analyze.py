@@ -285,21 +285,29 @@ def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:
     """The rule: speculate while it wins. Walking up the measured concurrencies, T is the
     last C at which EAGLE-3 (A1) is at least as fast as no speculation (A0) before the first
     C where it loses; a decode batch of more than T requests then falls back. 0 when
-    speculation never wins.
+    speculation never wins; None when A0 and A1 share no measured C (a run cut off before
+    one of them measured anything), which says nothing about who wins.
 
     The crossover lies somewhere between T and that first loss, and the rule places T at its
-    low end: on the H200 the sweep's grid gave T=32 while EAGLE-3 still won at C = 40 and 48. `refine` lists request counts between the
-    two to measure (A0 and A1 only) and merge, so the rule can place T on a finer grid; none
-    once the two are within 25% of each other, where run-to-run noise is as large as the
+    low end, which on a coarse grid can be far below it. `refine` lists request counts between
+    the two to measure (A0 and A1 only) and merge, so the rule can place T on a finer grid;
+    none once the two are within 25% of each other, where run-to-run noise is as large as the
     step."""
     # The tiers' rule with two configurations: EAGLE-3's chain and no speculation.
     tiers = suggest_tiers(m, concurrencies, {1: "A1", 0: "A0"})
-    both = len(tiers["arms"]) == 2  # else one arm has no cells: nothing to compare
-    measured = [row["C"] for row in tiers["rows"]] if both else []
+    if len(tiers["arms"]) < 2 or not tiers["rows"]:  # nothing to compare: no T, not "never wins"
+        return {
+            "threshold": None,
+            "wins": [],
+            "loses": [],
+            "refine": [],
+            "why": "A0 and A1 were not both measured at any C: measure them (--arms A0,A1) to place T",
+        }
+    measured = [row["C"] for row in tiers["rows"]]
     T = 0
-    if both and tiers["tiers"] and tiers["tiers"][0]:
+    if tiers["tiers"] and tiers["tiers"][0]:
         T = tiers["boundaries"][0] if tiers["boundaries"] else measured[-1]
-    wins = [row["C"] for row in tiers["rows"] if row["fastest"]] if both else []
+    wins = [row["C"] for row in tiers["rows"] if row["fastest"]]
     first_loss = next((C for C in measured if C > T), None)
     refine = refine_between(T, first_loss) if T and first_loss and first_loss > 1.25 * T else []
     why = (
