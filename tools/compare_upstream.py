@@ -1,8 +1,11 @@
 """Our fallback (SGLang 0.5.12 + recipes) against upstream's batch-size switch (0.5.17's
 steps-0 adaptive tier, driven by the same flag through the threshold recipe), both measured
-on the same H200 with the same bench: A2/E per C, run by run below T, table and plot.
+on the same H200 with the same bench: A2/E per C, run by run below T, table and plot. And
+the draft-length tiers (0.5.12, `--suggest-tiers`' TIER arm) against both: each arm over its
+own run's envelope max(no-spec, EAGLE-3 at 3 steps), runs of the same bench on one H200 kind.
 
-    python tools/compare_upstream.py   # writes comparison.{md,png} beside upstream's runs
+    python tools/compare_upstream.py   # writes comparison.{md,png} beside upstream's runs,
+                                       # comparison-tiers.{md,png} beside the tiers sweep
 """
 
 from pathlib import Path
@@ -14,6 +17,38 @@ OURS = ROOT / "results/0.5.12/h200/bench-envelope"
 UPSTREAM = ROOT / "results/0.5.17/h200/bench-upstream-tiers"
 NAMES = {"0.5.12 + spectool fallback": OURS, "0.5.17 upstream steps-0 tier": UPSTREAM}
 CS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+TIERS = ROOT / "results/0.5.12/h200/bench-tiers"
+TIER_CS = [1, 16, 32, 48, 64, 128, 256]
+
+
+def tier_ratios(folder: Path = TIERS, arm: str = "TIER", concurrencies=TIER_CS) -> dict:
+    """C -> {"A2/E": arm/E, "A2/A0": arm/A0} of the tiered arm, in the keys the A2 tables and
+    plots read: arm/E = (arm/A0) / max(1, A1/A0), E being max(A0, A1) of the same run."""
+    out = {}
+    for C, r in analyze.load_ratios(folder, concurrencies, 3.0).items():
+        if f"{arm}/A0" in r and "A1/A0" in r:
+            out[C] = {"A2/E": r[f"{arm}/A0"] / max(1.0, r["A1/A0"]), "A2/A0": r[f"{arm}/A0"]}
+    return out
+
+
+def tiers_comparison() -> tuple[str, dict]:
+    """The tiered arm, the binary switch and upstream's steps-0 tier over their envelopes per
+    C, and tiered / upstream (the goal: at least 1 at every C)."""
+    rat = {
+        "0.5.12 + spectool tiers (TIER)": tier_ratios(),
+        **{name: analyze.load_ratios(folder, TIER_CS, 3.0) for name, folder in NAMES.items()},
+    }
+    names = list(rat)
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    lines = [
+        "| C | " + " | ".join(f"{n}: arm/E" for n in names) + " | tiers / upstream |",
+        "|" + "---|" * (2 + len(names)),
+    ]
+    for C in TIER_CS:
+        vals = [rat[n].get(C, {}).get("A2/E") for n in names]
+        ratio = vals[0] / vals[-1] if vals[0] and vals[-1] else None
+        lines.append(f"| {C} | " + " | ".join(map(fmt, vals)) + f" | {fmt(ratio)} |")
+    return "\n".join(lines) + "\n", rat
 
 
 def comparison_markdown(folders: dict = NAMES, concurrencies=CS) -> str:
@@ -39,5 +74,11 @@ if __name__ == "__main__":
         CS,
         UPSTREAM / "comparison.png",
         "H200, Llama-3.1-8B shape, acceptance 3.0: A2 / envelope",
+    )
+    print(md)
+    md, rat = tiers_comparison()
+    (TIERS / "comparison-tiers.md").write_text(md)
+    analyze.plot_ratio(
+        rat, TIER_CS, TIERS / "comparison-tiers.png", "H200, Llama-3.1-8B shape, acceptance 3.0: arm / envelope"
     )
     print(md)
