@@ -966,6 +966,10 @@ def test_a_scenario_with_a_reference_is_checked_against_the_release_as_published
         r for r in _evaluate(results, tmp_path, cfgs=cfgs, skipped=skipped)["scenarios"] if r["scenario"] == s.name
     )
     assert row["ok"] and row["skipped"] == f"its reference {s.reference}: no saved originals"
+    # A run of the stock engine alone (--only) reports no row for the patch it did not run.
+    only_stock = [c for c in scenarios.configs() if c.name not in (s.config, s.reference)]
+    report = _evaluate(results, tmp_path, cfgs=only_stock, skipped=skipped)
+    assert s.name not in {r["scenario"] for r in report["scenarios"]}
 
 
 def test_a_request_joins_once_the_request_it_waits_for_has_made_its_tokens():

@@ -520,8 +520,8 @@ def evaluate(
         golden_problems.append(f"no golden file at {gpath} (record one with --record)")
     skipped = skipped or {}
     for s in scenarios.scenarios():
-        why = skipped.get(s.config) or (
-            s.reference in skipped and f"its reference {s.reference}: {skipped[s.reference]}"
+        why = skipped.get(s.config) or (  # a reference skipped: a scenario of an engine that ran
+            s.config in by_name and s.reference in skipped and f"its reference {s.reference}: {skipped[s.reference]}"
         )
         if why:
             rows.append(
