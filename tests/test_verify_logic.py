@@ -1014,3 +1014,19 @@ def test_the_tier_walk_joins_by_tokens_and_no_served_engine_runs_it():
     )
     served = [c for c in scenarios.configs() if c.served]
     assert served and not any(r.after for c in served for w in c.workloads for r in wls[w].requests)
+
+
+def test_a_join_on_a_request_that_is_not_an_earlier_one_is_a_plan_problem():
+    """A request waiting on itself, on a later request or on one the workload lacks would
+    wait forever: the plan check names it; joins on earlier requests, chained, are fine."""
+
+    def req(after=None):
+        return scenarios.Request([1, 2, 3], 8, after=after)
+
+    chained = scenarios.Workload("chained", [req(), req((0, 2)), req((1, 4))])
+    assert scenarios.join_problems(chained) == []
+    bad = scenarios.Workload("bad", [req((0, 2)), req((2, 2)), req(), req((7, 1))])
+    assert scenarios.join_problems(bad) == [
+        f"bad: request {i} joins after request {j}, which is not an earlier request"
+        for i, j in ((0, 0), (1, 2), (3, 7))
+    ]

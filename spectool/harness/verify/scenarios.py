@@ -655,11 +655,23 @@ def baseline_for(cfg: EngineConfig, all_configs: list[EngineConfig], workload: s
     raise KeyError(f"no baseline engine runs workload {workload} with settings {cfg.settings_key}")
 
 
+def join_problems(wl: Workload) -> list[str]:
+    """A request that joins by tokens waits on an earlier request of its workload, which the
+    engine streams; one that named itself, a later request or none there would wait forever."""
+    return [
+        f"{wl.name}: request {i} joins after request {r.after[0]}, which is not an earlier request"
+        for i, r in enumerate(wl.requests)
+        if r.after and not 0 <= r.after[0] < i
+    ]
+
+
 def check_plan() -> list[str]:
     """Consistency of the tables above (run by the CPU tests)."""
     problems = []
     cfgs = {c.name: c for c in configs()}
     wl = workloads()
+    for w in wl.values():
+        problems += join_problems(w)
     for s in scenarios():
         c = cfgs.get(s.config)
         if c is None:
