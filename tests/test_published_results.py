@@ -137,6 +137,7 @@ def test_a_verify_runs_rows_regenerate_from_its_engines_outputs(folder):
             row["kv_only_graph_steps"],
             row["kv_only_prefills"],
         ], row["scenario"]
+    assert not Path(report["golden_file"]).is_absolute()  # the repository's file, wherever it is checked out
     golden_file = RESULTS.parent / report["golden_file"]
     golden = json.loads(golden_file.read_text())
     if golden["model"]["key"] != report["model"]["key"]:  # TP>1 runs their own model
@@ -150,3 +151,21 @@ def test_a_verify_runs_rows_regenerate_from_its_engines_outputs(folder):
     }
     for (key, w), requests in baselines.items():
         assert compare.compare_to_golden(golden, key, [r.prompt for r in wls[w].requests], requests) == [], key
+
+
+def test_a_run_evaluated_again_skips_the_engines_its_report_skipped_and_only_those(load_tool):
+    """The engines a run skipped, read back from its report's rows: a row skipped for its
+    reference names the reference's reason, so the engine of that row (which ran) is
+    evaluated, and an engine with outputs is never taken for skipped."""
+    tool = load_tool("evaluate_verify_run")
+    rows = [
+        {"config": "eagle3-unset", "skipped": "its reference eagle3-stock: no saved originals"},
+        {"config": "standalone-t4", "skipped": "SGLang 0.5.17 refuses the flag for STANDALONE"},
+        {"config": "eagle3-t4", "skipped": "not run"},
+        {"config": "eagle3-t0"},
+    ]
+    outs = {"eagle3-unset": {}, "eagle3-t4": {}, "eagle3-t0": {}}
+    assert tool.engine_skips(rows, outs) == {
+        "eagle3-stock": "no saved originals",
+        "standalone-t4": "SGLang 0.5.17 refuses the flag for STANDALONE",
+    }

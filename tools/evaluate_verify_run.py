@@ -1,8 +1,7 @@
-"""Evaluate a golden GPU run again, on this machine, with the scenarios as they are defined
-now: the engines' outputs in a results folder's verify-logs.tgz are compared by spectool's
-own `evaluate()`, and the folder's verify-results.json is rewritten (the run's own report
-stays in its verify.log). For a claim whose definition changed after the run, so that the
-published rows are what the current code says of the data.
+"""Evaluate a golden GPU run again, on this machine, with the scenarios of this tree: the
+engines' outputs in a results folder's verify-logs.tgz are compared by spectool's own
+`evaluate()`, and the folder's verify-results.json is rewritten (the run's own report stays
+in its verify.log), so that the published rows are what this tree's claims say of the data.
 
 Usage: python tools/evaluate_verify_run.py RESULTS_FOLDER [--kept grammar,logprob,...]
 (--kept: the request kinds the release keeps speculating, as `runner.kept_speculative`
@@ -12,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import tarfile
 from pathlib import Path
 
@@ -31,6 +31,22 @@ def engine_outputs(folder: Path) -> dict:
     return outs
 
 
+def engine_skips(rows: list[dict], outs: dict) -> dict:
+    """config -> why the run skipped that engine, from its report's skipped rows: a row skipped
+    for its reference names the reference's reason ("its reference NAME: why"), not its own
+    engine's, which ran. Engines with outputs ran, whatever a row says."""
+    skipped = {}
+    for row in rows:
+        why = row.get("skipped")
+        if not why:
+            continue
+        ref = re.fullmatch(r"its reference (\S+): (.*)", why, re.S)
+        name, why = (ref[1], ref[2]) if ref else (row["config"], why)
+        if name not in outs:
+            skipped[name] = why
+    return skipped
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folder", type=Path)
@@ -40,7 +56,7 @@ def main() -> None:
     old = json.loads(path.read_text())
     outs = engine_outputs(args.folder)
     cfgs = [c for c in scenarios.configs() if c.name in outs]
-    skipped = {r["config"]: r["skipped"] for r in old["scenarios"] if r.get("skipped")}
+    skipped = engine_skips(old["scenarios"], outs)
     models = {"meta": old["model"], **({"moe": {"meta": old["moe_model"]}} if old.get("moe_model") else {})}
     report = runner.evaluate(
         outs,
@@ -59,6 +75,7 @@ def main() -> None:
     for key in ("tp_size", "counters_from", "wall_seconds", "model_build_log"):
         report[key] = old.get(key)
     report["engines"] = old["engines"]
+    report["golden_file"] = str(Path(report["golden_file"]).relative_to(ROOT))  # as verify names it
     path.write_text(json.dumps(report, indent=2))
     print(f"{path}: ok={report['ok']}; failed: {[r['scenario'] for r in report['scenarios'] if not r['ok']]}")
 
