@@ -3,7 +3,8 @@
 # known yet: measure no speculation and EAGLE-3 (A0, A1), let `spectool bench
 # --suggest-threshold` place T from them, then measure the fallback (A2) at that T, into the
 # same folder. A call cut off by its time limit resumes from cells.jsonl: a second call skips
-# the cells already measured.
+# the cells already measured. T is placed only once A0 and A1 are measured in full; a call
+# that could not measure them all exits 75 (or 124 at its timeout) without measuring A2.
 # Usage there: bash tools/device/bench-threshold.sh VERSION RESULTS [spectool bench args, e.g.
 # --target qwen3-30b-a3b --concurrency 1,16,64 --max-batch 256 --reps 2]. FIXED_BUDGET,
 # FALLBACK_BUDGET: each stage's --budget in seconds (engine start-up included).
@@ -20,12 +21,17 @@ timeout $((${FIXED_BUDGET:-300} + 60)) "${BENCH[@]}" --budget "${FIXED_BUDGET:-3
   | tee "$OUT/bench-fixed.log"
 rc=${PIPESTATUS[0]}  # 124: stopped by its timeout, with every cell measured so far kept
 THRESHOLD=""
-if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then
-  rc=0
+if [ "$rc" -eq 124 ] || grep -q "time budget reached" "$OUT/bench-fixed.log"; then
+  # T comes from the whole grid only: a cut-off stage's T could sit below the crossover, and
+  # A2's cells measured at it would be resumed later as if they were at the right T.
+  echo "bench-threshold: A0 and A1 not measured in full; call again to resume them, then T is placed"
+  [ "$rc" -ne 0 ] || rc=75
+elif [ "$rc" -eq 0 ]; then
   "${BENCH[@]}" --suggest-threshold --json "$@" > "$DEST/suggested-threshold.json" || rc=$?
-  THRESHOLD=$(python3 -c 'import json, sys; t = json.load(open(sys.argv[1])).get("threshold"); print("" if t is None else t)' \
-    "$DEST/suggested-threshold.json" 2>/dev/null)
-  [ -n "$THRESHOLD" ] || { echo "bench-threshold: no T suggested (see suggested-threshold.json)"; rc=3; }
+  [ "$rc" -ne 0 ] || THRESHOLD=$(python3 -c \
+    'import json, sys; t = json.load(open(sys.argv[1])).get("threshold"); print("" if t is None else t)' \
+    "$DEST/suggested-threshold.json")
+  [ -n "$THRESHOLD" ] || { echo "bench-threshold: no T suggested (see above)"; [ "$rc" -ne 0 ] || rc=3; }
 fi
 if [ -n "$THRESHOLD" ]; then
   echo "bench-threshold: T=$THRESHOLD"
