@@ -142,6 +142,8 @@ def test_synthetic_rule_cases():
     assert analyze.suggest_threshold(mk({1: (1, 2), 2: (1, 2), 4: (2, 1)}), [1, 2, 4])["threshold"] == 2
     assert analyze.suggest_threshold(mk({1: (2, 1), 2: (2, 1)}), [1, 2])["threshold"] == 0
     assert analyze.suggest_threshold(mk({1: (1, 2), 2: (1, 2)}), [1, 2])["threshold"] == 2
+    always = analyze.suggest_threshold(mk({1: (1, 2), 2: (1, 2)}), [1, 2])
+    assert "every C measured (up to 2): measure above C=2" in always["why"], "no loss measured: no 'slower above'"
     only_a0 = {("A0", C): {"median": 1.0} for C in (1, 2)}
     assert analyze.suggest_threshold(only_a0, [1, 2])["threshold"] is None, "one arm alone: no T, not 0"
     # A win after the first loss does not move T: the rule stops at the first loss.

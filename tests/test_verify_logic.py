@@ -970,6 +970,10 @@ def test_a_scenario_with_a_reference_is_checked_against_the_release_as_published
     only_stock = [c for c in scenarios.configs() if c.name not in (s.config, s.reference)]
     report = _evaluate(results, tmp_path, cfgs=only_stock, skipped=skipped)
     assert s.name not in {r["scenario"] for r in report["scenarios"]}
+    # Outputs without the reference engine at all (an older run's): said so, not "failed".
+    del results[s.reference]
+    failed = _failed(_evaluate(results, tmp_path, cfgs=[c for c in scenarios.configs() if c.name != s.reference]))
+    assert failed == {s.name: [f"engine {s.reference} did not run"]}
 
 
 def test_a_request_joins_once_the_request_it_waits_for_has_made_its_tokens():

@@ -314,6 +314,9 @@ def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:
         "speculation never wins: always fall back"
         if T == 0
         else f"EAGLE-3 is at least as fast as plain decoding up to C={T} and slower above"
+        if first_loss
+        else f"EAGLE-3 is at least as fast as plain decoding at every C measured (up to {T}): measure above "
+        f"C={T} to find where it stops winning"
     )
     if refine:
         why += (

@@ -555,7 +555,7 @@ def evaluate(
         if s.reference:  # the release as published is the claim; plain decoding's difference is reported
             ref = results.get(s.reference, {})
             if not ref.get("ok"):
-                row.update(ok=False, failures=[f"engine {s.reference} failed"])
+                row.update(ok=False, failures=[f"engine {s.reference} {'failed' if ref else 'did not run'}"])
                 rows.append(row)
                 continue
             row.update(reference=s.reference, baseline_mismatches=cmp.mismatches)
