@@ -265,3 +265,28 @@ def test_an_engine_death_is_read_from_its_log(tmp_path):
     quiet = sweep.engine_failure("A0", 1, "its start", log)
     assert quiet.startswith("bench arm A0's engine exited with 1 during its start. Its log:")
     assert quiet.endswith("Its last lines:\n[x] loading weights\n[x] ready") and "GPU" not in quiet
+
+
+def test_waves_set_how_many_requests_every_cell_measures(tmp_path, stub_engines):
+    """--waves makes a cell `waves` times C requests (at least 16); without it the default
+    rule holds: two waves up to C=64, 1.5 above, three per client when staggered."""
+    assert [sweep._requests_for(C) for C in (1, 64, 128)] == [16, 128, 192]
+    assert sweep._requests_for(8, "staggered") == 24
+    assert [sweep._requests_for(C, "lockstep", 4) for C in (1, 64, 128)] == [16, 256, 512]
+    assert sweep._requests_for(12, "staggered", 2.5) == 30
+    out = tmp_path / "long-cells"
+    sweep.run(
+        out,
+        threshold=4,
+        concurrencies=(8,),
+        reps=1,
+        prompt_len=4,
+        out_len=8,
+        transition=False,
+        budget_s=120,
+        arm_names=["A0"],
+        port_base=27300,
+        waves=3,
+    )
+    (cell,) = [json.loads(line) for line in (out / "cells.jsonl").read_text().splitlines()]
+    assert cell["n"] == 24

@@ -239,6 +239,13 @@ def _tier_arms(text: str) -> dict[int, str]:
     "starts over one request lifetime (docs/bench.md says why lockstep is the default).",
 )
 @click.option(
+    "--waves",
+    type=click.FloatRange(min=0.5),
+    default=None,
+    help="Measured requests per cell in waves of C (at least 16 requests): longer cells, steadier "
+    "medians. Default: 2 up to C=64, 1.5 above (3 per client with --load staggered).",
+)
+@click.option(
     "--profile-load",
     type=click.Choice(PROFILE_LOADS),
     default="wave",
@@ -314,6 +321,7 @@ def bench(
     suggest_tiers,
     tier_arms,
     load,
+    waves,
     profile_steps,
     profile_load,
     merge_from,
@@ -429,6 +437,7 @@ def bench(
             variants=variants,
             max_engines=max_engines,
             load=load,
+            waves=waves,
             transition_arms=transition_named,
             engine_log_level=engine_log_level,
             port_base=port_base,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import math
 import os
 import re
 import subprocess
@@ -59,17 +60,19 @@ def cell_load(cell: dict) -> str:
     return "staggered" if cell.get("stagger") else "lockstep"
 
 
-def _requests_for(C: int, load: str = "lockstep") -> int:
-    """Measured requests per cell.
+def _requests_for(C: int, load: str = "lockstep", waves: float | None = None) -> int:
+    """Measured requests per cell: `waves` times C (--waves), at least 16, else the default.
 
     lockstep (the default): C clients start together, so with equal output lengths each wave
     of C requests prefills at once and decodes together; the whole run is measured, after an
-    unmeasured warm-up wave (worker.handle). At least 16 requests (4 at C=1 gave 0.7 s windows
-    and +-10% cell-to-cell noise on the H200); 1.5 waves above C=64, as in every committed sweep.
+    unmeasured warm-up wave (worker.handle). By default two waves up to C=64 and 1.5 above;
+    at least 16 requests, so a cell at C=1 lasts long enough to time. More waves make longer
+    cells whose medians move less from run to run, at the cost of device time.
 
-    staggered: after worker.closed_loop's ramp, three requests per client, so the steady
-    window spans about two request lifetimes (two per client gave 1.2-1.6 on
-    tests/test_bench_worker.py's miniature server)."""
+    staggered: after worker.closed_loop's ramp, three requests per client by default, so the
+    steady window spans about two request lifetimes."""
+    if waves is not None:
+        return max(16, math.ceil(waves * C))
     if load == "staggered":
         return max(16, 3 * C)
     return max(16, 2 * C) if C <= 64 else int(1.5 * C)
@@ -103,6 +106,7 @@ def run(
     variants=(),
     max_engines: int | None = None,
     load: str = "lockstep",
+    waves: float | None = None,
     transition_arms=None,
     engine_log_level: str = "warning",
     port_base: int = PORT_BASE,
@@ -206,7 +210,7 @@ def run(
                         {
                             "kind": "point",
                             "C": C,
-                            "n": _requests_for(C, load),
+                            "n": _requests_for(C, load, waves),
                             "prompt_len": prompt_len,
                             "out_len": out_len,
                             "seed": 1000 * rep + C,
