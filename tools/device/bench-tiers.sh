@@ -10,10 +10,7 @@
 set -euo pipefail
 SGLANG_VERSION=$1; RESULTS=$2; shift 2
 source tools/device/setup.sh
-python3 -m spectool.cli apply --sglang-dir "$SITE" >/dev/null
-NAME=$(basename "$RESULTS"); DEST="$OUT/$NAME"
-mkdir -p "$DEST"
-[ -d "$RESULTS" ] && cp -r "$RESULTS"/. "$DEST"/
+source tools/device/bench-setup.sh
 BENCH=(python3 -m spectool.cli bench --sglang-dir "$SITE" --out "$DEST" --no-transition)
 set +e
 timeout $((${FIXED_BUDGET:-300} + 60)) "${BENCH[@]}" --budget "${FIXED_BUDGET:-300}" --arms A0,A1 \
@@ -42,5 +39,5 @@ if [ -n "$VARIANT" ]; then
     --variant "$VARIANT" "$@" 2>&1 | tee "$OUT/bench-tiered.log"
   rc=${PIPESTATUS[0]}
 fi
-tar czf "$DEST.tgz" -C "$DEST" --exclude=models --exclude=traces . && rm -rf "$DEST"
+pack_results
 exit "$rc"

@@ -6,14 +6,11 @@
 set -euo pipefail
 SGLANG_VERSION=$1; RESULTS=$2; shift 2
 source tools/device/setup.sh
-python3 -m spectool.cli apply --sglang-dir "$SITE" >/dev/null
-DEST="$OUT/$(basename "$RESULTS")"
-mkdir -p "$DEST"
-[ -d "$RESULTS" ] && cp -r "$RESULTS"/. "$DEST"/
+source tools/device/bench-setup.sh
 # BENCH_TIMEOUT (seconds) stops a run that overshoots, so the results are still packed.
 set +e
 timeout "${BENCH_TIMEOUT:-580}" python3 -m spectool.cli bench --sglang-dir "$SITE" --out "$DEST" "$@" 2>&1 | tee "$OUT/bench-$(basename "$RESULTS").log"
 rc=${PIPESTATUS[0]}
 # The device tool returns only a few files per call: pack the folder into one.
-tar czf "$DEST.tgz" -C "$DEST" --exclude=models --exclude=traces . && rm -rf "$DEST"
+pack_results
 exit $rc

@@ -1,0 +1,9 @@
+# Sourced by the bench scripts after setup.sh, with RESULTS set: apply the recipes to the
+# runtime, and measure into DEST=$OUT/NAME (NAME: RESULTS' last part), seeded from the
+# committed RESULTS folder so that a cut-off run resumes from its cells.jsonl.
+# pack_results packs DEST into one archive: the device tool returns only a few files a call.
+python3 -m spectool.cli apply --sglang-dir "$SITE" >/dev/null
+DEST="$OUT/$(basename "$RESULTS")"
+mkdir -p "$DEST"
+if [ -d "$RESULTS" ]; then cp -r "$RESULTS"/. "$DEST"/; fi
+pack_results() { tar czf "$DEST.tgz" -C "$DEST" --exclude=models --exclude=traces . && rm -rf "$DEST"; }
