@@ -6,4 +6,20 @@ python3 -m spectool.cli apply --sglang-dir "$SITE" >/dev/null
 DEST="$OUT/$(basename "$RESULTS")"
 mkdir -p "$DEST"
 if [ -d "$RESULTS" ]; then cp -r "$RESULTS"/. "$DEST"/; fi
+BENCH=(python3 -m spectool.cli bench --sglang-dir "$SITE" --out "$DEST")
 pack_results() { tar czf "$DEST.tgz" -C "$DEST" --exclude=models --exclude=traces . && rm -rf "$DEST"; }
+
+# stage LOG BUDGET [bench args]: one stage of a derived sweep (bench-threshold.sh,
+# bench-tiers.sh) under --budget BUDGET (engine start-up included) and a timeout a minute past
+# it, its output in $OUT/LOG. Its status: the bench's, 124 at the timeout, and 75 where the
+# budget stopped it with cells left, so that nothing is derived from part of the grid (a
+# second call resumes the cells).
+stage() {
+  local log=$1 budget=$2
+  shift 2
+  timeout $((budget + 60)) "${BENCH[@]}" --no-transition --budget "$budget" "$@" 2>&1 | tee "$OUT/$log"
+  local rc=${PIPESTATUS[0]}
+  if [ "$rc" -eq 0 ] && grep -q "time budget reached" "$OUT/$log"; then rc=75; fi
+  [ "$rc" -eq 0 ] || echo "$log: stopped with cells left to measure ($rc); call again to resume them"
+  return "$rc"
+}

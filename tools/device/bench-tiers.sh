@@ -11,18 +11,12 @@ set -euo pipefail
 SGLANG_VERSION=$1; RESULTS=$2; shift 2
 source tools/device/setup.sh
 source tools/device/bench-setup.sh
-BENCH=(python3 -m spectool.cli bench --sglang-dir "$SITE" --out "$DEST" --no-transition)
 set +e
-timeout $((${FIXED_BUDGET:-300} + 60)) "${BENCH[@]}" --budget "${FIXED_BUDGET:-300}" --arms A0,A1 \
+stage bench-fixed.log "${FIXED_BUDGET:-300}" --arms A0,A1 \
   --variant "S2=A1:speculative_num_steps=2;speculative_num_draft_tokens=3" \
-  --variant "S1=A1:speculative_num_steps=1;speculative_num_draft_tokens=2" "$@" 2>&1 | tee "$OUT/bench-fixed.log"
-rc=${PIPESTATUS[0]}  # 124: stopped by its timeout, with every cell measured so far kept
-if [ "$rc" -eq 124 ] || grep -q "time budget reached" "$OUT/bench-fixed.log"; then
-  # The tiers come from the whole grid only: part of it can choose other tiers, whose engine
-  # would spend the call on an arm the whole grid does not choose.
-  echo "bench-tiers: the fixed configurations not measured in full; call again to resume them"
-  [ "$rc" -ne 0 ] || rc=75
-elif [ "$rc" -eq 0 ]; then
+  --variant "S1=A1:speculative_num_steps=1;speculative_num_draft_tokens=2" "$@"
+rc=$?
+if [ "$rc" -eq 0 ]; then
   "${BENCH[@]}" --suggest-tiers --tier-arms 3=A1,2=S2,1=S1,0=A0 --json "$@" > "$DEST/suggested-tiers.json" || rc=$?
 fi
 VARIANT=""
@@ -34,10 +28,9 @@ print(r.get("threshold") or 1, r.get("variant") or "")' "$DEST/suggested-tiers.j
   [ -n "$VARIANT" ] || { echo "bench-tiers: no tiers suggested (see suggested-tiers.json)"; rc=3; }
 fi
 if [ -n "$VARIANT" ]; then
-  # A0 shares the tiered engine's wave: it measures the cells the fixed stage left, if any.
-  timeout $((${TIER_BUDGET:-200} + 60)) "${BENCH[@]}" --budget "${TIER_BUDGET:-200}" --threshold "$THRESHOLD" --arms A0 \
-    --variant "$VARIANT" "$@" 2>&1 | tee "$OUT/bench-tiered.log"
-  rc=${PIPESTATUS[0]}
+  # A0 stays among the arms, so the table keeps the envelope beside the tiered arm.
+  stage bench-tiered.log "${TIER_BUDGET:-200}" --threshold "$THRESHOLD" --arms A0 --variant "$VARIANT" "$@"
+  rc=$?
 fi
 pack_results
 exit "$rc"

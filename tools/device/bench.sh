@@ -9,7 +9,7 @@ source tools/device/setup.sh
 source tools/device/bench-setup.sh
 # BENCH_TIMEOUT (seconds) stops a run that overshoots, so the results are still packed.
 set +e
-timeout "${BENCH_TIMEOUT:-580}" python3 -m spectool.cli bench --sglang-dir "$SITE" --out "$DEST" "$@" 2>&1 | tee "$OUT/bench-$(basename "$RESULTS").log"
+timeout "${BENCH_TIMEOUT:-580}" "${BENCH[@]}" "$@" 2>&1 | tee "$OUT/bench-$(basename "$RESULTS").log"
 rc=${PIPESTATUS[0]}
 # The device tool returns only a few files per call: pack the folder into one.
 pack_results
