@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -76,29 +75,14 @@ def test_the_comparison_with_upstreams_switch_regenerates(load_tool):
     assert tool.tiers_comparison()[0] == (tool.TIERS / "comparison-tiers.md").read_text()
 
 
-def _engine_outputs(folder: Path) -> tuple[dict, dict]:
-    """(config -> its recorded output, config -> its log lines) from verify-logs.tgz."""
-    outs, logs = {}, {}
-    with tarfile.open(folder / "verify-logs.tgz") as tar:
-        for m in tar.getmembers():
-            name = Path(m.name).name
-            if m.isfile() and name.endswith(".out.json"):
-                outs[name[: -len(".out.json")]] = json.loads(tar.extractfile(m).read())
-            elif m.isfile() and name.endswith(".log"):
-                logs[name[: -len(".log")]] = (
-                    tar.extractfile(m).read().decode(errors="replace").replace("\r", "\n").splitlines()
-                )
-    return outs, logs
-
-
 @pytest.mark.parametrize("folder", VERIFY, ids=_name)
-def test_a_verify_runs_rows_regenerate_from_its_engines_outputs(folder):
+def test_a_verify_runs_rows_regenerate_from_its_engines_outputs(folder, load_tool):
     """Every scenario of the run, passed or failed: its tokens compared again with the
     run's baseline engine of the same settings, its step counters taken again from the
     engine's snapshots (rebuilt from the engine's log where the switch is upstream's), and
     the baselines of the workloads the tables still define compared with the golden file."""
     report = json.loads((folder / "verify-results.json").read_text())
-    outs, logs = _engine_outputs(folder)
+    outs, logs = load_tool("evaluate_verify_run").engine_outputs(folder)
     cfgs = {c.name: c for c in scenarios.configs()}
     from_log = report["counters_from"].startswith("engine log")
     wls = scenarios.workloads()

@@ -20,15 +20,19 @@ from spectool.harness.verify import runner, scenarios
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def engine_outputs(folder: Path) -> dict:
-    """config -> the engine's recorded output (its .out.json in verify-logs.tgz)."""
-    outs = {}
+def engine_outputs(folder: Path) -> tuple[dict, dict]:
+    """(config -> the engine's recorded output, config -> its log lines): the .out.json and
+    .log files in a results folder's verify-logs.tgz."""
+    outs, logs = {}, {}
     with tarfile.open(folder / "verify-logs.tgz") as tar:
         for m in tar.getmembers():
             name = Path(m.name).name
             if m.isfile() and name.endswith(".out.json"):
                 outs[name[: -len(".out.json")]] = json.loads(tar.extractfile(m).read())
-    return outs
+            elif m.isfile() and name.endswith(".log"):
+                text = tar.extractfile(m).read().decode(errors="replace")
+                logs[name[: -len(".log")]] = text.replace("\r", "\n").splitlines()
+    return outs, logs
 
 
 def engine_skips(rows: list[dict], outs: dict) -> dict:
@@ -54,7 +58,7 @@ def main() -> None:
     args = ap.parse_args()
     path = args.folder / "verify-results.json"
     old = json.loads(path.read_text())
-    outs = engine_outputs(args.folder)
+    outs, _ = engine_outputs(args.folder)
     cfgs = [c for c in scenarios.configs() if c.name in outs]
     skipped = engine_skips(old["scenarios"], outs)
     models = {"meta": old["model"], **({"moe": {"meta": old["moe_model"]}} if old.get("moe_model") else {})}
