@@ -132,6 +132,13 @@ def test_a_sweep_starts_its_engines_measures_every_cell_and_resumes(tmp_path, st
     assert sorted(c["rep"] for c in cells) == [0] * 6 + [1] * 6
     assert len(stub_engines.read_text().splitlines()) == 6, "the rerun started its engines once"
 
+    # More repetitions of two arms at one C: the report still covers the whole folder.
+    sweep.run(out, reps=3, **{**kw, "concurrencies": (1,), "arm_names": ["A1", "A2"]})
+    results = json.loads((out / "bench-results.json").read_text())
+    assert results["concurrencies"] == [1, 8] and set(results["ratios"]) == {"1", "8"}
+    assert set(results["startup_s"]) == {"A0", "A1", "A2"}, "the engines of earlier runs keep their start-up"
+    assert "| 8 |" in (out / "bench-table.md").read_text()
+
 
 def test_max_batch_sizes_the_engines_for_the_full_sweep_while_measuring_some_of_its_c(tmp_path, stub_engines):
     """--max-batch: a run of C=1 alone on engines shaped as a sweep up to 8 (graphs, running

@@ -143,7 +143,9 @@ def run(
     version, env = _environment(sglang_dir, acc_len)
     tpath = out / "transition.json"
     trans = analyze.read_json(tpath) if tpath.exists() else None
-    startup = {}
+    # A resumed run reports the whole folder: its engines' start-up times and every C held.
+    earlier = analyze.read_json(out / "bench-results.json") if (out / "bench-results.json").exists() else {}
+    startup = dict(earlier.get("startup_s") or {})
     plan = plan_steps(
         arm_list,
         concurrencies,
@@ -234,8 +236,20 @@ def run(
                     bar.advance(task)
             if stopped:
                 break
+    held = {c["C"] for c in cells if c.get("acc_len", acc_len) == acc_len}
     return summarize(
-        out, cells, concurrencies, threshold, acc_len, trans, startup, version, gpu, arm_list, load, target=target
+        out,
+        cells,
+        sorted(held | set(concurrencies)),
+        threshold,
+        acc_len,
+        trans,
+        startup,
+        version,
+        gpu,
+        arm_list,
+        load,
+        target=target,
     )
 
 
