@@ -22,7 +22,7 @@ class Engine:
 
     def __init__(self, **kw):
         with open(os.environ["STUB_ENGINE_ARGS"], "a") as f:
-            f.write(json.dumps(kw) + "\\n")
+            f.write(json.dumps({**kw, "stub_tree": os.environ.get("STUB_TREE")}) + "\\n")
         self.per_token = 0.0002 if kw.get("speculative_algorithm") else 0.0003
         self.spec, self.profiles = bool(kw.get("speculative_algorithm")), 0
 
@@ -73,6 +73,9 @@ class Engine:
 '''
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
 def _server_args() -> str:
     """A ServerArgs with exactly the fields the bench sets on its engines (every arm's, a
     threshold included): the real worker maps its arguments onto these as onto SGLang's."""
@@ -95,8 +98,7 @@ def stub_engines(tmp_path, monkeypatch):
     (stub / "sglang/srt/__init__.py").write_text("")
     (stub / "sglang/srt/server_args.py").write_text(_server_args())
     args = tmp_path / "engine-args.jsonl"
-    repo = Path(__file__).resolve().parents[1]
-    env = dict(PYTHONPATH=os.pathsep.join([str(stub), str(repo)]), STUB_ENGINE_ARGS=str(args), PYTHONUNBUFFERED="1")
+    env = dict(PYTHONPATH=os.pathsep.join([str(stub), str(REPO)]), STUB_ENGINE_ARGS=str(args), PYTHONUNBUFFERED="1")
     # The environment as the sweep starts its engines (a test's own settings included).
     monkeypatch.setattr(sweep, "_environment", lambda sglang_dir, acc_len: ("0.5.12", {**os.environ, **env}))
     monkeypatch.setattr("spectool.harness.verify.runner.gpu_info", lambda command="verify": ("sm90", "stand-in GPU"))
@@ -138,6 +140,61 @@ def test_a_sweep_starts_its_engines_measures_every_cell_and_resumes(tmp_path, st
     assert results["concurrencies"] == [1, 8] and set(results["ratios"]) == {"1", "8"}
     assert set(results["startup_s"]) == {"A0", "A1", "A2"}, "the engines of earlier runs keep their start-up"
     assert "| 8 |" in (out / "bench-table.md").read_text()
+
+
+def _site(path: Path, version: str, server_args: str) -> Path:
+    """An unpacked stand-in SGLang as the bench reads it and its engines run it: its version,
+    its ServerArgs and the stand-in Engine."""
+    (path / "sglang/srt").mkdir(parents=True)
+    (path / "sglang/__init__.py").write_text(ENGINE)
+    (path / "sglang/srt/__init__.py").write_text("")
+    (path / "sglang/version.py").write_text(f'__version__ = "{version}"\n')
+    (path / "sglang/srt/server_args.py").write_text(server_args)
+    return path
+
+
+def test_an_arm_runs_on_a_sglang_tree_of_its_own(tmp_path, stub_engines, monkeypatch):
+    """--arm-sglang-dir: the variant UP starts on another release's tree (its environment), its
+    fields are those of that tree's ServerArgs (one the tree under test lacks is accepted),
+    and its cells and report name the release, in the same run as the other arms."""
+    other = _site(tmp_path / "site-0.5.17", "0.5.17", _server_args() + "    speculative_adaptive: bool = False\n")
+    under_test = _site(tmp_path / "site-0.5.12", "0.5.12", _server_args())
+    up = "UP=A1:speculative_adaptive=true"
+    with pytest.raises(sweep.BadInputError, match="'speculative_adaptive' is not a ServerArgs field"):
+        sweep.select_arms(4, 8, ["A1"], [up], sglang_dir=str(under_test))
+    arms = sweep.select_arms(4, 8, ["A1"], [up], sglang_dir=str(under_test), arm_trees={"UP": str(other)})
+    assert [(a.name, a.extra.get("speculative_adaptive")) for a in arms] == [("A1", None), ("UP", True)]
+
+    here = sweep._environment  # the fixture's: the stand-in SGLang for the tree under test
+    monkeypatch.setattr(
+        sweep,
+        "_environment",
+        lambda d, acc: (
+            ("0.5.17", {**here(d, acc)[1], "PYTHONPATH": os.pathsep.join([d, str(REPO)]), "STUB_TREE": "0.5.17"})
+            if d == str(other)
+            else here(d, acc)
+        ),
+    )
+    out = tmp_path / "bench"
+    sweep.run(
+        out,
+        threshold=4,
+        concurrencies=(1,),
+        reps=1,
+        prompt_len=4,
+        out_len=8,
+        transition=False,
+        budget_s=120,
+        arm_names=["A1"],
+        variants=[up],
+        arm_trees={"UP": str(other)},
+        port_base=27400,
+    )
+    engines = {e.get("speculative_adaptive"): e for e in map(json.loads, stub_engines.read_text().splitlines())}
+    assert engines[True]["stub_tree"] == "0.5.17" and engines[None]["stub_tree"] is None
+    cells = {c["arm"]: c for c in map(json.loads, (out / "cells.jsonl").read_text().splitlines())}
+    assert cells["UP"]["sglang"] == "0.5.17" and "sglang" not in cells["A1"]
+    assert json.loads((out / "bench-results.json").read_text())["arm_sglang_versions"] == {"UP": "0.5.17"}
 
 
 def test_max_batch_sizes_the_engines_for_the_full_sweep_while_measuring_some_of_its_c(tmp_path, stub_engines):

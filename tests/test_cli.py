@@ -146,12 +146,26 @@ def test_select_unknown_recipe(tmp_path):
         (["--max-engines", "0"], "0 is not in the range x>=1"),
         (["--variant", "A4D=A9:X=1"], "base arm 'A9' is not one of"),
         (["--profile", "30"], "more than --max-engines 4"),
+        (["--arm-sglang-dir", "UP"], "expected NAME=DIR"),
+        (["--arm-sglang-dir", "UP=/nonexistent/site"], "/nonexistent/site is not a directory"),
     ],
 )
 def test_bench_bad_input_is_one_paragraph_exit_2(tmp_path, args, needle):
     """Checked before any GPU probe, so the message is the same on a laptop and on the H200."""
     r = run("bench", "--out", tmp_path / "b", *args)
     assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output
+
+
+def test_bench_arm_sglang_dir_refuses_an_arm_the_run_does_not_measure(tmp_path):
+    tree = tmp_path / "site"
+    (tree / "sglang/srt").mkdir(parents=True)
+    (tree / "sglang/__init__.py").write_text("")
+    (tree / "sglang/version.py").write_text('__version__ = "0.5.17"\n')
+    r = run("bench", "--out", tmp_path / "b", "--arms", "A0,A1", "--arm-sglang-dir", f"A2={tree}")
+    assert r.exit_code == 2 and "--arm-sglang-dir names A2, which this run does not measure" in r.output
+    assert "Traceback" not in r.output
+    r = run("bench", "--out", tmp_path / "b", "--arm-sglang-dir", f"A1={tree}", "--arm-sglang-dir", f"A1={tree}")
+    assert r.exit_code == 2 and "arm A1 is given twice" in r.output
 
 
 def test_bench_suggest_threshold_per_acceptance(tmp_path):

@@ -124,6 +124,29 @@ def _tier_arms(text: str) -> dict[int, str]:
     return out
 
 
+def _arm_trees(items) -> dict[str, str]:
+    """--arm-sglang-dir NAME=DIR (repeatable): arm -> the SGLang tree its engine runs, each DIR
+    located as --sglang-dir is (a one-paragraph error when it holds no SGLang)."""
+    from ..source import locate
+
+    out = {}
+    for item in items:
+        name, eq, tree = item.partition("=")
+        name, tree = name.strip(), tree.strip()
+        if not (eq and name and tree):
+            raise BadInputError(
+                f"--arm-sglang-dir {item!r}: expected NAME=DIR, an arm of the run and the SGLang tree its engine "
+                "runs, as in UP=/tmp/site-0.5.17."
+            )
+        if name in out:
+            raise BadInputError(f"--arm-sglang-dir: arm {name} is given twice ({out[name]} and {tree}).")
+        if not Path(tree).is_dir():
+            raise BadInputError(f"--arm-sglang-dir {item!r}: {tree} is not a directory.")
+        locate(tree)
+        out[name] = tree
+    return out
+
+
 @click.command(
     epilog=exit_codes(
         "measured (or merged, profiled, a threshold suggested); the table is printed",
@@ -184,6 +207,16 @@ def _tier_arms(text: str) -> dict[int, str]:
     help="An extra arm: BASE with server args of its own (ServerArgs field names, values as on the command "
     "line), e.g. A4M=A4:speculative_disable_kv_only_margin=8 (a variant of A2 also runs the transition "
     "workload, as a same-run control). Repeatable.",
+)
+@click.option(
+    "--arm-sglang-dir",
+    "arm_sglang_dirs",
+    multiple=True,
+    metavar="NAME=DIR",
+    help="Run arm NAME's engine on the SGLang tree at DIR instead of --sglang-dir: an arm on another release "
+    "(as it is, or with the recipes applied), its cells interleaved with the others' in the same run, e.g. "
+    "UP=/tmp/site-0.5.17 with --variant 'UP=A1:speculative_adaptive=true'. Its --variant fields are those "
+    "of that tree's ServerArgs. Repeatable.",
 )
 @click.option(
     "--max-engines",
@@ -316,6 +349,7 @@ def bench(
     transition_arms,
     arm_names,
     variants,
+    arm_sglang_dirs,
     max_engines,
     suggest,
     suggest_tiers,
@@ -340,6 +374,7 @@ def bench(
     cs = _numbers("--concurrency", concurrency, int, 1, "request counts of 1 or more, such as 64 or 1,4,16,64,256")
     accs = _numbers("--acc-len", acc_len, float, 1.0, "numbers such as 3.0 or 2.0,3.0 (1.0 or more)")
     arms_measured, transition_named = _csv(arm_names), tuple(_csv(transition_arms)) or None
+    arm_trees = _arm_trees(arm_sglang_dirs)
     folders = {a: Path(out_dir) if len(accs) == 1 else Path(out_dir) / f"acc-{a:g}" for a in accs}
     if suggest or suggest_tiers:
         option = "--suggest-tiers" if suggest_tiers else "--suggest-threshold"
@@ -415,6 +450,7 @@ def bench(
             tp=tp,
             max_batch=max_batch,
             target=target,
+            arm_trees=arm_trees,
             console=_console(),
             **({"out_len": out_len} if profile_load != "wave" else {}),
         )
@@ -445,6 +481,7 @@ def bench(
             tp=tp,
             max_batch=max_batch,
             target=target,
+            arm_trees=arm_trees,
             console=_console(),
         )
     if as_json:

@@ -6,6 +6,7 @@ by a time limit resumes where it stopped."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gzip
 import json
 import math
@@ -114,15 +115,18 @@ def run(
     tp: int = 1,
     max_batch: int | None = None,
     target: str = DEFAULT_TARGET,
+    arm_trees: dict | None = None,
     console=None,
 ) -> dict:
+    """`arm_trees`: arm name -> the SGLang tree its engine runs instead of `sglang_dir` (an arm
+    on another release, measured in the same run, its cells interleaved with the others')."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..verify.runner import gpu_info
 
     max_bs = engine_batch(concurrencies, max_batch)
     max_engines = engines_per_gpu(target, max_engines)
-    arm_list = select_arms(threshold, max_bs, arm_names, variants, sglang_dir)
+    arm_list = select_arms(threshold, max_bs, arm_names, variants, sglang_dir, arm_trees=arm_trees)
     # Named arms must be measured; the default (A2) just finds no engine in a run without it.
     unknown = sorted(set(transition_arms or ()) - {a.name for a in arm_list})
     transition_arms = transition_arms or ("A2",)
@@ -141,6 +145,8 @@ def run(
     t_start = time.time()
     out.mkdir(parents=True, exist_ok=True)
     version, env = _environment(sglang_dir, acc_len)
+    arm_versions, arm_envs = _arm_environments(arm_trees, acc_len)
+    arm_list = _label_versions(arm_list, arm_versions)
     tpath = out / "transition.json"
     trans = analyze.read_json(tpath) if tpath.exists() else None
     # A resumed run reports the whole folder: its engines' start-up times and every C held.
@@ -190,6 +196,7 @@ def run(
                 port_base=port_base,
                 tp=tp,
                 target=target,
+                arm_envs=arm_envs,
             ) as (procs, started):
                 startup.update(started)
                 for step in steps:
@@ -229,6 +236,7 @@ def run(
                         **({"engines": f"rep{rep}"} if fresh_engines else {}),
                         **({"tp": tp} if tp > 1 else {}),
                         **({"target": target} if target != DEFAULT_TARGET else {}),
+                        **({"sglang": arm_versions[arm]} if arm in arm_versions else {}),
                     }
                     cells.append(cell)
                     with open(cells_path, "a") as f:
@@ -249,6 +257,7 @@ def run(
         gpu,
         arm_list,
         load,
+        extra={"arm_sglang_versions": arm_versions} if arm_versions else None,
         target=target,
     )
 
@@ -420,23 +429,26 @@ def select_arms(
     variants=(),
     sglang_dir: str | None = None,
     server_args: dict[str, str] | None = None,
+    arm_trees: dict | None = None,
 ) -> list:
     """The arms named (the default five when none are) plus every variant (see
     arms.variant), or a one-paragraph error naming what is wrong. A variant's fields are
-    checked against `server_args` (field -> type), by default those of the SGLang under
-    --sglang-dir (else the installed one)."""
+    checked against `server_args` (field -> type), by default those of the SGLang its engine
+    runs: its own tree in `arm_trees`, else --sglang-dir (else the installed one)."""
     every = make_arms(threshold, max_bs)
     extra = []
+    arm_trees = arm_trees or {}
     fields = {}
 
-    def server_fields():  # read once, for the first variant that is well-formed
-        if not fields:
-            fields.update(server_args if server_args is not None else server_arg_annotations(sglang_dir))
-        return fields
+    def server_fields(tree):  # read once per tree, for the first variant that is well-formed
+        if tree not in fields:
+            fields[tree] = server_args if server_args is not None else server_arg_annotations(tree)
+        return fields[tree]
 
     for spec in variants or ():
+        tree = arm_trees.get(spec.partition("=")[0].strip(), sglang_dir)
         try:
-            arm = make_variant(spec, every, server_fields)
+            arm = make_variant(spec, every, lambda tree=tree: server_fields(tree))
         except ValueError as exc:
             raise BadInputError(f"--variant {spec!r}: {exc}.") from None
         if arm.name in {a.name for a in every + extra}:
@@ -451,7 +463,29 @@ def select_arms(
             "and the --variant arms."
         )
     wanted = set(arm_names or DEFAULT_ARMS) | {a.name for a in extra}
+    stray = sorted(set(arm_trees) - wanted)
+    if stray:
+        raise BadInputError(
+            f"--arm-sglang-dir names {', '.join(stray)}, which this run does not measure; name an arm "
+            f"of --arms or a --variant ({', '.join(sorted(wanted))})."
+        )
     return [a for a in every + extra if a.name in wanted]
+
+
+def _arm_environments(arm_trees: dict | None, acc_len: float) -> tuple[dict, dict]:
+    """(arm -> SGLang version, arm -> engine environment) for the arms on trees of their own."""
+    versions, envs = {}, {}
+    for name, tree in (arm_trees or {}).items():
+        versions[name], envs[name] = _environment(tree, acc_len)
+    return versions, envs
+
+
+def _label_versions(arm_list, arm_versions: dict) -> list:
+    """The arms, those on a tree of their own labelled with its release."""
+    return [
+        dataclasses.replace(a, label=f"{a.label} (SGLang {arm_versions[a.name]})") if a.name in arm_versions else a
+        for a in arm_list
+    ]
 
 
 def _environment(sglang_dir, acc_len):
@@ -487,9 +521,11 @@ def _engines(
     port_base: int = PORT_BASE,
     tp: int = 1,
     target: str = DEFAULT_TARGET,
+    arm_envs: dict | None = None,
 ):
     """Start one engine process per arm (in parallel), yield (procs, startup seconds), stop them.
-    Engine i owns the ports from port_base + 100*i (its rendezvous port among them)."""
+    Engine i owns the ports from port_base + 100*i (its rendezvous port among them). An arm in
+    `arm_envs` starts with that environment (its own SGLang tree) instead of `env`."""
     models = write_models(out / "models", target)
     procs = {}
     for i, arm in enumerate(arm_list):
@@ -513,7 +549,7 @@ def _engines(
             stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=(arm_envs or {}).get(arm.name, env),
             text=True,
             start_new_session=True,
         )
@@ -559,6 +595,7 @@ def profile(
     tp: int = 1,
     max_batch: int | None = None,
     target: str = DEFAULT_TARGET,
+    arm_trees: dict | None = None,
     console=None,
 ) -> dict:
     """Profile `steps` steady-state steps per arm and C with SGLang's own profiler and reduce
@@ -576,7 +613,7 @@ def profile(
 
     max_bs = engine_batch(concurrencies, max_batch)
     max_engines = engines_per_gpu(target, max_engines)
-    arm_list = select_arms(threshold, max_bs, arm_names, variants, sglang_dir)
+    arm_list = select_arms(threshold, max_bs, arm_names, variants, sglang_dir, arm_trees=arm_trees)
     if len(arm_list) > max_engines:
         raise BadInputError(
             f"--profile runs its arms side by side: {len(arm_list)} arms are more than --max-engines "
@@ -585,6 +622,7 @@ def profile(
     gpu_info("bench")
     out.mkdir(parents=True, exist_ok=True)
     version, env = _environment(sglang_dir, acc_len)
+    _, arm_envs = _arm_environments(arm_trees, acc_len)
     rows, raw = {}, {}
     with _engines(
         arm_list,
@@ -595,6 +633,7 @@ def profile(
         port_base=port_base,
         tp=tp,
         target=target,
+        arm_envs=arm_envs,
     ) as (procs, _):
         for i, C in enumerate(concurrencies):
             k = concurrencies[:i].count(C)  # how often this C was profiled before, on these engines

@@ -267,8 +267,11 @@ def main() -> int:
 
     engine = sglang.Engine(**adapt(job["engine"], server_arg_fields()))
     ready = {"ready": True, "startup_s": time.perf_counter() - t}
-    with open(job["ready_path"], "w") as f:
+    # Written whole, then renamed: the sweep reads the file as soon as it exists.
+    partial = job["ready_path"] + ".partial"
+    with open(partial, "w") as f:
         json.dump(ready, f)
+    os.replace(partial, job["ready_path"])
     loop = asyncio.get_event_loop()
     vocab = job.get("vocab", 128256)
     warmed: set = set()
