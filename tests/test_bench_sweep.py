@@ -74,6 +74,8 @@ class Engine:
 
 
 REPO = Path(__file__).resolve().parents[1]
+# A sweep small enough for the stand-in engines: 4-token prompts, 8-token outputs.
+TINY = dict(threshold=4, prompt_len=4, out_len=8, transition=False, budget_s=120)
 
 
 def _server_args() -> str:
@@ -107,16 +109,7 @@ def stub_engines(tmp_path, monkeypatch):
 
 def test_a_sweep_starts_its_engines_measures_every_cell_and_resumes(tmp_path, stub_engines):
     out = tmp_path / "bench"
-    kw = dict(
-        threshold=4,
-        concurrencies=(1, 8),
-        prompt_len=4,
-        out_len=8,
-        transition=False,
-        budget_s=120,
-        arm_names=["A0", "A1", "A2"],
-        port_base=27000,
-    )
+    kw = dict(TINY, concurrencies=(1, 8), arm_names=["A0", "A1", "A2"], port_base=27000)
     sweep.run(out, reps=1, **kw)
     engines = [json.loads(line) for line in stub_engines.read_text().splitlines()]
     assert len(engines) == 3, "one engine per arm"
@@ -178,13 +171,9 @@ def test_an_arm_runs_on_a_sglang_tree_of_its_own(tmp_path, stub_engines, monkeyp
     out = tmp_path / "bench"
     sweep.run(
         out,
-        threshold=4,
+        **TINY,
         concurrencies=(1,),
         reps=1,
-        prompt_len=4,
-        out_len=8,
-        transition=False,
-        budget_s=120,
         arm_names=["A1"],
         variants=[up],
         arm_trees={"UP": str(other)},
@@ -201,17 +190,7 @@ def test_max_batch_sizes_the_engines_for_the_full_sweep_while_measuring_some_of_
     """--max-batch: a run of C=1 alone on engines shaped as a sweep up to 8 (graphs, running
     requests, KV pool), recorded in each cell; below the largest C it is refused before any
     engine starts. A profile sizes its engines the same way."""
-    kw = dict(
-        threshold=4,
-        concurrencies=(1,),
-        prompt_len=4,
-        out_len=8,
-        transition=False,
-        budget_s=120,
-        arm_names=["A0", "A2"],
-        port_base=27200,
-        reps=1,
-    )
+    kw = dict(TINY, concurrencies=(1,), arm_names=["A0", "A2"], port_base=27200, reps=1)
     sweep.run(tmp_path / "sized", max_batch=8, **kw)
     engines = [json.loads(line) for line in stub_engines.read_text().splitlines()]
     assert {e["cuda_graph_max_bs"] for e in engines} == {8} and {e["max_running_requests"] for e in engines} == {8}
@@ -341,13 +320,9 @@ def test_waves_set_how_many_requests_every_cell_measures(tmp_path, stub_engines)
     out = tmp_path / "long-cells"
     sweep.run(
         out,
-        threshold=4,
+        **TINY,
         concurrencies=(8,),
         reps=1,
-        prompt_len=4,
-        out_len=8,
-        transition=False,
-        budget_s=120,
         arm_names=["A0"],
         port_base=27300,
         waves=3,
