@@ -209,6 +209,37 @@ def test_the_tier_rule_takes_the_fastest_configuration_and_only_shortens_the_dra
     assert "| 16 | 140 | 150 | 130 | 100 | 2 | 2 |" in table
 
 
+def _upstream_adaptive_params(release: Path):
+    """SGLang's own AdaptiveSpeculativeParams, from the release's source (its one SGLang
+    import, a rank-0 logger, given here)."""
+    path = release / "sglang/srt/speculative/adaptive_spec_params.py"
+    source = path.read_text().replace("from sglang.srt.utils import log_info_on_rank0\n", "")
+    ns = {"__name__": "adaptive_spec_params", "log_info_on_rank0": lambda *args: None}
+    exec(compile(source, str(path), "exec"), ns)
+    return ns["AdaptiveSpeculativeParams"]
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.17"])
+def test_the_tiers_as_upstreams_adaptive_config_route_every_batch_alike(cached_release, tmp_path, version):
+    """--suggest-tiers also gives the schedule as SGLang's own adaptive steps take it: read by
+    the release's own loader and router (batches padded to the CUDA-graph sizes), every batch size
+    gets the step count of spectool's tier, the start-up count is a candidate, and the
+    acceptance EMA has no other candidate to move to."""
+    m = _configs({C: (100, 120, 150, 200) if C <= 16 else (100, 130, 90, 80) for C in (1, 16, 32, 48)})
+    m.update(_configs({C: (100, 90, 80, 70) for C in (64, 256)}))
+    res = analyze.suggest_tiers(m, [1, 16, 32, 48, 64, 256])
+    assert (res["tiers"], res["boundaries"]) == ([3, 1, 0], [16, 48])
+    path = tmp_path / "adaptive.json"
+    path.write_text(json.dumps(res["upstream_adaptive_config"]))
+    params = _upstream_adaptive_params(cached_release(version))(initial_steps=res["tiers"][0], cfg_path=str(path))
+    params.set_cuda_graph_bs([1, 2, 4, *range(8, 257, 8)])
+    assert params.candidate_steps == [0, 1, 3]
+    expected = {bs: 3 if bs <= 16 else 1 if bs <= 48 else 0 for bs in range(1, 257)}
+    assert {bs: params.get_steps_for_batch(bs) for bs in range(1, 257)} == expected
+    assert all(len(slot.candidate_steps) == 1 for slot in params._slots.values())
+    assert analyze.upstream_adaptive_config([2], []) is None
+
+
 def test_the_tier_rule_on_ties_noise_and_missing_arms():
     # Ties keep the longer draft; a longer draft winning after a shorter one took over is
     # listed, and the tier stays the shorter one.

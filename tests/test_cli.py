@@ -228,8 +228,14 @@ def test_bench_suggest_tiers(tmp_path):
         "speculative_num_draft_tokens=4;speculative_num_steps_tiers=3,1,0;"
         "speculative_num_steps_tier_boundaries=1,16' (and the same options)" in r.output
     )
+    assert (
+        "on SGLang's own adaptive steps (0.5.14 and later; no hysteresis, batches padded to a CUDA-graph size): "
+        "--speculative-num-steps 3 --speculative-adaptive --speculative-adaptive-config FILE, FILE holding "
+        '{"1":{"candidate_steps":[3]' in r.output
+    )
     r = run("bench", "--out", tmp_path, "--suggest-tiers", "--json")
     assert json.loads(r.output)["boundaries"] == [1, 16]
+    assert set(json.loads(r.output)["upstream_adaptive_config"]) == {"1", "2", "17"}
     for arms, needle in (("3=A1,x=A0", "'x=A0' is not STEPS=ARM"), ("3=A1,3=S1", "3 steps are named twice")):
         r = run("bench", "--out", tmp_path, "--suggest-tiers", "--tier-arms", arms)
         assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -412,6 +413,13 @@ def bench(
                     threshold = f"--threshold {res['threshold']} " if res["threshold"] is not None else ""
                     text += (
                         f"\nmeasure them: spectool bench {threshold}--variant '{res['variant']}' (and the same options)"
+                    )
+                if res["upstream_adaptive_config"]:
+                    text += (
+                        "\non SGLang's own adaptive steps (0.5.14 and later; no hysteresis, batches padded to a "
+                        f"CUDA-graph size): --speculative-num-steps {res['tiers'][0]} --speculative-adaptive "
+                        "--speculative-adaptive-config FILE, FILE holding "
+                        f"{json.dumps(res['upstream_adaptive_config'], separators=(',', ':'))}"
                     )
                 if res["against_the_rule"]:
                     text += (

@@ -7,6 +7,9 @@
 # --budget in seconds (engine start-up included). Returns $OUT/NAME.tgz and the two logs. The
 # tiers are derived only once the fixed configurations are measured in full; a call that could
 # not measure them all exits 75 (or 124 at its timeout), and a second call resumes them.
+# UPSTREAM_SITE: an unpacked SGLang of 0.5.14 or later (tools/device/unpack.sh in the call
+# before): the tiered stage also measures SGLang's own adaptive steps there, in the same run,
+# with the same tiers (UP, from suggested-tiers.json) and with its default configuration (UPD).
 set -euo pipefail
 SGLANG_VERSION=$1; RESULTS=$2; shift 2
 source tools/device/setup.sh
@@ -27,9 +30,21 @@ r = json.load(open(sys.argv[1]))
 print(r.get("threshold") or 1, r.get("variant") or "")' "$DEST/suggested-tiers.json")
   [ -n "$VARIANT" ] || { echo "bench-tiers: no tiers suggested (see suggested-tiers.json)"; rc=3; }
 fi
+UPSTREAM=()
+if [ -n "$VARIANT" ] && [ -n "${UPSTREAM_SITE:-}" ]; then
+  FIRST=$(python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+json.dump(r["upstream_adaptive_config"], open(sys.argv[2], "w"))
+print(r["tiers"][0])' "$DEST/suggested-tiers.json" "$DEST/upstream-adaptive-config.json")
+  UPSTREAM=(--variant "UP=A1:speculative_num_steps=$FIRST;speculative_num_draft_tokens=$((FIRST + 1));speculative_adaptive=true;speculative_adaptive_config=$DEST/upstream-adaptive-config.json"
+    --variant "UPD=A1:speculative_adaptive=true"
+    --arm-sglang-dir "UP=$UPSTREAM_SITE" --arm-sglang-dir "UPD=$UPSTREAM_SITE")
+fi
 if [ -n "$VARIANT" ]; then
   # A0 stays among the arms, so the table keeps the envelope beside the tiered arm.
-  stage bench-tiered.log "${TIER_BUDGET:-200}" --threshold "$THRESHOLD" --arms A0 --variant "$VARIANT" "$@"
+  stage bench-tiered.log "${TIER_BUDGET:-200}" --threshold "$THRESHOLD" --arms A0 --variant "$VARIANT" \
+    "${UPSTREAM[@]}" "$@"
   rc=$?
 fi
 pack_results

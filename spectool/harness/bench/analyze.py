@@ -399,6 +399,7 @@ def suggest_tiers(m: dict, concurrencies: list[int], arms: dict[int, str] | None
         "flags": flags,
         "threshold": threshold,
         "variant": variant,
+        "upstream_adaptive_config": upstream_adaptive_config(tiers, boundaries),
         "against_the_rule": [r["C"] for r in rows if r["fastest"] > r["tier"]],
         "refine": refine,
         "why": why,
@@ -421,6 +422,20 @@ def tier_variant(tiers: list[int], boundaries: list[int], name: str | None = Non
     )
     threshold = boundaries[-1] if tiers[-1] == 0 else None
     return threshold, f"{name}={'A2' if threshold is not None else 'A1'}:{fields}"
+
+
+def upstream_adaptive_config(tiers: list[int], boundaries: list[int]) -> dict | None:
+    """The same schedule as SGLang's own adaptive steps take it (0.5.14 and later:
+    `--speculative-adaptive --speculative-adaptive-config FILE`, FILE holding this JSON): one
+    batch-size slot per tier, keyed by its smallest batch, with that tier's step count as its
+    only candidate, so the acceptance EMA never moves it. Upstream pads a batch to a CUDA-graph
+    size before it picks the slot and has no batch-size hysteresis; its start-up step count
+    (--speculative-num-steps) must be the first tier's. None without tiers."""
+    if len(tiers) < 2:
+        return None
+    fixed = {"up_hysteresis": 0.0, "down_hysteresis": 0.0, "ceiling_coeff": 0}
+    lows = [1] + [b + 1 for b in boundaries]
+    return {str(low): {"candidate_steps": [steps], **fixed} for low, steps in zip(lows, tiers)}
 
 
 def _steps(n: int) -> str:
