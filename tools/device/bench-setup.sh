@@ -13,11 +13,13 @@ pack_results() { tar czf "$DEST.tgz" -C "$DEST" --exclude=models --exclude=trace
 # bench-tiers.sh) under --budget BUDGET (engine start-up included) and a timeout a minute past
 # it, its output in $OUT/LOG. Its status: the bench's, 124 at the timeout, and 75 where the
 # budget stopped it with cells left, so that nothing is derived from part of the grid (a
-# second call resumes the cells).
+# second call resumes the cells). A stage skips the transition workload unless the caller
+# sets STAGE_TRANSITION=1 for it (the derived arm's stage, whose switches it measures).
 stage() {
-  local log=$1 budget=$2
+  local log=$1 budget=$2 transition=(--no-transition)
   shift 2
-  timeout $((budget + 60)) "${BENCH[@]}" --no-transition --budget "$budget" "$@" 2>&1 | tee "$OUT/$log"
+  [ "${STAGE_TRANSITION:-0}" = 1 ] && transition=()
+  timeout $((budget + 60)) "${BENCH[@]}" "${transition[@]}" --budget "$budget" "$@" 2>&1 | tee "$OUT/$log"
   local rc=${PIPESTATUS[0]}
   if [ "$rc" -eq 0 ] && grep -q "time budget reached" "$OUT/$log"; then rc=75; fi
   [ "$rc" -eq 0 ] || echo "$log: stopped with cells left to measure ($rc); call again to resume them"

@@ -7,7 +7,8 @@
 # resumes from cells.jsonl.
 # Usage there: bash tools/device/bench-threshold.sh VERSION RESULTS [spectool bench args, e.g.
 # --target qwen3-30b-a3b --concurrency 1,16,64 --max-batch 256 --reps 2]. FIXED_BUDGET,
-# FALLBACK_BUDGET: each stage's --budget in seconds (engine start-up included).
+# FALLBACK_BUDGET: each stage's --budget in seconds (engine start-up included). TRANSITION=1:
+# the A2 engine also runs the transition workload.
 set -euo pipefail
 SGLANG_VERSION=$1; RESULTS=$2; shift 2
 source tools/device/setup.sh
@@ -25,7 +26,7 @@ if [ "$rc" -eq 0 ]; then
 fi
 if [ -n "$THRESHOLD" ]; then
   echo "bench-threshold: T=$THRESHOLD"
-  stage bench-fallback.log "${FALLBACK_BUDGET:-250}" --threshold "$THRESHOLD" --arms A0,A1,A2 "$@"
+  STAGE_TRANSITION=${TRANSITION:-0} stage bench-fallback.log "${FALLBACK_BUDGET:-250}" --threshold "$THRESHOLD" --arms A0,A1,A2 "$@"
   rc=$?
 fi
 pack_results

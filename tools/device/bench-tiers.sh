@@ -7,6 +7,7 @@
 # --budget in seconds (engine start-up included). Returns $OUT/NAME.tgz and the two logs. The
 # tiers are derived only once the fixed configurations are measured in full; a call that could
 # not measure them all exits 75 (or 124 at its timeout), and a second call resumes them.
+# TRANSITION=1: the tiered engine also runs the transition workload (its switches' cost).
 # UPSTREAM_SITE: an unpacked SGLang of 0.5.14 or later (tools/device/unpack.sh in the call
 # before): the tiered stage also measures SGLang's own adaptive steps there, in the same run,
 # with the same tiers (UP, from suggested-tiers.json) and with its default configuration (UPD).
@@ -43,7 +44,7 @@ print(r["tiers"][0])' "$DEST/suggested-tiers.json" "$DEST/upstream-adaptive-conf
 fi
 if [ -n "$VARIANT" ]; then
   # A0 stays among the arms, so the table keeps the envelope beside the tiered arm.
-  stage bench-tiered.log "${TIER_BUDGET:-200}" --threshold "$THRESHOLD" --arms A0 --variant "$VARIANT" \
+  STAGE_TRANSITION=${TRANSITION:-0} stage bench-tiered.log "${TIER_BUDGET:-200}" --threshold "$THRESHOLD" --arms A0 --variant "$VARIANT" \
     "${UPSTREAM[@]}" "$@"
   rc=$?
 fi
