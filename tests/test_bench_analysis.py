@@ -232,12 +232,24 @@ def test_the_tiers_as_upstreams_adaptive_config_route_every_batch_alike(cached_r
     path = tmp_path / "adaptive.json"
     path.write_text(json.dumps(res["upstream_adaptive_config"]))
     params = _upstream_adaptive_params(cached_release(version))(initial_steps=res["tiers"][0], cfg_path=str(path))
-    params.set_cuda_graph_bs([1, 2, 4, *range(8, 257, 8)])
     assert params.candidate_steps == [0, 1, 3]
-    expected = {bs: 3 if bs <= 16 else 1 if bs <= 48 else 0 for bs in range(1, 257)}
-    assert {bs: params.get_steps_for_batch(bs) for bs in range(1, 257)} == expected
     assert all(len(slot.candidate_steps) == 1 for slot in params._slots.values())
+    expected = {bs: 3 if bs <= 16 else 1 if bs <= 48 else 0 for bs in range(1, 257)}
+    # By the batch size (the engines' case: no --cuda-graph-bs-decode), and by the speculative
+    # CUDA-graph size a batch pads to, where both boundaries are graph sizes.
+    for graph_sizes in (None, [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8)]):
+        params.set_cuda_graph_bs(graph_sizes)
+        assert {bs: params.get_steps_for_batch(bs) for bs in range(1, 257)} == expected
+    # A boundary between two graph sizes moves down to the smaller when batches pad (as documented).
+    path.write_text(json.dumps(analyze.upstream_adaptive_config([3, 0], [36])))
+    params = _upstream_adaptive_params(cached_release(version))(initial_steps=3, cfg_path=str(path))
+    params.set_cuda_graph_bs([32, 40])
+    assert [params.get_steps_for_batch(bs) for bs in (32, 33, 36, 37)] == [3, 0, 0, 0]
     assert analyze.upstream_adaptive_config([2], []) is None
+    assert analyze.upstream_variant([2, 0], [48], "/tmp/up.json") == (
+        "UP2-0_48=A1:speculative_num_steps=2;speculative_num_draft_tokens=3;"
+        "speculative_adaptive=true;speculative_adaptive_config=/tmp/up.json"
+    )
 
 
 def test_the_tier_rule_on_ties_noise_and_missing_arms():
@@ -524,6 +536,20 @@ def test_an_arm_without_its_fallback_graphs_is_not_timed():
     assert degraded_engine("A0", "Capturing batches (bs=256)\nready\n") is None
 
 
+def test_an_arm_whose_engine_turned_adaptive_steps_off_is_not_timed():
+    """SGLang turns --speculative-adaptive off with a warning for setups its tiers do not
+    serve, and the engine then speculates at a fixed step count: not the arm asked for."""
+    from spectool.harness.bench.sweep import degraded_engine
+
+    line = (
+        "[2026-12-02 10:00:00] WARNING speculative_hook.py:764: speculative_adaptive disabled: adaptive "
+        "speculative decoding does not support topk > 1. Falling back to static speculative params."
+    )
+    msg = degraded_engine("UPD", "Load weight end\n" + line + "\n")
+    assert msg.startswith("bench arm UPD asked for SGLang's adaptive steps, which its engine turned off")
+    assert "topk > 1" in msg
+
+
 # An engine's start-up as SGLang 0.5.12 logs it when the KV pool asked for does not fit.
 SHRUNK_POOL_LOG = """\
 flashinfer.comm is not available, falling back to standard implementation
@@ -560,9 +586,12 @@ def test_plan_resumes_and_places_the_transition_after_the_first_repetition():
     assert s1[9][2] == "A1", "arm order rotated in rep 1"
     done = {(a, C, r, 3.0) for r in range(2) for C in (1, 64) for a in ("A0", "A1", "A2", "A4")}
     assert [[a.name for a in w] for w, _ in plan_steps(arms, [1, 64], 2, 3.0, done, False)] == [["A3"]]
-    # A finished sweep whose transition is missing still runs it, at the end of A2's wave.
+    # A finished sweep whose transition is missing still runs it, on A2's engine alone.
     only = plan_steps(arms, [1, 64], 2, 3.0, done | {("A3", C, r, 3.0) for r in range(2) for C in (1, 64)}, True)
-    assert [(len(w), steps) for w, steps in only] == [(4, [None])]
+    assert [([a.name for a in w], steps) for w, steps in only] == [(["A2"], [None])]
+    # A resumed wave starts only the engines with cells left.
+    partial = done - {("A1", 64, 1, 3.0)}
+    assert [[a.name for a in w] for w, _ in plan_steps(arms, [1, 64], 2, 3.0, partial, False)] == [["A1"], ["A3"]]
 
 
 def test_transition_runs_on_a2_and_its_variants_only():

@@ -183,7 +183,24 @@ def test_an_arm_runs_on_a_sglang_tree_of_its_own(tmp_path, stub_engines, monkeyp
     assert engines[True]["stub_tree"] == "0.5.17" and engines[None]["stub_tree"] is None
     cells = {c["arm"]: c for c in map(json.loads, (out / "cells.jsonl").read_text().splitlines())}
     assert cells["UP"]["sglang"] == "0.5.17" and "sglang" not in cells["A1"]
-    assert json.loads((out / "bench-results.json").read_text())["arm_sglang_versions"] == {"UP": "0.5.17"}
+    report = json.loads((out / "bench-results.json").read_text())
+    assert report["arm_sglang_versions"] == {"UP": "0.5.17"}
+    # An arm resumed on another tree than its cells' would mix two releases under one name.
+    with pytest.raises(sweep.BadInputError, match="holds cells of arm UP measured on SGLang 0.5.17, and this run"):
+        sweep.run(
+            out,
+            **TINY,
+            concurrencies=(1,),
+            reps=2,
+            arm_names=["A1"],
+            variants=[up],
+            sglang_dir=str(other),
+            port_base=27400,
+        )
+    # An arm that falls back at a threshold needs a tree with the recipes' flag.
+    stock = _site(tmp_path / "stock-0.5.17", "0.5.17", "class ServerArgs:\n    speculative_algorithm: str = None\n")
+    with pytest.raises(sweep.BadInputError, match="has no --speculative-disable-batch-size-threshold"):
+        sweep.select_arms(4, 8, ["A2"], [], arm_trees={"A2": str(stock)})
 
 
 def test_max_batch_sizes_the_engines_for_the_full_sweep_while_measuring_some_of_its_c(tmp_path, stub_engines):

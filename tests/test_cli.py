@@ -229,9 +229,13 @@ def test_bench_suggest_tiers(tmp_path):
         "speculative_num_steps_tier_boundaries=1,16' (and the same options)" in r.output
     )
     assert (
-        "on SGLang's own adaptive steps (0.5.14 and later; no hysteresis, batches padded to a CUDA-graph size): "
+        "on SGLang's own adaptive steps (0.5.14 and later, no hysteresis): "
         "--speculative-num-steps 3 --speculative-adaptive --speculative-adaptive-config FILE, FILE holding "
         '{"1":{"candidate_steps":[3]' in r.output
+    )
+    assert (
+        "measure it beside them: --variant 'UP3-1-0_1-16=A1:speculative_num_steps=3;speculative_num_draft_tokens=4;"
+        "speculative_adaptive=true;speculative_adaptive_config=FILE' --arm-sglang-dir NAME=DIR" in r.output
     )
     r = run("bench", "--out", tmp_path, "--suggest-tiers", "--json")
     assert json.loads(r.output)["boundaries"] == [1, 16]

@@ -416,10 +416,12 @@ def bench(
                     )
                 if res["upstream_adaptive_config"]:
                     text += (
-                        "\non SGLang's own adaptive steps (0.5.14 and later; no hysteresis, batches padded to a "
-                        f"CUDA-graph size): --speculative-num-steps {res['tiers'][0]} --speculative-adaptive "
+                        "\non SGLang's own adaptive steps (0.5.14 and later, no hysteresis): "
+                        f"--speculative-num-steps {res['tiers'][0]} --speculative-adaptive "
                         "--speculative-adaptive-config FILE, FILE holding "
-                        f"{json.dumps(res['upstream_adaptive_config'], separators=(',', ':'))}"
+                        f"{json.dumps(res['upstream_adaptive_config'], separators=(',', ':'))}; measure it "
+                        f"beside them: --variant '{analyze.upstream_variant(res['tiers'], res['boundaries'], 'FILE')}' "
+                        "--arm-sglang-dir NAME=DIR (DIR: that SGLang)"
                     )
                 if res["against_the_rule"]:
                     text += (

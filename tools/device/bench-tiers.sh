@@ -13,6 +13,13 @@
 # with the same tiers (UP, from suggested-tiers.json) and with its default configuration (UPD).
 set -euo pipefail
 SGLANG_VERSION=$1; RESULTS=$2; shift 2
+if [ -n "${UPSTREAM_SITE:-}" ] && ! grep -qs speculative_adaptive_config "$UPSTREAM_SITE/sglang/srt/server_args.py"; then
+  echo "bench-tiers: UPSTREAM_SITE=$UPSTREAM_SITE holds no SGLang with adaptive steps (0.5.14 or later);" \
+    "unpack one there in the call before (tools/device/unpack.sh), on this warm machine" >&2
+  exit 2
+fi
+# Each 0.5.14+ engine starts in about two minutes; the tiered stage waits for the slowest.
+TIER_BUDGET=${TIER_BUDGET:-$([ -n "${UPSTREAM_SITE:-}" ] && echo 420 || echo 200)}
 source tools/device/setup.sh
 source tools/device/bench-setup.sh
 set +e
@@ -33,18 +40,19 @@ print(r.get("threshold") or 1, r.get("variant") or "")' "$DEST/suggested-tiers.j
 fi
 UPSTREAM=()
 if [ -n "$VARIANT" ] && [ -n "${UPSTREAM_SITE:-}" ]; then
-  FIRST=$(python3 -c '
+  # The same tiers as upstream's adaptive config (UP2-0_48 ...), and its defaults (UPD).
+  UP=$(python3 -c '
 import json, sys
+from spectool.harness.bench.analyze import upstream_variant
 r = json.load(open(sys.argv[1]))
 json.dump(r["upstream_adaptive_config"], open(sys.argv[2], "w"))
-print(r["tiers"][0])' "$DEST/suggested-tiers.json" "$DEST/upstream-adaptive-config.json")
-  UPSTREAM=(--variant "UP=A1:speculative_num_steps=$FIRST;speculative_num_draft_tokens=$((FIRST + 1));speculative_adaptive=true;speculative_adaptive_config=$DEST/upstream-adaptive-config.json"
-    --variant "UPD=A1:speculative_adaptive=true"
-    --arm-sglang-dir "UP=$UPSTREAM_SITE" --arm-sglang-dir "UPD=$UPSTREAM_SITE")
+print(upstream_variant(r["tiers"], r["boundaries"], sys.argv[2]))' "$DEST/suggested-tiers.json" "$DEST/upstream-adaptive-config.json")
+  UPSTREAM=(--variant "$UP" --variant "UPD=A1:speculative_adaptive=true"
+    --arm-sglang-dir "${UP%%=*}=$UPSTREAM_SITE" --arm-sglang-dir "UPD=$UPSTREAM_SITE")
 fi
 if [ -n "$VARIANT" ]; then
   # A0 stays among the arms, so the table keeps the envelope beside the tiered arm.
-  STAGE_TRANSITION=${TRANSITION:-0} stage bench-tiered.log "${TIER_BUDGET:-200}" --threshold "$THRESHOLD" --arms A0 --variant "$VARIANT" \
+  STAGE_TRANSITION=${TRANSITION:-0} stage bench-tiered.log "$TIER_BUDGET" --threshold "$THRESHOLD" --arms A0 --variant "$VARIANT" \
     "${UPSTREAM[@]}" "$@"
   rc=$?
 fi

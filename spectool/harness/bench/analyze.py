@@ -428,14 +428,28 @@ def upstream_adaptive_config(tiers: list[int], boundaries: list[int]) -> dict | 
     """The same schedule as SGLang's own adaptive steps take it (0.5.14 and later:
     `--speculative-adaptive --speculative-adaptive-config FILE`, FILE holding this JSON): one
     batch-size slot per tier, keyed by its smallest batch, with that tier's step count as its
-    only candidate, so the acceptance EMA never moves it. Upstream pads a batch to a CUDA-graph
-    size before it picks the slot and has no batch-size hysteresis; its start-up step count
-    (--speculative-num-steps) must be the first tier's. None without tiers."""
+    only candidate, so the acceptance EMA never moves it. Upstream picks the slot by the batch
+    size (padded to a CUDA-graph size only when --cuda-graph-bs-decode is given, which moves a
+    boundary between two graph sizes down to the smaller), has no batch-size hysteresis, and
+    needs the first tier's step count as --speculative-num-steps. None without tiers."""
     if len(tiers) < 2:
         return None
     fixed = {"up_hysteresis": 0.0, "down_hysteresis": 0.0, "ceiling_coeff": 0}
     lows = [1] + [b + 1 for b in boundaries]
     return {str(low): {"candidate_steps": [steps], **fixed} for low, steps in zip(lows, tiers)}
+
+
+def upstream_variant(tiers: list[int], boundaries: list[int], config_path: str) -> str | None:
+    """The --variant of the arm that measures these tiers on SGLang's own adaptive steps (run
+    with --arm-sglang-dir on a release of 0.5.14 or later), `config_path` holding
+    upstream_adaptive_config; named after its tiers (UP2-0_48), as tier_variant names ours."""
+    if len(tiers) < 2:
+        return None
+    name = f"UP{'-'.join(map(str, tiers))}_{'-'.join(map(str, boundaries))}"
+    return (
+        f"{name}=A1:speculative_num_steps={tiers[0]};speculative_num_draft_tokens={tiers[0] + 1};"
+        f"speculative_adaptive=true;speculative_adaptive_config={config_path}"
+    )
 
 
 def _steps(n: int) -> str:

@@ -6,7 +6,6 @@ by a time limit resumes where it stopped."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gzip
 import json
 import math
@@ -141,12 +140,12 @@ def run(
     if load not in LOADS:
         raise BadInputError(f"--load {load!r}: use {' or '.join(LOADS)}.")
     cells, done = load_cells(cells_path, acc_len, load, tp, target)  # a folder it must not extend is refused first
+    arm_versions, arm_envs = _arm_environments(arm_trees, acc_len)
+    refuse_other_releases(cells, arm_list, arm_versions, cells_path)
     _, gpu = gpu_info("bench")  # a clear error (exit 2) without a GPU, before any engine starts
     t_start = time.time()
     out.mkdir(parents=True, exist_ok=True)
     version, env = _environment(sglang_dir, acc_len)
-    arm_versions, arm_envs = _arm_environments(arm_trees, acc_len)
-    arm_list = _label_versions(arm_list, arm_versions)
     tpath = out / "transition.json"
     trans = analyze.read_json(tpath) if tpath.exists() else None
     # A resumed run reports the whole folder: its engines' start-up times and every C held.
@@ -257,7 +256,6 @@ def run(
         gpu,
         arm_list,
         load,
-        extra={"arm_sglang_versions": arm_versions} if arm_versions else None,
         target=target,
     )
 
@@ -353,6 +351,10 @@ def plan_steps(
         ]
         if transition and any(a.runs_transition(transition_arms) for a in wave):
             steps.insert(next((i for i, t in enumerate(steps) if t[0] >= min(1, reps - 1)), len(steps)), None)
+        # Only the engines that measure something start (a resumed run's finished arms idle
+        # nowhere, and a start-up does not wait on them).
+        busy = {t[2] for t in steps if t is not None}
+        wave = [a for a in wave if a.name in busy or (None in steps and a.runs_transition(transition_arms))]
         if not fresh_engines:
             plan += [(wave, steps)] if steps else []
             continue
@@ -469,7 +471,16 @@ def select_arms(
             f"--arm-sglang-dir names {', '.join(stray)}, which this run does not measure; name an arm "
             f"of --arms or a --variant ({', '.join(sorted(wanted))})."
         )
-    return [a for a in every + extra if a.name in wanted]
+    chosen = [a for a in every + extra if a.name in wanted]
+    for arm in chosen:
+        tree = arm_trees.get(arm.name)
+        if tree and arm.threshold is not None and "speculative_disable_batch_size_threshold" not in server_fields(tree):
+            raise BadInputError(
+                f"--arm-sglang-dir {arm.name}={tree}: arm {arm.name} falls back at a threshold, but that SGLang has "
+                "no --speculative-disable-batch-size-threshold. Apply the recipes to it (spectool apply "
+                "--sglang-dir), or base the arm on A0 or A1."
+            )
+    return chosen
 
 
 def _arm_environments(arm_trees: dict | None, acc_len: float) -> tuple[dict, dict]:
@@ -480,12 +491,21 @@ def _arm_environments(arm_trees: dict | None, acc_len: float) -> tuple[dict, dic
     return versions, envs
 
 
-def _label_versions(arm_list, arm_versions: dict) -> list:
-    """The arms, those on a tree of their own labelled with its release."""
-    return [
-        dataclasses.replace(a, label=f"{a.label} (SGLang {arm_versions[a.name]})") if a.name in arm_versions else a
-        for a in arm_list
-    ]
+def refuse_other_releases(cells, arm_list, arm_versions: dict, cells_path: Path) -> None:
+    """A one-paragraph error when an arm of this run resumes cells that were measured on
+    another tree than the one it runs now (--arm-sglang-dir given, changed or left out): its
+    table would mix two releases under one name."""
+    for arm in arm_list:
+        held = {c.get("sglang") for c in cells if c["arm"] == arm.name}
+        now = arm_versions.get(arm.name)
+        if held - {now}:
+            was = ", ".join(f"SGLang {v}" if v else "the --sglang-dir tree" for v in sorted(held, key=str))
+            runs = f"SGLang {now} (--arm-sglang-dir)" if now else "the --sglang-dir tree"
+            raise BadInputError(
+                f"{cells_path} holds cells of arm {arm.name} measured on {was}, and this run starts it on {runs}; "
+                "one arm's cells must come from one release. Give the arm the tree its cells were measured on, "
+                "or another name (--variant), or measure into a new --out folder."
+            )
 
 
 def _environment(sglang_dir, acc_len):
@@ -718,6 +738,11 @@ def degraded_engine(arm: str, log: str) -> str | None:
                 f"bench arm {arm} started without its fallback CUDA graphs, so its timings would not be "
                 f"the fallback's: {line.split('spec-fallback: ', 1)[1][:300]} {MEMORY_ADVICE}"
             )
+        if "speculative_adaptive disabled:" in line:
+            return (
+                f"bench arm {arm} asked for SGLang's adaptive steps, which its engine turned off: "
+                f"{line.split('speculative_adaptive disabled:', 1)[1].strip()[:300]}"
+            )
         shrunk = re.search(r"max_total_tokens=(\d+) is larger than the profiled value (\d+)", line)
         if shrunk:
             return (
@@ -799,6 +824,10 @@ def summarize(
     given = {a.name: a.label for a in arm_list}
     for arm in dict.fromkeys(c["arm"] for c in cells):
         labels.setdefault(arm, given.get(arm, arm))
+    # Arms measured on another SGLang tree (--arm-sglang-dir) name its release, from their cells.
+    releases = {c["arm"]: c["sglang"] for c in cells if "sglang" in c}
+    for arm, release in releases.items():
+        labels[arm] = f"{labels.get(arm, arm)} (SGLang {release})"
     tp = max((cell_tp(c) for c in cells), default=1)  # one size per folder (load_cells, merge)
     target = target or next((cell_target(c) for c in cells), DEFAULT_TARGET)  # given, else the cells'
 
@@ -818,6 +847,7 @@ def summarize(
         "suggested_threshold": analyze.suggest_threshold(m, concurrencies),
         "transition": _transition_summary(trans, m) if trans else None,
         "startup_s": startup,
+        **({"arm_sglang_versions": releases} if releases else {}),
         **(extra or {}),
     }
     (out / "bench-results.json").write_text(json.dumps(report, indent=1))
