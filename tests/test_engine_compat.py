@@ -165,3 +165,29 @@ def test_bench_targets_give_every_field_their_model_classes_read(cached_release,
                 assert "set_eagle3_layers_to_capture" in source.read_text(), arch
     moe = TARGETS["qwen3-30b-a3b"].target
     assert (moe["num_experts"], moe["num_experts_per_tok"], TARGETS["qwen3-30b-a3b"].max_engines) == (128, 8, 1)
+
+
+@pytest.mark.parametrize(
+    "version,request_style", [("0.5.12", False), ("0.5.14", False), ("0.5.15", True), ("0.5.17", True)]
+)
+def test_the_profiler_is_started_as_each_release_takes_it(cached_release, version, request_style):
+    """The bench profiles through the tokenizer manager's start_profile: keyword settings up
+    to 0.5.14, one ProfileReq from 0.5.15, told apart by the release's own method; the
+    ProfileReq of those releases has a field for every setting the bench passes."""
+    from spectool.harness.engine_compat import profile_takes_request
+
+    managers = cached_release(version) / "sglang/srt/managers"
+    method = next(
+        n
+        for n in ast.walk(ast.parse((managers / "tokenizer_control_mixin.py").read_text()))
+        if isinstance(n, ast.AsyncFunctionDef) and n.name == "start_profile"
+    )
+    assert profile_takes_request([a.arg for a in method.args.args]) is request_style
+    if request_style:
+        req = next(
+            n
+            for n in ast.parse((managers / "io_struct.py").read_text()).body
+            if isinstance(n, ast.ClassDef) and n.name == "ProfileReq"
+        )
+        fields = {s.target.id for s in req.body if isinstance(s, ast.AnnAssign)}
+        assert {"output_dir", "num_steps", "activities", "with_stack", "record_shapes"} <= fields

@@ -31,6 +31,24 @@ def adapt(kwargs: dict, fields: set[str]) -> dict:
     return out
 
 
+def start_profile(tokenizer_manager, **settings):
+    """The tokenizer manager's start_profile with `settings` (output_dir, num_steps, ...): as
+    keyword arguments up to 0.5.14, as one ProfileReq from 0.5.15 (its only parameter, `req`),
+    told apart by the method's own parameters. Returns the coroutine to await."""
+    import inspect
+
+    if profile_takes_request(inspect.signature(tokenizer_manager.start_profile).parameters):
+        from sglang.srt.managers.io_struct import ProfileReq
+
+        return tokenizer_manager.start_profile(ProfileReq(**settings))
+    return tokenizer_manager.start_profile(**settings)
+
+
+def profile_takes_request(parameters) -> bool:
+    """Whether a start_profile with these parameter names takes one ProfileReq."""
+    return "req" in parameters and "output_dir" not in parameters
+
+
 def server_arg_fields() -> set[str]:
     import dataclasses
 

@@ -183,8 +183,15 @@ async def profiled(
     prefills of arriving requests in their serving mix."""
 
     def start():
-        return engine.tokenizer_manager.start_profile(
-            output_dir=out_dir, num_steps=steps, activities=["CPU", "GPU"], with_stack=False, record_shapes=False
+        from ..engine_compat import start_profile
+
+        return start_profile(
+            engine.tokenizer_manager,
+            output_dir=out_dir,
+            num_steps=steps,
+            activities=["CPU", "GPU"],
+            with_stack=False,
+            record_shapes=False,
         )
 
     if stagger:
