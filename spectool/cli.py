@@ -437,6 +437,7 @@ def gate(files, from_version, select, recipes_dir, as_json):
     run the upgrade gate against it, with the drift of the variants you run today. A range
     (sglang>=X,<Y) is checked at its lowest allowed release. --json prints one report, its
     'upgrades' holding the upgrade report of each pinned release."""
+    from .fetch import releases
     from .pin import applied_version, load_pin, lowest_allowed, previous_pin, requirement_in
 
     checks, notes = [], []
@@ -444,7 +445,7 @@ def gate(files, from_version, select, recipes_dir, as_json):
         req = requirement_in(Path(f))
         if req is None:
             continue
-        version = req.exact or lowest_allowed(req)
+        version = req.exact or lowest_allowed(req, releases)
         if not req.exact:
             notes.append(f"{f}: {req.text!r} is a range: checked at its lowest allowed release, {version}")
         old = from_version or previous_pin(Path(f)) or applied_version()

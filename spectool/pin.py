@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -136,12 +137,11 @@ def pinned_version_in(path: Path) -> str | None:
     return req.exact if req else None
 
 
-def lowest_allowed(req: Requirement) -> str:
-    """The release a range requirement is checked at: the lowest on the index that it allows.
+def lowest_allowed(req: Requirement, available: Callable[[], list[str]]) -> str:
+    """The release a range requirement is checked at: the lowest of `available()` (the
+    releases on the index, asked only once the requirement has a lower bound) that it allows.
     A requirement with no lower bound (``sglang``, ``sglang<0.6``) is refused: it names no
     release to check."""
-    from .fetch import releases
-
     spec = req.specifier
     if spec is None or not any(s.operator in (">=", ">", "~=", "==", "===") for s in spec):
         raise BadInputError(
@@ -150,7 +150,7 @@ def lowest_allowed(req: Requirement) -> str:
         )
     from packaging.version import Version
 
-    allowed = [v for v in releases() if spec.contains(Version(v), prereleases=False)]
+    allowed = [v for v in available() if spec.contains(Version(v), prereleases=False)]
     if not allowed:
         raise BadInputError(f"{req.file}: {req.text!r} allows no SGLang release on the package index.")
     return allowed[0]

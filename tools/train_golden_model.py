@@ -12,7 +12,8 @@ on 2 cores).
 import argparse
 from pathlib import Path
 
-from spectool.harness.verify.golden_model import ModelSpec, ensure_models
+from spectool.harness.verify.golden_eagle3 import ensure_models
+from spectool.harness.verify.golden_model import ModelSpec
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

@@ -27,7 +27,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .golden_model import ModelSpec, copy_sequence, eagle3_config_json, load, rms_norm, rope
+from .golden_model import ModelSpec, copy_sequence, eagle3_config_json, load, rms_norm, rope, save, train
 
 
 @dataclass(frozen=True)
@@ -294,3 +294,16 @@ def ensure_head(
             },
         )
     return out
+
+
+def ensure_models(cache: Path, spec: ModelSpec = ModelSpec(), device: str = "cuda", log=print) -> dict:  # noqa: B008
+    """The dense golden target (golden_model.py) and its trained EAGLE-3 head, each trained
+    once per spec and cached by its key (the committed ones in golden/models are used as
+    they are)."""
+    target = cache / f"golden-target-{spec.key()}"
+    if not (target / "model.safetensors").exists():
+        model, loss, secs = train(spec, device, log=log)
+        save(model, spec, target, {"final_loss": loss, "train_seconds": round(secs, 1)})
+    draft = ensure_head(cache, spec, device=device, log=log)
+    meta = json.loads((target / "spectool-model.json").read_text())
+    return {"target": str(target), "eagle3_draft": str(draft), "meta": meta}

@@ -265,17 +265,3 @@ def write_eagle3_draft(spec: ModelSpec, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(eagle3_config_json(spec), indent=2))
     return out
-
-
-def ensure_models(cache: Path, spec: ModelSpec = ModelSpec(), device: str = "cuda", log=print) -> dict:
-    """The target and its trained EAGLE-3 head, each trained once per spec and cached by its
-    key (the committed ones in golden/models are used as they are)."""
-    from .golden_eagle3 import ensure_head
-
-    target = cache / f"golden-target-{spec.key()}"
-    if not (target / "model.safetensors").exists():
-        model, loss, secs = train(spec, device, log=log)
-        save(model, spec, target, {"final_loss": loss, "train_seconds": round(secs, 1)})
-    draft = ensure_head(cache, spec, device=device, log=log)
-    meta = json.loads((target / "spectool-model.json").read_text())
-    return {"target": str(target), "eagle3_draft": str(draft), "meta": meta}

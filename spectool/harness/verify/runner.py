@@ -17,7 +17,8 @@ from ...errors import BadInputError
 from ...statuses import Status
 from ..engine_compat import server_args_source
 from . import compare, golden_moe, scenarios
-from .golden_model import ModelSpec, ensure_models
+from .golden_eagle3 import ensure_models
+from .golden_model import ModelSpec
 from .golden_moe import MoeSpec
 from .stock import stock_copy
 
