@@ -836,6 +836,20 @@ def test_ratio_intervals_resample_each_arms_reps():
     assert "| 64 | " in md and f"{lo:.3f}-{hi:.3f}" in md
 
 
+def test_an_envelope_arm_that_always_loses_does_not_need_three_reps():
+    """At C=1 EAGLE-3 beats plain decoding in every rep: A0's two reps cannot make it E in any
+    resample, so A2/E gets its interval from A1's and A2's reps, while the ratios of A0 itself
+    get none; where A0's reps reach A1's, they could, and A2/E gets none."""
+
+    def cells(arm, values):
+        return [{"arm": arm, "C": 1, "rep": i, "output_tok_s": v} for i, v in enumerate(values)]
+
+    both = cells("A1", [333, 292, 307, 304, 306, 316]) + cells("A2", [297, 286, 319, 302, 325, 295])
+    iv = analyze.ratio_intervals(cells("A0", [228, 222]) + both, [1])[1]
+    assert set(iv) == {"A2/E"} and iv["A2/E"][0] < 0.978 < iv["A2/E"][1]
+    assert analyze.ratio_intervals(cells("A0", [228, 300]) + both, [1])[1] == {}
+
+
 def test_ratio_intervals_of_variants_at_one_acceptance():
     """A variant arm gets its interval against A0 like A4; cells of another acceptance are
     left out of the resampling, and an interval does not depend on which other C the report

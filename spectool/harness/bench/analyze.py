@@ -98,7 +98,9 @@ def ratio_intervals(
     of the draws kept. Why: at C = 64-128 the same code's ratio moved by 1-2 points from run
     to run; a median and its range cannot say whether 0.975 misses a 0.98 goal or is noise,
     an interval over the reps can. Arms with fewer than `min_reps` reps at a C are left out
-    (no interval for the ratios that need them)."""
+    (no interval for the ratios that need them), but for the envelope's losing arm when every
+    one of its reps lies below every rep of the other (A0 at C=1): no resample can make it E,
+    so it enters at its median and A2/E still has an interval."""
     import random
 
     groups = {k: [c["output_tok_s"] for c in cs] for k, cs in _groups(cells, acc_len).items()}
@@ -106,11 +108,19 @@ def ratio_intervals(
     for C in concurrencies:
         rng = random.Random(f"{seed}:{C}")  # per C: an interval does not depend on which other C a report holds
         here = {k: v for k, v in groups.items() if k[1] == C and len(v) >= min_reps}
+        fixed = {}
+        pair = [groups.get((a, C)) for a in ("A0", "A1")]
+        if all(pair):
+            for (few, many), arm in ((pair, "A0"), (pair[::-1], "A1")):
+                if len(few) < min_reps <= len(many) and max(few) < min(many):
+                    fixed[(arm, C)] = {"median": statistics.median(few)}
         samples = defaultdict(list)
         for _ in range(draws):
             m = {k: {"median": statistics.median(rng.choices(v, k=len(v)))} for k, v in here.items()}
+            m.update(fixed)
             for name, value in ratios(m, [C])[C].items():
-                if name != "E" and value is not None:
+                # A ratio of a fixed arm itself (A1/A0 with A0 fixed) would be no interval.
+                if name != "E" and value is not None and not {a for a, _ in fixed} & set(name.split("/")):
                     samples[name].append(value)
         cut = (1 - level) / 2
         out[C] = {}
@@ -127,7 +137,8 @@ def interval_markdown(intervals: dict, concurrencies: list[int], level: float = 
     if not names:
         return ""
     lines = [
-        f"{level:.0%} intervals of the ratios (each arm's reps resampled; arms with 3 reps or more):",
+        f"{level:.0%} intervals of the ratios (each arm's reps resampled, arms with 3 reps or more; an envelope "
+        "arm whose every rep is below the other's enters at its median):",
         "",
         "| C | " + " | ".join(names) + " |",
         "|" + "---|" * (len(names) + 1),
