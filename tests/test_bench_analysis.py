@@ -744,6 +744,12 @@ def test_merge_refuses_runs_of_another_setup(tmp_path):
         assert not out.exists()
     r = CliRunner().invoke(main, ["bench", "--out", str(high), "--merge", str(high)])
     assert r.exit_code == 2 and "already holds cells.jsonl" in r.output
+    # One arm's cells from two releases (--arm-sglang-dir runs) do not pool.
+    up14 = _folder(tmp_path / "up14", [dict(c, sglang="0.5.14") for c in _sweep([64])])
+    up17 = _folder(tmp_path / "up17", [dict(c, sglang="0.5.17") for c in _sweep([64])])
+    r = CliRunner().invoke(main, ["bench", "--out", str(tmp_path / "mix"), "--merge", str(up14), "--merge", str(up17)])
+    assert r.exit_code == 2 and "cells were measured on SGLang 0.5.14, SGLang 0.5.17" in r.output
+    assert not (tmp_path / "mix").exists()
 
 
 def test_damaged_results_files_are_named_not_tracebacks(tmp_path):
@@ -841,13 +847,18 @@ def test_an_envelope_arm_that_always_loses_does_not_need_three_reps():
     resample, so A2/E gets its interval from A1's and A2's reps, while the ratios of A0 itself
     get none; where A0's reps reach A1's, they could, and A2/E gets none."""
 
+    import statistics
+
     def cells(arm, values):
         return [{"arm": arm, "C": 1, "rep": i, "output_tok_s": v} for i, v in enumerate(values)]
 
-    both = cells("A1", [333, 292, 307, 304, 306, 316]) + cells("A2", [297, 286, 319, 302, 325, 295])
-    iv = analyze.ratio_intervals(cells("A0", [228, 222]) + both, [1])[1]
-    assert set(iv) == {"A2/E"} and iv["A2/E"][0] < 0.978 < iv["A2/E"][1]
-    assert analyze.ratio_intervals(cells("A0", [228, 300]) + both, [1])[1] == {}
+    a1, a2 = [200, 180, 190, 210, 195], [185, 205, 190, 200, 178]
+    both = cells("A1", a1) + cells("A2", a2)
+    iv = analyze.ratio_intervals(cells("A0", [100, 110]) + both, [1])[1]
+    assert set(iv) == {"A2/E"}
+    low, high = iv["A2/E"]
+    assert min(a2) / max(a1) < low < statistics.median(a2) / statistics.median(a1) < high < max(a2) / min(a1)
+    assert analyze.ratio_intervals(cells("A0", [100, 190]) + both, [1])[1] == {}
 
 
 def test_ratio_intervals_of_variants_at_one_acceptance():
@@ -928,6 +939,11 @@ def test_fresh_engines_start_engines_for_every_repetition():
     done = {(a, C, r, 3.0) for r in (0, 1) for C in (1, 64) for a in ("A0", "A2", "A4")}
     [(wave, steps)] = plan_steps(arms, [1, 64], 3, 3.0, done, False, fresh_engines=True)
     assert {s[0] for s in steps} == {2}
+    # Each repetition starts only the engines with cells left in it.
+    gaps = {(a, C, r, 3.0) for r in range(3) for C in (1, 64) for a in ("A0", "A2", "A4")}
+    gaps -= {("A0", 1, 0, 3.0), ("A4", 64, 1, 3.0)}
+    plan = plan_steps(arms, [1, 64], 3, 3.0, gaps, False, fresh_engines=True)
+    assert [([a.name for a in w], steps) for w, steps in plan] == [(["A0"], [(0, 1, "A0")]), (["A4"], [(1, 64, "A4")])]
 
 
 def test_per_run_ratios_count_each_fresh_engine_set_as_a_run():

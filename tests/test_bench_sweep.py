@@ -169,34 +169,22 @@ def test_an_arm_runs_on_a_sglang_tree_of_its_own(tmp_path, stub_engines, monkeyp
         ),
     )
     out = tmp_path / "bench"
-    sweep.run(
-        out,
-        **TINY,
-        concurrencies=(1,),
-        reps=1,
-        arm_names=["A1"],
-        variants=[up],
-        arm_trees={"UP": str(other)},
-        port_base=27400,
-    )
+    first = dict(TINY, concurrencies=(1,), arm_names=["A1"], variants=[up], port_base=27400)
+    sweep.run(out, **first, reps=1, sglang_dir=str(under_test), arm_trees={"UP": str(other)})
     engines = {e.get("speculative_adaptive"): e for e in map(json.loads, stub_engines.read_text().splitlines())}
     assert engines[True]["stub_tree"] == "0.5.17" and engines[None]["stub_tree"] is None
     cells = {c["arm"]: c for c in map(json.loads, (out / "cells.jsonl").read_text().splitlines())}
-    assert cells["UP"]["sglang"] == "0.5.17" and "sglang" not in cells["A1"]
+    assert (cells["UP"]["sglang"], cells["A1"]["sglang"]) == ("0.5.17", "0.5.12")
     report = json.loads((out / "bench-results.json").read_text())
-    assert report["arm_sglang_versions"] == {"UP": "0.5.17"}
-    # An arm resumed on another tree than its cells' would mix two releases under one name.
-    with pytest.raises(sweep.BadInputError, match="holds cells of arm UP measured on SGLang 0.5.17, and this run"):
-        sweep.run(
-            out,
-            **TINY,
-            concurrencies=(1,),
-            reps=2,
-            arm_names=["A1"],
-            variants=[up],
-            sglang_dir=str(other),
-            port_base=27400,
-        )
+    assert report["arm_sglang_versions"] == {"UP": "0.5.17"}, "only the arm on another release than the report's"
+    # Resumed on another release than its cells', an arm would mix two under one name.
+    with pytest.raises(sweep.BadInputError, match="holds cells of arm A1 measured on SGLang 0.5.12, and this run"):
+        sweep.run(out, **first, reps=2, sglang_dir=str(other))
+    # The same release resumes them, under --sglang-dir too, and a damaged report does not stop it.
+    (out / "bench-results.json").write_text("{")
+    sweep.run(out, **{**first, "arm_names": ["UP"]}, reps=2, sglang_dir=str(other))
+    reps = [c["rep"] for c in map(json.loads, (out / "cells.jsonl").read_text().splitlines()) if c["arm"] == "UP"]
+    assert sorted(reps) == [0, 1]
     # An arm that falls back at a threshold needs a tree with the recipes' flag.
     stock = _site(tmp_path / "stock-0.5.17", "0.5.17", "class ServerArgs:\n    speculative_algorithm: str = None\n")
     with pytest.raises(sweep.BadInputError, match="has no --speculative-disable-batch-size-threshold"):

@@ -235,7 +235,7 @@ def test_bench_suggest_tiers(tmp_path):
     )
     assert (
         "measure it beside them: --variant 'UP3-1-0_1-16=A1:speculative_num_steps=3;speculative_num_draft_tokens=4;"
-        "speculative_adaptive=true;speculative_adaptive_config=FILE' --arm-sglang-dir NAME=DIR" in r.output
+        "speculative_adaptive=true;speculative_adaptive_config=FILE' --arm-sglang-dir UP3-1-0_1-16=DIR" in r.output
     )
     r = run("bench", "--out", tmp_path, "--suggest-tiers", "--json")
     assert json.loads(r.output)["boundaries"] == [1, 16]

@@ -246,7 +246,8 @@ def _arm_trees(items) -> dict[str, str]:
     "--suggest-tiers",
     is_flag=True,
     help="Only print the draft length per batch size (--speculative-num-steps-tiers and its boundaries) from "
-    "the recorded fixed configurations in --out (--tier-arms), and the tier the rule picks at each C.",
+    "the recorded fixed configurations in --out (--tier-arms), the tier the rule picks at each C, and the same "
+    "tiers as SGLang's own --speculative-adaptive-config (0.5.14 and later).",
 )
 @click.option(
     "--tier-arms",
@@ -415,13 +416,13 @@ def bench(
                         f"\nmeasure them: spectool bench {threshold}--variant '{res['variant']}' (and the same options)"
                     )
                 if res["upstream_adaptive_config"]:
+                    up = analyze.upstream_variant(res["tiers"], res["boundaries"], "FILE")
                     text += (
                         "\non SGLang's own adaptive steps (0.5.14 and later, no hysteresis): "
                         f"--speculative-num-steps {res['tiers'][0]} --speculative-adaptive "
                         "--speculative-adaptive-config FILE, FILE holding "
                         f"{json.dumps(res['upstream_adaptive_config'], separators=(',', ':'))}; measure it "
-                        f"beside them: --variant '{analyze.upstream_variant(res['tiers'], res['boundaries'], 'FILE')}' "
-                        "--arm-sglang-dir NAME=DIR (DIR: that SGLang)"
+                        f"beside them: --variant '{up}' --arm-sglang-dir {up.split('=', 1)[0]}=DIR (DIR: that SGLang)"
                     )
                 if res["against_the_rule"]:
                     text += (

@@ -1,4 +1,5 @@
-"""Engine arguments across SGLang releases: the same settings under each release's names.
+"""Engine arguments and calls across SGLang releases: the same settings under each release's
+names, and the profiler started as each release takes it.
 
 0.5.17 renamed ``cuda_graph_max_bs`` to ``cuda_graph_max_bs_decode`` and replaced
 ``disable_piecewise_cuda_graph`` by ``cuda_graph_backend_prefill``. The harnesses write the

@@ -140,17 +140,16 @@ def run(
     if load not in LOADS:
         raise BadInputError(f"--load {load!r}: use {' or '.join(LOADS)}.")
     cells, done = load_cells(cells_path, acc_len, load, tp, target)  # a folder it must not extend is refused first
-    arm_versions, arm_envs = _arm_environments(arm_trees, acc_len)
-    refuse_other_releases(cells, arm_list, arm_versions, cells_path)
+    version, env = _environment(sglang_dir, acc_len)
+    arm_versions, arm_envs = _arm_environments(arm_trees, acc_len, sglang_dir)
+    refuse_other_releases(cells, arm_list, arm_versions, version, cells_path)
     _, gpu = gpu_info("bench")  # a clear error (exit 2) without a GPU, before any engine starts
     t_start = time.time()
     out.mkdir(parents=True, exist_ok=True)
-    version, env = _environment(sglang_dir, acc_len)
     tpath = out / "transition.json"
     trans = analyze.read_json(tpath) if tpath.exists() else None
     # A resumed run reports the whole folder: its engines' start-up times and every C held.
-    earlier = analyze.read_json(out / "bench-results.json") if (out / "bench-results.json").exists() else {}
-    startup = dict(earlier.get("startup_s") or {})
+    startup = _earlier_startup(out / "bench-results.json")
     plan = plan_steps(
         arm_list,
         concurrencies,
@@ -203,10 +202,13 @@ def run(
                     if stopped:
                         break
                     if step is None:  # A2 and its variants (and any control), each on its own engine
-                        trans = {
-                            a.name: _transition(procs[a.name], a.name, out, prompt_len, out_len)
-                            for a in wave
-                            if a.runs_transition(transition_arms)
+                        trans = {  # an earlier wave's transitions (arms beyond --max-engines) kept
+                            **(trans or {}),
+                            **{
+                                a.name: _transition(procs[a.name], a.name, out, prompt_len, out_len)
+                                for a in wave
+                                if a.runs_transition(transition_arms)
+                            },
                         }
                         tpath.write_text(json.dumps(trans, indent=1))
                         continue
@@ -235,7 +237,7 @@ def run(
                         **({"engines": f"rep{rep}"} if fresh_engines else {}),
                         **({"tp": tp} if tp > 1 else {}),
                         **({"target": target} if target != DEFAULT_TARGET else {}),
-                        **({"sglang": arm_versions[arm]} if arm in arm_versions else {}),
+                        **({"sglang": arm_versions.get(arm, version)} if arm_versions.get(arm, version) else {}),
                     }
                     cells.append(cell)
                     with open(cells_path, "a") as f:
@@ -351,12 +353,8 @@ def plan_steps(
         ]
         if transition and any(a.runs_transition(transition_arms) for a in wave):
             steps.insert(next((i for i, t in enumerate(steps) if t[0] >= min(1, reps - 1)), len(steps)), None)
-        # Only the engines that measure something start (a resumed run's finished arms idle
-        # nowhere, and a start-up does not wait on them).
-        busy = {t[2] for t in steps if t is not None}
-        wave = [a for a in wave if a.name in busy or (None in steps and a.runs_transition(transition_arms))]
         if not fresh_engines:
-            plan += [(wave, steps)] if steps else []
+            plan += [(_busy(wave, steps, transition_arms), steps)] if steps else []
             continue
         groups = []  # (rep, steps); the transition (None) stays with the repetition before it
         for step in steps:
@@ -364,8 +362,15 @@ def plan_steps(
             if not groups or groups[-1][0] != rep:
                 groups.append((rep, []))
             groups[-1][1].append(step)
-        plan += [(wave, g) for _, g in groups]
+        plan += [(_busy(wave, g, transition_arms), g) for _, g in groups]
     return plan
+
+
+def _busy(wave, steps, transition_arms) -> list:
+    """The arms of `wave` that `steps` measure (or run the transition on): only their engines
+    start, so a resumed run's finished arms idle nowhere and no start-up waits on them."""
+    measured = {t[2] for t in steps if t is not None}
+    return [a for a in wave if a.name in measured or (None in steps and a.runs_transition(transition_arms))]
 
 
 def plan_waves(arm_list, max_engines: int = MAX_ENGINES) -> list[list]:
@@ -483,24 +488,43 @@ def select_arms(
     return chosen
 
 
-def _arm_environments(arm_trees: dict | None, acc_len: float) -> tuple[dict, dict]:
-    """(arm -> SGLang version, arm -> engine environment) for the arms on trees of their own."""
+def _arm_environments(arm_trees: dict | None, acc_len: float, sglang_dir=None) -> tuple[dict, dict]:
+    """(arm -> SGLang version, arm -> engine environment) for the arms on trees of their own.
+    Their PYTHONPATH leaves out the --sglang-dir tree, so nothing of that release fills in for
+    a module theirs lacks."""
+    from ...source import locate
+
+    under_test = str(locate(sglang_dir).root) if sglang_dir else None
     versions, envs = {}, {}
     for name, tree in (arm_trees or {}).items():
-        versions[name], envs[name] = _environment(tree, acc_len)
+        versions[name], env = _environment(tree, acc_len)
+        if under_test and env.get("PYTHONPATH"):
+            kept = [p for p in env["PYTHONPATH"].split(os.pathsep) if p != under_test]
+            env = {**env, "PYTHONPATH": os.pathsep.join(kept)}
+        envs[name] = env
     return versions, envs
 
 
-def refuse_other_releases(cells, arm_list, arm_versions: dict, cells_path: Path) -> None:
+def _earlier_startup(report: Path) -> dict:
+    """The start-up times an earlier run of this folder reported ({} without a readable report:
+    the cells, not the report, are what a run resumes from)."""
+    try:
+        return dict(analyze.read_json(report).get("startup_s") or {}) if report.exists() else {}
+    except BadInputError:
+        return {}
+
+
+def refuse_other_releases(cells, arm_list, arm_versions: dict, version: str | None, cells_path: Path) -> None:
     """A one-paragraph error when an arm of this run resumes cells that were measured on
-    another tree than the one it runs now (--arm-sglang-dir given, changed or left out): its
-    table would mix two releases under one name."""
+    another release than the one it runs now (its --arm-sglang-dir tree's, else `version`,
+    --sglang-dir's; a cell without `sglang` was measured on the --sglang-dir tree): its table
+    would mix two releases under one name."""
     for arm in arm_list:
-        held = {c.get("sglang") for c in cells if c["arm"] == arm.name}
-        now = arm_versions.get(arm.name)
+        now = arm_versions.get(arm.name, version)
+        held = {c.get("sglang", version) for c in cells if c["arm"] == arm.name}
         if held - {now}:
-            was = ", ".join(f"SGLang {v}" if v else "the --sglang-dir tree" for v in sorted(held, key=str))
-            runs = f"SGLang {now} (--arm-sglang-dir)" if now else "the --sglang-dir tree"
+            was = ", ".join(f"SGLang {v}" for v in sorted(held, key=str))
+            runs = f"SGLang {now}"
             raise BadInputError(
                 f"{cells_path} holds cells of arm {arm.name} measured on {was}, and this run starts it on {runs}; "
                 "one arm's cells must come from one release. Give the arm the tree its cells were measured on, "
@@ -642,7 +666,7 @@ def profile(
     gpu_info("bench")
     out.mkdir(parents=True, exist_ok=True)
     version, env = _environment(sglang_dir, acc_len)
-    _, arm_envs = _arm_environments(arm_trees, acc_len)
+    _, arm_envs = _arm_environments(arm_trees, acc_len, sglang_dir)
     rows, raw = {}, {}
     with _engines(
         arm_list,
@@ -824,8 +848,8 @@ def summarize(
     given = {a.name: a.label for a in arm_list}
     for arm in dict.fromkeys(c["arm"] for c in cells):
         labels.setdefault(arm, given.get(arm, arm))
-    # Arms measured on another SGLang tree (--arm-sglang-dir) name its release, from their cells.
-    releases = {c["arm"]: c["sglang"] for c in cells if "sglang" in c}
+    # Arms measured on another release than the report's (--arm-sglang-dir) name it, from their cells.
+    releases = {c["arm"]: c["sglang"] for c in cells if c.get("sglang", version) != version}
     for arm, release in releases.items():
         labels[arm] = f"{labels.get(arm, arm)} (SGLang {release})"
     tp = max((cell_tp(c) for c in cells), default=1)  # one size per folder (load_cells, merge)
@@ -912,6 +936,14 @@ def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
             trans[label] = {**res, "arm": arm, "source": res.get("source", src.name)}
     if not cells:
         raise BadInputError(f"--merge: no cells at acceptance {acc_len:g} in {', '.join(map(str, sources))}.")
+    for arm in dict.fromkeys(c["arm"] for c in cells):
+        releases = {c.get("sglang", meta.get("sglang_version")) for c in cells if c["arm"] == arm}
+        if len(releases) > 1:
+            named = ", ".join(f"SGLang {v}" for v in sorted(releases, key=str))
+            raise BadInputError(
+                f"--merge: arm {arm}'s cells were measured on {named}; one arm's cells must come from one "
+                "release. Merge the folders of one release, or give the arm another name in one of them."
+            )
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "cells.jsonl", "w") as f:
         f.writelines(json.dumps(c) + "\n" for c in cells)
