@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from spectool.harness.bench import analyze
-from spectool.harness.bench.sweep import DEFAULT_C, summarize
+from spectool.harness.bench.results import summarize
+from spectool.harness.bench.sweep import DEFAULT_C
 
 # A sweep whose medians are easy to divide: A0 serves 100 tokens/s per request, EAGLE-3 (A1)
 # 150 up to C=32 and 80 from 64 on, the patch (A2, T=32) 147 and 99 (A2/E 0.98 and 0.99),
@@ -294,7 +295,7 @@ def test_the_band_measured_and_merged_moves_the_threshold(tmp_path):
     """The sweep's grid gives T=32 and asks for 40, 48, 56; a run of A0/A1 there in which
     EAGLE-3 still wins at 40 and 48 and loses at 56, merged beside the sweep, moves T to 48,
     with nothing left to refine (56 is within 25% of 48)."""
-    from spectool.harness.bench.sweep import merge
+    from spectool.harness.bench.results import merge
 
     sweep = _folder(tmp_path / "sweep", _sweep())
     band = [cell("A0", C, 100 * C) for C in (40, 48, 56)] + [
@@ -392,7 +393,7 @@ def test_transition_reference_brackets_the_schedule(tmp_path, monkeypatch):
     """The transition's reference for each phase load is measured before and after the
     schedule (their mean; both kept, so drift shows), each run with prompts of its own, so no
     run finds another's prompts in the radix cache."""
-    from spectool.harness.bench import sweep
+    from spectool.harness.bench import engines, sweep
 
     sent = []
 
@@ -412,7 +413,7 @@ def test_transition_reference_brackets_the_schedule(tmp_path, monkeypatch):
             "host_busy_cpus": 3.0 if len(sent) < 4 else 4.0,
         }
 
-    monkeypatch.setattr(sweep, "_command", command)
+    monkeypatch.setattr(engines, "command", command)
     res = sweep._transition(None, "A2", tmp_path, 128, 128)
     assert [c["kind"] for c in sent] == ["point", "point", "phases", "point", "point"]
     assert [c["C"] for c in sent if c["kind"] == "point"] == [4, 192, 4, 192]
@@ -524,7 +525,7 @@ def test_variant_columns_in_the_table():
 def test_an_arm_without_its_fallback_graphs_is_not_timed():
     """An engine that captured no fallback graphs (out of GPU memory) would be timed eagerly:
     its log line names it, and the arm is not measured."""
-    from spectool.harness.bench.sweep import degraded_engine
+    from spectool.harness.bench.engines import degraded_engine
 
     line = (
         "[2026-11-29 11:41:50] spec-fallback: could not capture a one-token draft-extend CUDA graph (CUDA out of "
@@ -539,7 +540,7 @@ def test_an_arm_without_its_fallback_graphs_is_not_timed():
 def test_an_arm_whose_engine_turned_adaptive_steps_off_is_not_timed():
     """SGLang turns --speculative-adaptive off with a warning for setups its tiers do not
     serve, and the engine then speculates at a fixed step count: not the arm asked for."""
-    from spectool.harness.bench.sweep import degraded_engine
+    from spectool.harness.bench.engines import degraded_engine
 
     line = (
         "[2026-12-02 10:00:00] WARNING speculative_hook.py:764: speculative_adaptive disabled: adaptive "
@@ -563,7 +564,7 @@ Capturing batches (bs=256 avail_mem=12.45 GB):   2%|         | 1/51 [02:20<1:56:
 def test_an_arm_whose_kv_pool_sglang_shrank_is_not_timed():
     """SGLang shrinks a KV pool that does not fit without an error, and the engine then runs
     smaller batches than the other arms: the bench names the pool it got and what to change."""
-    from spectool.harness.bench.sweep import degraded_engine
+    from spectool.harness.bench.engines import degraded_engine
 
     msg = degraded_engine("A4G", SHRUNK_POOL_LOG)
     assert msg.startswith("bench arm A4G's engine got a KV pool of 34,038 tokens, not the 303,104")
@@ -635,7 +636,7 @@ def test_a_results_folder_is_never_extended_with_the_other_load(tmp_path):
     from click.testing import CliRunner
 
     from spectool.cli import main
-    from spectool.harness.bench.sweep import load_cells
+    from spectool.harness.bench.results import load_cells
 
     old = _folder(tmp_path / "old", _sweep())
     res = CliRunner().invoke(main, ["bench", "--out", str(old), "--load", "staggered"])
@@ -662,7 +663,7 @@ def test_cells_of_another_tensor_parallel_size_never_share_a_table(tmp_path):
 
     from spectool.cli import main
     from spectool.errors import BadInputError
-    from spectool.harness.bench.sweep import load_cells
+    from spectool.harness.bench.results import load_cells
 
     old = _folder(tmp_path / "old", _sweep([64, 128]))
     res = CliRunner().invoke(main, ["bench", "--out", str(old), "--tp", "2"])
@@ -763,7 +764,7 @@ def test_damaged_results_files_are_named_not_tracebacks(tmp_path):
 
     from spectool.cli import main
     from spectool.errors import BadInputError
-    from spectool.harness.bench.sweep import load_cells
+    from spectool.harness.bench.results import load_cells
 
     src = _folder(tmp_path / "src", _sweep([4, 64, 256]), transition={"A2": _transition([1.0] * 5)})  # 36 cells
     cases = [
@@ -795,7 +796,7 @@ def test_merge_lists_each_runs_transition_beside_the_others(tmp_path):
     """Runs that each ran the transition merge: a transition is one engine's schedule against
     its own references, so each is kept and listed, the later ones under "ARM (FOLDER)", with
     the lowest phase of each; runs without host readings leave that column out."""
-    from spectool.harness.bench.sweep import merge
+    from spectool.harness.bench.results import merge
 
     sweep = _folder(
         tmp_path / "sweep",
@@ -906,7 +907,7 @@ def test_a_merge_reports_each_runs_ratio_and_its_sign_test(tmp_path):
     """Three runs merged: the report and its table carry each run's own ratio, the median run,
     its range, and against a goal the runs at or above it with the one-sided sign test (A4/A0
     0.985, 0.975, 0.960 against 0.98: 1 of 3, p = 7/8)."""
-    from spectool.harness.bench.sweep import merge
+    from spectool.harness.bench.results import merge
 
     runs = [
         _folder(tmp_path / f"r{i}", [cell("A0", 64, 10000.0), cell("A2", 64, a2), cell("A4", 64, a4)])
@@ -984,7 +985,7 @@ def test_a_merge_divides_each_ratio_within_the_runs_that_measured_both_sides(tmp
     pooled median 1540: A2/E 1436/1540 = 0.932); each ratio comes from the runs that measured
     its arms instead: A2/E = 1436/1400 = 1.026 as in the first run, A3/A1 = 1.010 as in the
     second. The arm columns still pool every run's reps."""
-    from spectool.harness.bench.sweep import merge
+    from spectool.harness.bench.results import merge
 
     first = _folder(
         tmp_path / "a0a1a2",
@@ -1069,7 +1070,7 @@ def test_a_folder_holds_one_target(tmp_path):
 
     from spectool.cli import main
     from spectool.errors import BadInputError
-    from spectool.harness.bench.sweep import load_cells
+    from spectool.harness.bench.results import load_cells
 
     dense = _folder(tmp_path / "dense", _sweep([64, 128]))
     res = CliRunner().invoke(main, ["bench", "--out", str(dense), "--target", "qwen3-30b-a3b"])

@@ -278,13 +278,13 @@ def test_the_engines_of_a_bench_and_a_profile_share_one_kv_pool_size():
     import contextlib
     import inspect
 
-    from spectool.harness.bench import sweep
+    from spectool.harness.bench import engines, sweep
 
-    assert sweep.kv_pool_tokens(64, 128, 128) == 64 * (128 + 128 + 16) + 4096
-    assert isinstance(sweep.kv_pool_tokens(1, 1, 1), int)
-    assert inspect.isgeneratorfunction(sweep._engines.__wrapped__)
-    assert isinstance(sweep._engines([], None, {}, 1, 1), contextlib.AbstractContextManager)
+    assert engines.kv_pool_tokens(64, 128, 128) == 64 * (128 + 128 + 16) + 4096
+    assert isinstance(engines.kv_pool_tokens(1, 1, 1), int)
+    assert inspect.isgeneratorfunction(engines.start.__wrapped__)
+    assert isinstance(engines.start([], None, {}, 1, 1), contextlib.AbstractContextManager)
     src = inspect.getsource(sweep)
     assert src.count("kv_pool_tokens(max_bs, prompt_len, out_len)") == 2 and "+ 16) + 4096" not in src.replace(
-        inspect.getsource(sweep.kv_pool_tokens), ""
+        inspect.getsource(engines.kv_pool_tokens), ""
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spectool.harness.bench import sweep
+from spectool.harness.bench import engines, sweep
 
 ENGINE = '''
 import asyncio, json, os
@@ -102,7 +102,7 @@ def stub_engines(tmp_path, monkeypatch):
     args = tmp_path / "engine-args.jsonl"
     env = dict(PYTHONPATH=os.pathsep.join([str(stub), str(REPO)]), STUB_ENGINE_ARGS=str(args), PYTHONUNBUFFERED="1")
     # The environment as the sweep starts its engines (a test's own settings included).
-    monkeypatch.setattr(sweep, "_environment", lambda sglang_dir, acc_len: ("0.5.12", {**os.environ, **env}))
+    monkeypatch.setattr(engines, "environment", lambda sglang_dir, acc_len: ("0.5.12", {**os.environ, **env}))
     monkeypatch.setattr("spectool.harness.verify.runner.gpu_info", lambda command="verify": ("sm90", "stand-in GPU"))
     return args
 
@@ -111,11 +111,11 @@ def test_a_sweep_starts_its_engines_measures_every_cell_and_resumes(tmp_path, st
     out = tmp_path / "bench"
     kw = dict(TINY, concurrencies=(1, 8), arm_names=["A0", "A1", "A2"], port_base=27000)
     sweep.run(out, reps=1, **kw)
-    engines = [json.loads(line) for line in stub_engines.read_text().splitlines()]
-    assert len(engines) == 3, "one engine per arm"
-    assert {e["max_total_tokens"] for e in engines} == {sweep.kv_pool_tokens(8, 4, 8)}
-    assert {e["cuda_graph_max_bs"] for e in engines} == {8}, "shaped for the sweep's largest C"
-    assert sorted(e.get("speculative_disable_batch_size_threshold", -1) for e in engines) == [-1, -1, 4]
+    started = [json.loads(line) for line in stub_engines.read_text().splitlines()]
+    assert len(started) == 3, "one engine per arm"
+    assert {e["max_total_tokens"] for e in started} == {engines.kv_pool_tokens(8, 4, 8)}
+    assert {e["cuda_graph_max_bs"] for e in started} == {8}, "shaped for the sweep's largest C"
+    assert sorted(e.get("speculative_disable_batch_size_threshold", -1) for e in started) == [-1, -1, 4]
     cells = [json.loads(line) for line in (out / "cells.jsonl").read_text().splitlines()]
     assert sorted((c["arm"], c["C"]) for c in cells) == [(a, C) for a in ("A0", "A1", "A2") for C in (1, 8)]
     assert all(c["output_tok_s"] > 0 and c["rep"] == 0 for c in cells)
@@ -158,10 +158,10 @@ def test_an_arm_runs_on_a_sglang_tree_of_its_own(tmp_path, stub_engines, monkeyp
     arms = sweep.select_arms(4, 8, ["A1"], [up], sglang_dir=str(under_test), arm_trees={"UP": str(other)})
     assert [(a.name, a.extra.get("speculative_adaptive")) for a in arms] == [("A1", None), ("UP", True)]
 
-    here = sweep._environment  # the fixture's: the stand-in SGLang for the tree under test
+    here = engines.environment  # the fixture's: the stand-in SGLang for the tree under test
     monkeypatch.setattr(
-        sweep,
-        "_environment",
+        engines,
+        "environment",
         lambda d, acc: (
             ("0.5.17", {**here(d, acc)[1], "PYTHONPATH": os.pathsep.join([d, str(REPO)]), "STUB_TREE": "0.5.17"})
             if d == str(other)
@@ -171,8 +171,8 @@ def test_an_arm_runs_on_a_sglang_tree_of_its_own(tmp_path, stub_engines, monkeyp
     out = tmp_path / "bench"
     first = dict(TINY, concurrencies=(1,), arm_names=["A1"], variants=[up], port_base=27400)
     sweep.run(out, **first, reps=1, sglang_dir=str(under_test), arm_trees={"UP": str(other)})
-    engines = {e.get("speculative_adaptive"): e for e in map(json.loads, stub_engines.read_text().splitlines())}
-    assert engines[True]["stub_tree"] == "0.5.17" and engines[None]["stub_tree"] is None
+    started = {e.get("speculative_adaptive"): e for e in map(json.loads, stub_engines.read_text().splitlines())}
+    assert started[True]["stub_tree"] == "0.5.17" and started[None]["stub_tree"] is None
     cells = {c["arm"]: c for c in map(json.loads, (out / "cells.jsonl").read_text().splitlines())}
     assert (cells["UP"]["sglang"], cells["A1"]["sglang"]) == ("0.5.17", "0.5.12")
     report = json.loads((out / "bench-results.json").read_text())
@@ -197,9 +197,9 @@ def test_max_batch_sizes_the_engines_for_the_full_sweep_while_measuring_some_of_
     engine starts. A profile sizes its engines the same way."""
     kw = dict(TINY, concurrencies=(1,), arm_names=["A0", "A2"], port_base=27200, reps=1)
     sweep.run(tmp_path / "sized", max_batch=8, **kw)
-    engines = [json.loads(line) for line in stub_engines.read_text().splitlines()]
-    assert {e["cuda_graph_max_bs"] for e in engines} == {8} and {e["max_running_requests"] for e in engines} == {8}
-    assert {e["max_total_tokens"] for e in engines} == {sweep.kv_pool_tokens(8, 4, 8)}
+    started = [json.loads(line) for line in stub_engines.read_text().splitlines()]
+    assert {e["cuda_graph_max_bs"] for e in started} == {8} and {e["max_running_requests"] for e in started} == {8}
+    assert {e["max_total_tokens"] for e in started} == {engines.kv_pool_tokens(8, 4, 8)}
     cells = [json.loads(line) for line in (tmp_path / "sized" / "cells.jsonl").read_text().splitlines()]
     assert {c["max_batch"] for c in cells} == {8} and {c["C"] for c in cells} == {1}
     with pytest.raises(sweep.BadInputError, match=r"--max-batch 4 is below the largest --concurrency \(8\)"):
@@ -218,7 +218,7 @@ def test_max_batch_sizes_the_engines_for_the_full_sweep_while_measuring_some_of_
         max_batch=8,
     )
     profiled = json.loads(stub_engines.read_text().splitlines()[-1])
-    assert profiled["cuda_graph_max_bs"] == 8 and profiled["max_total_tokens"] == sweep.kv_pool_tokens(8, 4, 8)
+    assert profiled["cuda_graph_max_bs"] == 8 and profiled["max_total_tokens"] == engines.kv_pool_tokens(8, 4, 8)
 
 
 def test_a_profile_reduces_each_trace_and_keeps_an_excerpt(tmp_path, stub_engines):
@@ -303,14 +303,14 @@ def test_an_engine_death_is_read_from_its_log(tmp_path):
     traceback, in one paragraph with what to change for an out-of-memory."""
     log = tmp_path / "A4G.log"
     log.write_text(OOM_LOG)
-    msg = sweep.engine_failure("A4G", -9, "profile at C=256", log)
+    msg = engines.engine_failure("A4G", -9, "profile at C=256", log)
     assert msg.startswith(
         "bench arm A4G's engine exited with -9 during profile at C=256: torch.OutOfMemoryError: "
         "CUDA out of memory. Tried to allocate 224.00 MiB."
     )
     assert "fewer arms at once" in msg and "\n" not in msg and f"Its log: {log}." in msg
     log.write_text("[x] loading weights\n[x] ready\n")
-    quiet = sweep.engine_failure("A0", 1, "its start", log)
+    quiet = engines.engine_failure("A0", 1, "its start", log)
     assert quiet.startswith("bench arm A0's engine exited with 1 during its start. Its log:")
     assert quiet.endswith("Its last lines:\n[x] loading weights\n[x] ready") and "GPU" not in quiet
 

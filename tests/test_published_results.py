@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from spectool.harness.bench import analyze, profile
-from spectool.harness.bench.sweep import summarize
+from spectool.harness.bench.results import summarize
 from spectool.harness.verify import compare, scenarios
 from spectool.harness.verify.upstream_log import stats_at_decode_line
 

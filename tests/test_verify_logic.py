@@ -281,7 +281,8 @@ def test_every_engine_has_its_own_fixed_rendezvous_port(tmp_path):
     bases (one per GPU), now has its own, outside every other engine's ports and below
     Linux's ephemeral range. (Two benches once shared their bases: EADDRINUSE on 32129.)"""
     from spectool.harness.bench.arms import engine_kwargs as bench_kwargs
-    from spectool.harness.bench.sweep import PORT_BASE, arm_port, select_arms
+    from spectool.harness.bench.engines import PORT_BASE, arm_port
+    from spectool.harness.bench.sweep import select_arms
     from spectool.harness.verify import runner, scenarios
     from spectool.harness.verify.engine_worker import engine_kwargs
 

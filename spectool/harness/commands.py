@@ -11,8 +11,9 @@ import click
 from ..cli import _console, _csv, _dir_opt, _json_opt, _numbers, exit_codes, guarded, recipes_opts, selection
 from ..errors import EXIT_FAILED, EXIT_OK, BadInputError
 from ..report import to_json
+from .bench.engines import PORT_BASE
 from .bench.models import DEFAULT_TARGET, TARGETS
-from .bench.sweep import LOADS, PORT_BASE, PROFILE_LOADS
+from .bench.sweep import LOADS, PROFILE_LOADS
 
 
 @click.command(
@@ -371,7 +372,8 @@ def bench(
 ):
     """Throughput sweep (GPU): no-spec, EAGLE-3, and the patched fallback, per concurrency."""
     from .bench import analyze
-    from .bench.sweep import merge, run
+    from .bench.results import merge
+    from .bench.sweep import run
 
     cs = _numbers("--concurrency", concurrency, int, 1, "request counts of 1 or more, such as 64 or 1,4,16,64,256")
     accs = _numbers("--acc-len", acc_len, float, 1.0, "numbers such as 3.0 or 2.0,3.0 (1.0 or more)")

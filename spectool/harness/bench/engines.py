@@ -1,0 +1,217 @@
+"""The bench's engine processes: the environment each arm's engine runs in (its SGLang tree
+first on PYTHONPATH, the simulated acceptance), starting them in parallel and waiting until
+they serve, telling an engine that started degraded or died from a slow one, and the
+commands the sweep sends them (bench/worker.py answers them)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ...errors import BadInputError
+from .arms import engine_kwargs
+from .models import DEFAULT_TARGET, write_models
+
+# Engine ports: PORT_BASE + 100*i. Two benches on one host (one per GPU) need their own base,
+# below 32768, where Linux hands out ephemeral ports: the rendezvous ports are fixed.
+PORT_BASE = 32000
+
+
+def arm_port(port_base: int, i: int) -> int:
+    """The port of the i-th engine of a bench (its rendezvous port inside that block)."""
+    return port_base + 100 * i
+
+
+def arm_environments(arm_trees: dict | None, acc_len: float, sglang_dir=None) -> tuple[dict, dict]:
+    """(arm -> SGLang version, arm -> engine environment) for the arms on trees of their own.
+    Their PYTHONPATH leaves out the --sglang-dir tree, so nothing of that release fills in for
+    a module theirs lacks."""
+    from ...source import locate
+
+    under_test = str(locate(sglang_dir).root) if sglang_dir else None
+    versions, envs = {}, {}
+    for name, tree in (arm_trees or {}).items():
+        versions[name], env = environment(tree, acc_len)
+        if under_test and env.get("PYTHONPATH"):
+            kept = [p for p in env["PYTHONPATH"].split(os.pathsep) if p != under_test]
+            env = {**env, "PYTHONPATH": os.pathsep.join(kept)}
+        envs[name] = env
+    return versions, envs
+
+
+def environment(sglang_dir, acc_len):
+    """(SGLang version, environment) for the engine processes: the tree first on PYTHONPATH."""
+    env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN=str(acc_len), PYTHONUNBUFFERED="1")
+    version = None
+    if sglang_dir:
+        from ...source import locate
+
+        tree = locate(sglang_dir)
+        version = str(tree.version)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(tree.root), str(Path(__file__).resolve().parents[3]), env.get("PYTHONPATH", "")]
+        )
+    return version, env
+
+
+def kv_pool_tokens(max_bs: int, prompt_len: int, out_len: int) -> int:
+    """The engines' KV pool (max_total_tokens), the same for every arm of a bench or profile:
+    every request of the largest load at its full length, with a few slots each to spare (the
+    speculative arms allocate ahead of their verified length), and a fixed margin."""
+    return max_bs * (prompt_len + out_len + 16) + 4096
+
+
+@contextlib.contextmanager
+def start(
+    arm_list,
+    out: Path,
+    env: dict,
+    max_bs: int,
+    max_total_tokens: int,
+    log_level: str = "warning",
+    port_base: int = PORT_BASE,
+    tp: int = 1,
+    target: str = DEFAULT_TARGET,
+    arm_envs: dict | None = None,
+):
+    """Start one engine process per arm (in parallel), yield (procs, startup seconds), stop them.
+    Engine i owns the ports from port_base + 100*i (its rendezvous port among them). An arm in
+    `arm_envs` starts with that environment (its own SGLang tree) instead of `env`."""
+    models = write_models(out / "models", target)
+    procs = {}
+    for i, arm in enumerate(arm_list):
+        job = {
+            "engine": engine_kwargs(
+                arm,
+                models,
+                max_bs=max_bs,
+                max_total_tokens=max_total_tokens,
+                port=arm_port(port_base, i),
+                log_level=log_level,
+                tp=tp,
+            ),
+            "ready_path": str(out / f"{arm.name}.ready.json"),
+            "stats_path": str(out / f"{arm.name}.stats.json") if arm.threshold is not None else None,
+        }
+        Path(job["ready_path"]).unlink(missing_ok=True)
+        log = open(out / f"{arm.name}.log", "w")
+        procs[arm.name] = subprocess.Popen(
+            [sys.executable, "-m", "spectool.harness.bench.worker", json.dumps(job)],
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=(arm_envs or {}).get(arm.name, env),
+            text=True,
+            start_new_session=True,
+        )
+    try:
+        wait_ready(procs, out, timeout=420)
+        for name in procs:
+            degraded = degraded_engine(name, (out / f"{name}.log").read_text(errors="replace"))
+            if degraded:
+                raise BadInputError(degraded)
+        yield procs, {a: json.loads((out / f"{a}.ready.json").read_text())["startup_s"] for a in procs}
+    finally:
+        for p in procs.values():
+            try:
+                p.stdin.write(json.dumps({"quit": True}) + "\n")
+                p.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                pass
+        for p in procs.values():
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, 9)
+                except ProcessLookupError:
+                    pass
+
+
+# What to change when the engines do not fit the GPU together (each arm's engine holds a KV
+# pool for every request of its batch capacity at full length: engine_batch): degraded_engine,
+# engine_failure.
+MEMORY_ADVICE = (
+    "Free GPU memory: fewer arms at once (--arms, --max-engines), a smaller largest C or --max-batch, "
+    "or shorter requests (--out-len), and run again."
+)
+
+
+def degraded_engine(arm: str, log: str) -> str | None:
+    """An engine that started but not as the bench asked, so that its timings would not be
+    comparable: the reason, or None. Both cases are SGLang or the fallback making do with
+    too little GPU memory, quietly: the fallback serves eagerly when its CUDA graphs cannot
+    be captured, and SGLang shrinks a KV pool that does not fit (on the H200, a third engine
+    with a pool for 256 requests of 1152 tokens got 34 038 tokens and ran its waves at 30
+    requests, retracting)."""
+    for line in log.splitlines():
+        if "spec-fallback: could not capture" in line:
+            return (
+                f"bench arm {arm} started without its fallback CUDA graphs, so its timings would not be "
+                f"the fallback's: {line.split('spec-fallback: ', 1)[1][:300]} {MEMORY_ADVICE}"
+            )
+        if "speculative_adaptive disabled:" in line:
+            return (
+                f"bench arm {arm} asked for SGLang's adaptive steps, which its engine turned off: "
+                f"{line.split('speculative_adaptive disabled:', 1)[1].strip()[:300]}"
+            )
+        shrunk = re.search(r"max_total_tokens=(\d+) is larger than the profiled value (\d+)", line)
+        if shrunk:
+            return (
+                f"bench arm {arm}'s engine got a KV pool of {int(shrunk[2]):,} tokens, not the {int(shrunk[1]):,} "
+                "the bench sizes every arm's for (every request of the largest C at full length), so it would "
+                f"run smaller batches than the other arms. {MEMORY_ADVICE}"
+            )
+    return None
+
+
+def wait_ready(procs, out, timeout):
+    t0 = time.time()
+    while True:
+        missing = [a for a in procs if not (out / f"{a}.ready.json").exists()]
+        if not missing:
+            return
+        for a in missing:
+            if procs[a].poll() is not None:
+                raise BadInputError(engine_failure(a, procs[a].returncode, "its start", out / f"{a}.log"))
+        if time.time() - t0 > timeout:
+            raise BadInputError(f"bench arms {missing} did not start within {timeout} s")
+        time.sleep(0.1)  # a file's existence: cheap to ask often, and the first command waits on it
+
+
+def engine_failure(arm: str, returncode: int, during: str, log: Path) -> str:
+    """Why an arm's engine died, in one paragraph: the error its log ends with (the exit code
+    alone, -9 or 1, says nothing), and for CUDA out-of-memory what to change: every arm's
+    engine shares the GPU and holds a KV pool sized for its batch capacity's whole requests."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    errors = [ln.strip() for ln in lines if re.match(r"^\s*[\w.]*(Error|Exception)\b.*:", ln)]
+    msg = f"bench arm {arm}'s engine exited with {returncode} during {during}"
+    if errors:
+        msg += f": {errors[-1][:400].rstrip('.')}"
+    msg += f". Its log: {log}."
+    if any("out of memory" in e.lower() for e in errors):
+        msg += " The arms' engines share the GPU. " + MEMORY_ADVICE
+    elif not errors:
+        msg += " Its last lines:\n" + "\n".join(lines[-30:])
+    return msg
+
+
+def command(proc, arm: str, out, cmd):
+    rp = out / f"result-{time.time_ns()}.json"
+    cmd["result_path"] = str(rp)
+    proc.stdin.write(json.dumps(cmd) + "\n")
+    proc.stdin.flush()
+    while not rp.exists():
+        if proc.poll() is not None:
+            during = cmd["kind"] + (f" at C={cmd['C']}" if "C" in cmd else "")
+            raise BadInputError(engine_failure(arm, proc.returncode, during, out / f"{arm}.log"))
+        time.sleep(0.05)
+    res = json.loads(rp.read_text())
+    rp.unlink()
+    return res
