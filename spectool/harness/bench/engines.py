@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import BadInputError
@@ -28,21 +29,35 @@ def arm_port(port_base: int, i: int) -> int:
     return port_base + 100 * i
 
 
-def arm_environments(arm_trees: dict | None, acc_len: float, sglang_dir=None) -> tuple[dict, dict]:
-    """(arm -> SGLang version, arm -> engine environment) for the arms on trees of their own.
-    Their PYTHONPATH leaves out the --sglang-dir tree, so nothing of that release fills in for
-    a module theirs lacks."""
-    from ...source import locate
+@dataclass(frozen=True)
+class Environments:
+    """Where each arm's engine runs: the --sglang-dir tree (release `version`, environment
+    `env`), or for the arms of --arm-sglang-dir a tree of their own."""
 
-    under_test = str(locate(sglang_dir).root) if sglang_dir else None
+    version: str | None
+    env: dict
+    arm_versions: dict = field(default_factory=dict)
+    arm_envs: dict = field(default_factory=dict)
+
+    def release(self, arm: str) -> str | None:
+        return self.arm_versions.get(arm, self.version)
+
+    def of(self, arm: str) -> dict:
+        return self.arm_envs.get(arm, self.env)
+
+
+def environments(sglang_dir, arm_trees: dict | None, acc_len: float) -> Environments:
+    """The engines' environments. An arm on a tree of its own leaves the --sglang-dir tree (the
+    first entry of its PYTHONPATH, see environment) out of its path, so nothing of that release
+    fills in for a module its own lacks."""
+    version, env = environment(sglang_dir, acc_len)
+    under_test = env["PYTHONPATH"].split(os.pathsep)[0] if sglang_dir else None
     versions, envs = {}, {}
     for name, tree in (arm_trees or {}).items():
-        versions[name], env = environment(tree, acc_len)
-        if under_test and env.get("PYTHONPATH"):
-            kept = [p for p in env["PYTHONPATH"].split(os.pathsep) if p != under_test]
-            env = {**env, "PYTHONPATH": os.pathsep.join(kept)}
-        envs[name] = env
-    return versions, envs
+        versions[name], arm_env = environment(tree, acc_len)
+        kept = [p for p in arm_env.get("PYTHONPATH", "").split(os.pathsep) if p != under_test]
+        envs[name] = {**arm_env, "PYTHONPATH": os.pathsep.join(kept)}
+    return Environments(version, env, versions, envs)
 
 
 def environment(sglang_dir, acc_len):
@@ -71,18 +86,17 @@ def kv_pool_tokens(max_bs: int, prompt_len: int, out_len: int) -> int:
 def start(
     arm_list,
     out: Path,
-    env: dict,
+    envs: Environments,
     max_bs: int,
     max_total_tokens: int,
     log_level: str = "warning",
     port_base: int = PORT_BASE,
     tp: int = 1,
     target: str = DEFAULT_TARGET,
-    arm_envs: dict | None = None,
 ):
-    """Start one engine process per arm (in parallel), yield (procs, startup seconds), stop them.
-    Engine i owns the ports from port_base + 100*i (its rendezvous port among them). An arm in
-    `arm_envs` starts with that environment (its own SGLang tree) instead of `env`."""
+    """Start one engine process per arm (in parallel), each in its environment of `envs`,
+    yield (procs, startup seconds), stop them. Engine i owns the ports from port_base + 100*i
+    (its rendezvous port among them)."""
     models = write_models(out / "models", target)
     procs = {}
     for i, arm in enumerate(arm_list):
@@ -106,7 +120,7 @@ def start(
             stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=(arm_envs or {}).get(arm.name, env),
+            env=envs.of(arm.name),
             text=True,
             start_new_session=True,
         )

@@ -69,21 +69,31 @@ def earlier_startup(report: Path) -> dict:
         return {}
 
 
-def refuse_other_releases(cells, arm_list, arm_versions: dict, version: str | None, cells_path: Path) -> None:
+def releases_by_arm(cells, version: str | None) -> dict:
+    """arm -> the SGLang releases its cells were measured on (a cell without `sglang` on
+    `version`, its run's --sglang-dir release): one arm's cells must come from one."""
+    out = {}
+    for c in cells:
+        out.setdefault(c["arm"], set()).add(c.get("sglang", version))
+    return out
+
+
+def _named(releases) -> str:
+    return ", ".join(f"SGLang {v}" for v in sorted(releases, key=str))
+
+
+def refuse_other_releases(cells, arm_list, envs, cells_path: Path) -> None:
     """A one-paragraph error when an arm of this run resumes cells that were measured on
-    another release than the one it runs now (its --arm-sglang-dir tree's, else `version`,
-    --sglang-dir's; a cell without `sglang` was measured on the --sglang-dir tree): its table
-    would mix two releases under one name."""
+    another release than the one it runs now (`envs`: engines.Environments): its table would
+    mix two releases under one name."""
+    held = releases_by_arm(cells, envs.version)
     for arm in arm_list:
-        now = arm_versions.get(arm.name, version)
-        held = {c.get("sglang", version) for c in cells if c["arm"] == arm.name}
-        if held - {now}:
-            was = ", ".join(f"SGLang {v}" for v in sorted(held, key=str))
-            runs = f"SGLang {now}"
+        now = envs.release(arm.name)
+        if held.get(arm.name, {now}) - {now}:
             raise BadInputError(
-                f"{cells_path} holds cells of arm {arm.name} measured on {was}, and this run starts it on {runs}; "
-                "one arm's cells must come from one release. Give the arm the tree its cells were measured on, "
-                "or another name (--variant), or measure into a new --out folder."
+                f"{cells_path} holds cells of arm {arm.name} measured on {_named(held[arm.name])}, and this run "
+                f"starts it on SGLang {now}; one arm's cells must come from one release. Give the arm the tree "
+                "its cells were measured on, or another name (--variant), or measure into a new --out folder."
             )
 
 
@@ -113,7 +123,7 @@ def summarize(
     for arm in dict.fromkeys(c["arm"] for c in cells):
         labels.setdefault(arm, given.get(arm, arm))
     # Arms measured on another release than the report's (--arm-sglang-dir) name it, from their cells.
-    releases = {c["arm"]: c["sglang"] for c in cells if c.get("sglang", version) != version}
+    releases = {arm: min(held, key=str) for arm, held in releases_by_arm(cells, version).items() if held != {version}}
     for arm, release in releases.items():
         labels[arm] = f"{labels.get(arm, arm)} (SGLang {release})"
     tp = max((cell_tp(c) for c in cells), default=1)  # one size per folder (load_cells, merge)
@@ -200,13 +210,11 @@ def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
             trans[label] = {**res, "arm": arm, "source": res.get("source", src.name)}
     if not cells:
         raise BadInputError(f"--merge: no cells at acceptance {acc_len:g} in {', '.join(map(str, sources))}.")
-    for arm in dict.fromkeys(c["arm"] for c in cells):
-        releases = {c.get("sglang", meta.get("sglang_version")) for c in cells if c["arm"] == arm}
+    for arm, releases in releases_by_arm(cells, meta.get("sglang_version")).items():
         if len(releases) > 1:
-            named = ", ".join(f"SGLang {v}" for v in sorted(releases, key=str))
             raise BadInputError(
-                f"--merge: arm {arm}'s cells were measured on {named}; one arm's cells must come from one "
-                "release. Merge the folders of one release, or give the arm another name in one of them."
+                f"--merge: arm {arm}'s cells were measured on {_named(releases)}; one arm's cells must come from "
+                "one release. Merge the folders of one release, or give the arm another name in one of them."
             )
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "cells.jsonl", "w") as f:

@@ -123,9 +123,8 @@ def run(
     cells, done = results.load_cells(
         cells_path, acc_len, load, tp, target
     )  # a folder it must not extend is refused first
-    version, env = engines.environment(sglang_dir, acc_len)
-    arm_versions, arm_envs = engines.arm_environments(arm_trees, acc_len, sglang_dir)
-    results.refuse_other_releases(cells, arm_list, arm_versions, version, cells_path)
+    envs = engines.environments(sglang_dir, arm_trees, acc_len)
+    results.refuse_other_releases(cells, arm_list, envs, cells_path)
     _, gpu = gpu_info("bench")  # a clear error (exit 2) without a GPU, before any engine starts
     t_start = time.time()
     out.mkdir(parents=True, exist_ok=True)
@@ -170,14 +169,13 @@ def run(
             with engines.start(
                 wave,
                 out,
-                env,
+                envs,
                 max_bs,
                 engines.kv_pool_tokens(max_bs, prompt_len, out_len),
                 log_level=engine_log_level,
                 port_base=port_base,
                 tp=tp,
                 target=target,
-                arm_envs=arm_envs,
             ) as (procs, started):
                 startup.update(started)
                 for step in steps:
@@ -220,7 +218,7 @@ def run(
                         **({"engines": f"rep{rep}"} if fresh_engines else {}),
                         **({"tp": tp} if tp > 1 else {}),
                         **({"target": target} if target != DEFAULT_TARGET else {}),
-                        **({"sglang": arm_versions.get(arm, version)} if arm_versions.get(arm, version) else {}),
+                        **({"sglang": envs.release(arm)} if envs.release(arm) else {}),
                     }
                     cells.append(cell)
                     with open(cells_path, "a") as f:
@@ -237,7 +235,7 @@ def run(
         acc_len,
         trans,
         startup,
-        version,
+        envs.version,
         gpu,
         arm_list,
         load,
@@ -465,19 +463,17 @@ def profile(
         )
     gpu_info("bench")
     out.mkdir(parents=True, exist_ok=True)
-    version, env = engines.environment(sglang_dir, acc_len)
-    _, arm_envs = engines.arm_environments(arm_trees, acc_len, sglang_dir)
+    envs = engines.environments(sglang_dir, arm_trees, acc_len)
     rows, raw = {}, {}
     with engines.start(
         arm_list,
         out,
-        env,
+        envs,
         max_bs,
         engines.kv_pool_tokens(max_bs, prompt_len, out_len),
         port_base=port_base,
         tp=tp,
         target=target,
-        arm_envs=arm_envs,
     ) as (procs, _):
         for i, C in enumerate(concurrencies):
             k = concurrencies[:i].count(C)  # how often this C was profiled before, on these engines
@@ -515,7 +511,7 @@ def profile(
                 (out / "profile.json").write_text(
                     json.dumps(
                         {
-                            "sglang_version": version,
+                            "sglang_version": envs.version,
                             "threshold": threshold,
                             "steps": steps,
                             "load": load,
