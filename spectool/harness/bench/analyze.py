@@ -425,14 +425,25 @@ def tier_variant(tiers: list[int], boundaries: list[int], name: str | None = Non
     None) without tiers."""
     if len(tiers) < 2:
         return None, None
-    name = name or f"TIER{'-'.join(map(str, tiers))}_{'-'.join(map(str, boundaries))}"
     fields = (
-        f"speculative_num_steps={tiers[0]};speculative_num_draft_tokens={tiers[0] + 1};"
-        f"speculative_num_steps_tiers={','.join(map(str, tiers))};"
+        f"{_first_tier(tiers)};speculative_num_steps_tiers={','.join(map(str, tiers))};"
         f"speculative_num_steps_tier_boundaries={','.join(map(str, boundaries))}"
     )
     threshold = boundaries[-1] if tiers[-1] == 0 else None
-    return threshold, f"{name}={'A2' if threshold is not None else 'A1'}:{fields}"
+    return (
+        threshold,
+        f"{name or _tiers_name('TIER', tiers, boundaries)}={'A2' if threshold is not None else 'A1'}:{fields}",
+    )
+
+
+def _tiers_name(prefix: str, tiers: list[int], boundaries: list[int]) -> str:
+    """An arm named after its tiers (TIER3-1-0_16-48), so other tiers are another arm."""
+    return f"{prefix}{'-'.join(map(str, tiers))}_{'-'.join(map(str, boundaries))}"
+
+
+def _first_tier(tiers: list[int]) -> str:
+    """The engine's own step count: the first tier's, with its chain's draft tokens."""
+    return f"speculative_num_steps={tiers[0]};speculative_num_draft_tokens={tiers[0] + 1}"
 
 
 def upstream_adaptive_config(tiers: list[int], boundaries: list[int]) -> dict | None:
@@ -456,9 +467,8 @@ def upstream_variant(tiers: list[int], boundaries: list[int], config_path: str) 
     upstream_adaptive_config; named after its tiers (UP2-0_48), as tier_variant names ours."""
     if len(tiers) < 2:
         return None
-    name = f"UP{'-'.join(map(str, tiers))}_{'-'.join(map(str, boundaries))}"
     return (
-        f"{name}=A1:speculative_num_steps={tiers[0]};speculative_num_draft_tokens={tiers[0] + 1};"
+        f"{_tiers_name('UP', tiers, boundaries)}=A1:{_first_tier(tiers)};"
         f"speculative_adaptive=true;speculative_adaptive_config={config_path}"
     )
 
