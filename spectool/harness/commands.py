@@ -127,10 +127,8 @@ def _tier_arms(text: str) -> dict[int, str]:
 
 
 def _arm_trees(items) -> dict[str, str]:
-    """--arm-sglang-dir NAME=DIR (repeatable): arm -> the SGLang tree its engine runs, each DIR
-    located as --sglang-dir is (a one-paragraph error when it holds no SGLang)."""
-    from ..source import locate
-
+    """--arm-sglang-dir NAME=DIR (repeatable): arm -> the SGLang tree its engine runs (the run
+    locates each tree as it does --sglang-dir's, before any GPU work)."""
     out = {}
     for item in items:
         name, eq, tree = item.partition("=")
@@ -144,7 +142,6 @@ def _arm_trees(items) -> dict[str, str]:
             raise BadInputError(f"--arm-sglang-dir: arm {name} is given twice ({out[name]} and {tree}).")
         if not Path(tree).is_dir():
             raise BadInputError(f"--arm-sglang-dir {item!r}: {tree} is not a directory.")
-        locate(tree)
         out[name] = tree
     return out
 
