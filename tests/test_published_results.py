@@ -73,6 +73,7 @@ def test_the_comparison_with_upstreams_switch_regenerates(load_tool):
     assert all((folder / "cells.jsonl").exists() for folder in tool.NAMES.values())
     assert tool.comparison_markdown() == (tool.UPSTREAM / "comparison.md").read_text()
     assert tool.tiers_comparison()[0] == (tool.TIERS / "comparison-tiers.md").read_text()
+    assert tool.same_run_markdown() == (tool.SAME_RUN / "comparison.md").read_text()
 
 
 @pytest.mark.parametrize("folder", VERIFY, ids=_name)

@@ -3,9 +3,11 @@ steps-0 adaptive tier, driven by the same flag through the threshold recipe), bo
 on the same H200 with the same bench: A2/E per C, run by run below T, table and plot. And
 the draft-length tiers (0.5.12, `--suggest-tiers`' TIER arm) against both: each arm over its
 own run's envelope max(no-spec, EAGLE-3 at 3 steps), runs of the same bench on one H200 kind.
+And the tiers against upstream's adaptive steps with the same tiers, measured in one run.
 
     python tools/compare_upstream.py   # writes comparison.{md,png} beside upstream's runs,
-                                       # comparison-tiers.{md,png} beside the tiers sweep
+                                       # comparison-tiers.{md,png} beside the tiers sweep,
+                                       # comparison.md beside the same-run tiers sweep
 """
 
 from pathlib import Path
@@ -19,6 +21,7 @@ NAMES = {"0.5.12 + spectool fallback": OURS, "0.5.17 upstream steps-0 tier": UPS
 CS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 TIERS = ROOT / "results/0.5.12/h200/bench-tiers"
 TIER_CS = [1, 16, 32, 48, 64, 128, 256]
+SAME_RUN = ROOT / "results/0.5.12/h200/bench-tiers-upstream"
 
 
 def tier_ratios(folder: Path = TIERS, arm: str = "TIER", concurrencies=TIER_CS) -> dict:
@@ -51,6 +54,32 @@ def tiers_comparison() -> tuple[str, dict]:
     return "\n".join(lines) + "\n", rat
 
 
+def same_run_markdown(
+    folder: Path = SAME_RUN, ours: str = "TIER", theirs: str = "UP2-0_48", concurrencies=TIER_CS
+) -> str:
+    """Two arms of one run (cells interleaved on one GPU, each arm on its own release): per C
+    each one's median tok/s with its repetitions' range, each over plain decoding (A0) of the
+    same run, and ours / theirs."""
+    m = analyze.load_medians(folder, 3.0)
+    release = {c["arm"]: c.get("sglang") for c in analyze.read_cells(folder / "cells.jsonl")}
+    label = {a: f"{a} ({release.get(a)})" for a in ("A0", ours, theirs)}
+    lines = [
+        f"| C | {label['A0']} tok/s | {label[ours]} tok/s | {label[theirs]} tok/s "
+        f"| {ours}/A0 | {theirs}/A0 | {ours}/{theirs} |",
+        "|" + "---|" * 7,
+    ]
+    for C in concurrencies:
+        if not all((a, C) in m for a in ("A0", ours, theirs)):
+            continue
+        a0, us, up = (m[(a, C)] for a in ("A0", ours, theirs))
+        span = lambda r: f"{r['median']:.0f} ({r['min']:.0f}-{r['max']:.0f}, {r['reps']})"  # noqa: E731
+        lines.append(
+            f"| {C} | {span(a0)} | {span(us)} | {span(up)} | {us['median'] / a0['median']:.3f} "
+            f"| {up['median'] / a0['median']:.3f} | {us['median'] / up['median']:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def comparison_markdown(folders: dict = NAMES, concurrencies=CS) -> str:
     """The A2/E table of every folder (name -> folder), then each folder's runs side by side
     with the rank-sum p of the two sets (whether one engine's runs sit apart from the
@@ -78,6 +107,9 @@ if __name__ == "__main__":
     print(md)
     md, rat = tiers_comparison()
     (TIERS / "comparison-tiers.md").write_text(md)
+    same = same_run_markdown()
+    (SAME_RUN / "comparison.md").write_text(same)
+    print(same)
     analyze.plot_ratio(
         rat, TIER_CS, TIERS / "comparison-tiers.png", "H200, Llama-3.1-8B shape, acceptance 3.0: arm / envelope"
     )
