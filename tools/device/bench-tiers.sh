@@ -9,8 +9,10 @@
 # not measure them all exits 75 (or 124 at its timeout), and a second call resumes them.
 # TRANSITION=1: the tiered engine also runs the transition workload (its switches' cost).
 # UPSTREAM_SITE: an unpacked SGLang of 0.5.14 or later (tools/device/unpack.sh in the call
-# before): the tiered stage also measures SGLang's own adaptive steps there, in the same run,
-# with the same tiers (UP, from suggested-tiers.json) and with its default configuration (UPD).
+# before), or the tree under test itself (/tmp/site-VERSION) when it is one: the tiered stage
+# also measures SGLang's own adaptive steps there, in the same run, with the same tiers (UP,
+# from suggested-tiers.json). Upstream's default adaptive configuration is not among the arms:
+# on 0.5.17 its engine fails at start-up in this bench (see the results report).
 set -euo pipefail
 SGLANG_VERSION=$1; RESULTS=$2; shift 2
 if [ -n "${UPSTREAM_SITE:-}" ] && ! grep -qs speculative_adaptive_config "$UPSTREAM_SITE/sglang/srt/server_args.py"; then
@@ -40,15 +42,16 @@ print(r.get("threshold") or 1, r.get("variant") or "")' "$DEST/suggested-tiers.j
 fi
 UPSTREAM=()
 if [ -n "$VARIANT" ] && [ -n "${UPSTREAM_SITE:-}" ]; then
-  # The same tiers as upstream's adaptive config (UP2-0_48 ...), and its defaults (UPD).
+  # The same tiers as upstream's adaptive config (UP2-0_48 ...).
   UP=$(python3 -c '
 import json, sys
 from spectool.harness.bench.analyze import upstream_variant
 r = json.load(open(sys.argv[1]))
 json.dump(r["upstream_adaptive_config"], open(sys.argv[2], "w"))
 print(upstream_variant(r["tiers"], r["boundaries"], sys.argv[2]))' "$DEST/suggested-tiers.json" "$DEST/upstream-adaptive-config.json")
-  UPSTREAM=(--variant "$UP" --variant "UPD=A1:speculative_adaptive=true"
-    --arm-sglang-dir "${UP%%=*}=$UPSTREAM_SITE" --arm-sglang-dir "UPD=$UPSTREAM_SITE")
+  UPSTREAM=(--variant "$UP")
+  # On another tree its own engine; on the tree under test the arm needs no tree of its own.
+  [ "$(realpath "$UPSTREAM_SITE")" = "$(realpath "$SITE")" ] || UPSTREAM+=(--arm-sglang-dir "${UP%%=*}=$UPSTREAM_SITE")
 fi
 if [ -n "$VARIANT" ]; then
   # A0 stays among the arms, so the table keeps the envelope beside the tiered arm.
