@@ -1087,3 +1087,23 @@ def test_a_folder_holds_one_target(tmp_path):
         "qwen3-30b-a3b"
     )
     assert "target" not in summarize(dense, cells, [64], 32, 3.0, None, {})
+
+
+def test_a_plot_puts_long_variant_labels_below_its_axes_and_wraps_them(tmp_path, monkeypatch):
+    """A variant's label lists its overrides (hundreds of characters): inside the axes it would
+    cover the curves or run off the figure, so the legend goes below them, each label wrapped;
+    short labels stay inside. A run without A1 draws no envelope."""
+    long_label = "patched, " + ", ".join(f"field_{i}=value_{i}" for i in range(12))
+    drawn = []
+    finish = analyze._finish
+    monkeypatch.setattr(analyze, "_finish", lambda fig, ax, *a: (drawn.append(ax), finish(fig, ax, *a)))
+    m = analyze.medians(_sweep([1, 16, 64], ("A0", "A2")))
+    analyze.plot(m, [1, 16, 64], {"A0": "no speculation", "A2": long_label}, tmp_path / "p.png", "t")
+    analyze.plot(m, [1, 16, 64], {"A0": "no speculation", "A2": "patched"}, tmp_path / "q.png", "t")
+    assert (tmp_path / "p.png").stat().st_size > 0 and (tmp_path / "q.png").stat().st_size > 0
+    long, short = ([t.get_text() for t in ax.get_legend().get_texts()] for ax in drawn)
+    assert long[0] == short[0] == "A0: no speculation" and short[1] == "A2: patched"
+    assert "\n" in long[1] and long[1].replace("\n    ", " ") == f"A2: {long_label}"
+    below, inside = (ax.get_legend().get_bbox_to_anchor().y0 < ax.get_window_extent().y0 for ax in drawn)
+    assert below and not inside
+    assert not any("envelope" in label for label in long + short)

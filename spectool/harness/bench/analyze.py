@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 import statistics
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 
@@ -595,7 +596,8 @@ def plot(m: dict, concurrencies: list[int], arms: dict, path, title: str) -> Non
     fig, ax = plt.subplots(figsize=(8, 5))
     env = envelope(m, concurrencies)
     xs = sorted(env)
-    ax.plot(xs, [env[c] for c in xs], color="black", lw=6, alpha=0.15, label="envelope max(A0, A1)")
+    if xs:  # a run without both A0 and A1 has no envelope
+        ax.plot(xs, [env[c] for c in xs], color="black", lw=6, alpha=0.15, label="envelope max(A0, A1)")
     for a, label in arms.items():
         pts = [(C, m[(a, C)]) for C in concurrencies if (a, C) in m]
         if not pts:
@@ -624,6 +626,9 @@ def tick_labels(ticks: list[int], min_gap: float = 0.04) -> list[str]:
     return [str(C) if C in shown else "" for C in ticks]
 
 
+LEGEND_INSIDE_CHARS = 60  # longer legend labels go below the axes
+
+
 def _finish(fig, ax, ylabel: str, title: str, path, ticks) -> None:
     """Shared axes of the bench plots: concurrency on a log2 axis labelled at the measured C
     (a narrow band such as 40-56 holds no power of two, so log ticks would leave it bare),
@@ -639,9 +644,16 @@ def _finish(fig, ax, ylabel: str, title: str, path, ticks) -> None:
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    if any(len(label) > LEGEND_INSIDE_CHARS for label in labels):
+        # A variant's label lists its overrides: below the axes, wrapped, so that it
+        # neither covers the curves nor runs off the figure.
+        labels = [textwrap.fill(label, 110, subsequent_indent="    ") for label in labels]
+        ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.14))
+    else:
+        ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
