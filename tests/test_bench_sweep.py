@@ -14,13 +14,17 @@ import pytest
 from spectool.harness.bench import engines, sweep
 
 ENGINE = '''
-import asyncio, json, os
+import asyncio, json, os, sys
 
 
 class Engine:
-    """Serves every request after a delay per token; speculative arms a little faster."""
+    """Serves every request after a delay per token; speculative arms a little faster. One of
+    STUB_FAIL_AT_STEPS draft steps dies at start-up, as a CUDA graph capture that fails."""
 
     def __init__(self, **kw):
+        if str(kw.get("speculative_num_steps")) == os.environ.get("STUB_FAIL_AT_STEPS"):
+            print("torch.AcceleratorError: CUDA error: an illegal memory access was encountered", file=sys.stderr)
+            os._exit(1)
         with open(os.environ["STUB_ENGINE_ARGS"], "a") as f:
             f.write(json.dumps({**kw, "stub_tree": os.environ.get("STUB_TREE")}) + "\\n")
         self.per_token = 0.0002 if kw.get("speculative_algorithm") else 0.0003
@@ -133,6 +137,39 @@ def test_a_sweep_starts_its_engines_measures_every_cell_and_resumes(tmp_path, st
     assert results["concurrencies"] == [1, 8] and set(results["ratios"]) == {"1", "8"}
     assert set(results["startup_s"]) == {"A0", "A1", "A2"}, "the engines of earlier runs keep their start-up"
     assert "| 8 |" in (out / "bench-table.md").read_text()
+
+
+def test_an_arm_whose_engine_cannot_start_leaves_the_others_measured(tmp_path, stub_engines, monkeypatch):
+    """An engine that dies at start-up (a comparison arm on another release, say) stops only
+    its own arm: the others are measured and reported, the run ends with the reason in one
+    paragraph, and the same command, once the arm can start, measures only its cells. With
+    no engine able to start, the start stops as before."""
+    monkeypatch.setenv("STUB_FAIL_AT_STEPS", "2")
+    out = tmp_path / "bench"
+    s2 = "S2=A1:speculative_num_steps=2;speculative_num_draft_tokens=3"
+    tree = str(_site(tmp_path / "site-0.5.12", "0.5.12", _server_args()))
+    kw = dict(TINY, concurrencies=(1, 8), arm_names=["A0", "A1"], variants=[s2], port_base=27600, sglang_dir=tree)
+    with pytest.raises(sweep.BadInputError) as failed:
+        sweep.run(out, reps=1, **kw)
+    msg = str(failed.value)
+    assert msg.startswith(
+        "bench arm S2's engine exited with 1 during its start: torch.AcceleratorError: CUDA error: an "
+        "illegal memory access was encountered. Its log:"
+    )
+    assert f"The other arms were measured: {out / 'bench-table.md'}." in msg and "\n" not in msg
+    cells = [json.loads(line) for line in (out / "cells.jsonl").read_text().splitlines()]
+    assert sorted((c["arm"], c["C"]) for c in cells) == [("A0", 1), ("A0", 8), ("A1", 1), ("A1", 8)]
+    assert "| 8 |" in (out / "bench-table.md").read_text()
+
+    monkeypatch.delenv("STUB_FAIL_AT_STEPS")
+    sweep.run(out, reps=1, **kw)
+    cells = [json.loads(line) for line in (out / "cells.jsonl").read_text().splitlines()]
+    assert sorted((c["arm"], c["C"]) for c in cells[4:]) == [("S2", 1), ("S2", 8)]
+
+    monkeypatch.setenv("STUB_FAIL_AT_STEPS", "3")  # A1's, alone in the run
+    with pytest.raises(sweep.BadInputError, match="^bench arm A1's engine exited with 1 during its start"):
+        sweep.run(tmp_path / "alone", reps=1, **{**kw, "arm_names": ["A1"], "variants": []})
+    assert not (tmp_path / "alone" / "cells.jsonl").exists()
 
 
 def _site(path: Path, version: str, server_args: str) -> Path:

@@ -93,10 +93,14 @@ def start(
     port_base: int = PORT_BASE,
     tp: int = 1,
     target: str = DEFAULT_TARGET,
+    failed: dict | None = None,
 ):
     """Start one engine process per arm (in parallel), each in its environment of `envs`,
     yield (procs, startup seconds), stop them. Engine i owns the ports from port_base + 100*i
-    (its rendezvous port among them)."""
+    (its rendezvous port among them). An engine that dies or starts degraded stops the start
+    with its reason, unless `failed` is given: then the reason goes there (arm -> one
+    paragraph), that engine is stopped, and the others are yielded, so that one arm that
+    cannot run does not cost the others' measurements; a start with none left still stops."""
     models = write_models(out / "models", target)
     procs = {}
     for i, arm in enumerate(arm_list):
@@ -125,27 +129,38 @@ def start(
             start_new_session=True,
         )
     try:
-        wait_ready(procs, out, timeout=420)
+        reasons = wait_ready(procs, out, timeout=420, stop_at_first=failed is None)
         for name in procs:
-            degraded = degraded_engine(name, (out / f"{name}.log").read_text(errors="replace"))
-            if degraded:
-                raise BadInputError(degraded)
+            if name not in reasons:
+                degraded = degraded_engine(name, (out / f"{name}.log").read_text(errors="replace"))
+                if degraded:
+                    reasons[name] = degraded
+        if reasons and (failed is None or len(reasons) == len(procs)):
+            raise BadInputError(" ".join(reasons.values()))
+        if reasons:
+            _stop({name: procs.pop(name) for name in reasons})
+            failed.update(reasons)
         yield procs, {a: json.loads((out / f"{a}.ready.json").read_text())["startup_s"] for a in procs}
     finally:
-        for p in procs.values():
+        _stop(procs)
+
+
+def _stop(procs: dict) -> None:
+    """Ask each engine to quit, then kill the process group of any that has not within 20 s."""
+    for p in procs.values():
+        try:
+            p.stdin.write(json.dumps({"quit": True}) + "\n")
+            p.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+    for p in procs.values():
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
             try:
-                p.stdin.write(json.dumps({"quit": True}) + "\n")
-                p.stdin.flush()
-            except (BrokenPipeError, OSError, ValueError):
+                os.killpg(p.pid, 9)
+            except ProcessLookupError:
                 pass
-        for p in procs.values():
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, 9)
-                except ProcessLookupError:
-                    pass
 
 
 # What to change when the engines do not fit the GPU together (each arm's engine holds a KV
@@ -185,17 +200,21 @@ def degraded_engine(arm: str, log: str) -> str | None:
     return None
 
 
-def wait_ready(procs, out, timeout):
-    t0 = time.time()
+def wait_ready(procs, out, timeout, stop_at_first: bool = False) -> dict:
+    """Wait until every engine serves or has died (`stop_at_first`: until the first dies): arm
+    -> why, for those that died or did not serve within `timeout` seconds (empty when all
+    serve)."""
+    t0, reasons = time.time(), {}
     while True:
-        missing = [a for a in procs if not (out / f"{a}.ready.json").exists()]
-        if not missing:
-            return
+        missing = [a for a in procs if a not in reasons and not (out / f"{a}.ready.json").exists()]
         for a in missing:
             if procs[a].poll() is not None:
-                raise BadInputError(engine_failure(a, procs[a].returncode, "its start", out / f"{a}.log"))
+                reasons[a] = engine_failure(a, procs[a].returncode, "its start", out / f"{a}.log")
+        missing = [a for a in missing if a not in reasons]
+        if not missing or (reasons and stop_at_first):
+            return reasons
         if time.time() - t0 > timeout:
-            raise BadInputError(f"bench arms {missing} did not start within {timeout} s")
+            return {**reasons, **{a: f"bench arm {a}'s engine did not start within {timeout} s." for a in missing}}
         time.sleep(0.1)  # a file's existence: cheap to ask often, and the first command waits on it
 
 

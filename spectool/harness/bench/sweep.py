@@ -158,10 +158,13 @@ def run(
             bar.console.print("time budget reached: stopping; rerun to resume")
             return True
 
-        stopped = False
+        stopped, failed = False, {}  # failed: arm -> why its engine could not run (engines.start)
         for wave, steps in plan:
             if over_budget():  # before starting engines that would measure nothing
                 break
+            wave = [a for a in wave if a.name not in failed]  # with --fresh-engines, not tried again
+            if not wave:
+                continue
             if len(plan) > 1:
                 bar.console.print(
                     f"engines for {', '.join(a.name for a in wave)} (at most {max_engines} share the GPU)"
@@ -176,6 +179,7 @@ def run(
                 port_base=port_base,
                 tp=tp,
                 target=target,
+                failed=failed,
             ) as (procs, started):
                 startup.update(started)
                 for step in steps:
@@ -188,12 +192,14 @@ def run(
                             **{
                                 a.name: _transition(procs[a.name], a.name, out, prompt_len, out_len)
                                 for a in wave
-                                if a.runs_transition(transition_arms)
+                                if a.runs_transition(transition_arms) and a.name in procs
                             },
                         }
                         tpath.write_text(json.dumps(trans, indent=1))
                         continue
                     rep, C, arm = step
+                    if arm not in procs:
+                        continue
                     res = engines.command(
                         procs[arm],
                         arm,
@@ -227,7 +233,7 @@ def run(
             if stopped:
                 break
     held = {c["C"] for c in cells if c.get("acc_len", acc_len) == acc_len}
-    return results.summarize(
+    report = results.summarize(
         out,
         cells,
         sorted(held | set(concurrencies)),
@@ -241,6 +247,12 @@ def run(
         load,
         target=target,
     )
+    if failed:
+        raise BadInputError(
+            " ".join(failed.values()) + f" The other arms were measured: {out / 'bench-table.md'}. "
+            "Run the same command again once the arm can start: it measures only the cells still missing."
+        )
+    return report
 
 
 def engines_per_gpu(target: str, max_engines: int | None) -> int:
