@@ -9,3 +9,7 @@ settled the algorithm, the default max_running_requests and adaptive decoding.
 
 def call_validation(server_args):
     server_args._validate_speculative_disable_threshold()
+
+
+def call_tiers_validation(server_args):
+    server_args._validate_speculative_num_steps_tiers()

@@ -1,42 +1,15 @@
-"""The draft length chosen per decode step for SGLang 0.5.12 (--speculative-num-steps-tiers):
-among the step counts the server was started with, each decode step runs the one its batch
-size falls to (SpecFallbackState.tier_for_batch), tier 0 being the fallback's plain decode
-step (../common.py, worker.py).
+"""The tiers' (../tiers.py) hooks and release differences on SGLang 0.5.12; the step-count
+write also serves 0.5.14 and 0.5.15, whose apply_runtime_state assigns server_args the same way.
 
-Every tier above 0 is one of the release's own adaptive runtime states
-(EAGLEWorkerV2.build_adaptive_runtime_state: the draft's attention backend and CUDA graphs
-for that many steps, the target's verify backend and graph at steps + 1 tokens, the draft
-extend's), built at start-up with its CUDA graphs captured only for the batch sizes the tier
-serves, and swapped in with the release's apply_runtime_state before the step runs. The step
-count SGLang was started with keeps the state SGLang built for it. What start-up took is
-measured and logged as the fallback's is.
-
-Switching keeps the draft KV cache exact: every tier's step ends with a draft forward over the
-tokens it accepted (the draft extend, or the fallback's sync) that writes their draft K/V and
-the next draft input, whose shapes do not depend on the step count. The scheduler allocates
-each step's KV slots from server_args before the worker picks the tier, so server_args keeps
-the start-up step count, whose allocation holds every tier's. The choice depends only on the
-batch size and the tier before, which every TP rank has alike.
+* Start-up: in EAGLEWorkerV2.__init__ (and StandaloneWorkerV2's), after the fallback's.
+* The graph runners read their capture sizes from server_args.cuda_graph_bs and skip capture
+  under server_args.disable_cuda_graph, on the worker's, the target model runner's and the
+  draft model runner's server_args (one object or several).
+* apply_runtime_state assigns the state's step counts to server_args, from which the
+  scheduler sizes each step's KV allocation.
 """
 
-import dataclasses
-import logging
-import time
-
-from sglang.srt.layers.moe.utils import (
-    speculative_moe_a2a_backend_context,
-    speculative_moe_backend_context,
-)
-from sglang.srt.speculative.adaptive_runtime_state import SpecRuntimeState
-from sglang.srt.utils.common import get_available_gpu_memory
-
-logger = logging.getLogger(__name__)
-
-
-def spectool_fallback_worker():
-    """In sglang.srt.server_args: marks that this SGLang has the spec-fallback recipe's worker,
-    which --speculative-num-steps-tiers needs (its validation looks for this name)."""
-    return True
+import contextlib
 
 
 def init_hook(self, server_args):
@@ -47,119 +20,22 @@ def decode_hook(self, model_worker_batch):
     self._spec_tiers_select(model_worker_batch)
 
 
-@dataclasses.dataclass
-class SpecTiers:
-    """The tiers of one EAGLEWorkerV2: the step counts from the smallest batches to the
-    largest, the boundaries between them (tier i serves batches of up to boundaries[i]
-    requests), the hysteresis, the step counts SGLang started with (steps, draft tokens),
-    the current tier (an index into `steps`) and each positive step count's runtime state."""
-
-    steps: tuple
-    boundaries: tuple
-    hysteresis: int = 0
-    startup: tuple = ()
-    tier: int = 0
-    states: dict = dataclasses.field(default_factory=dict)
-
-    def batch_range(self, tier):
-        """(smallest, largest) decode batch that tier `tier` can serve; largest None for the
-        last tier. Entered upward above the boundary below it, kept (or entered downward)
-        down to that boundary - hysteresis + 1."""
-        low = 1 if tier == 0 else max(1, self.boundaries[tier - 1] - self.hysteresis + 1)
-        high = self.boundaries[tier] if tier < len(self.boundaries) else None
-        return low, high
-
-    def graph_sizes(self, sizes, tier):
-        """The CUDA-graph batch sizes of `sizes` that tier `tier` replays: a batch takes the
-        smallest captured size that holds it, so those from `low` up to the first that
-        holds `high` (every one from `low` up for the last tier)."""
-        low, high = self.batch_range(tier)
-        ordered = sorted(set(sizes))
-        holds_high = next((s for s in ordered if high is not None and s >= high), None)
-        return [
-            s for s in ordered if s >= low and (holds_high is None or s <= holds_high)
-        ]
-
-
 class EAGLEWorkerV2:
-    def _spec_tiers_init(self, server_args):
-        """Read the tiers; with --speculative-num-steps-tiers, build every tier's state and
-        start in the first tier (the smallest batches')."""
-        self._spec_tiers = None
-        steps = server_args.speculative_num_steps_tiers
-        if not steps:
-            return
-        tiers = self._spec_tiers = SpecTiers(
-            steps=tuple(steps),
-            boundaries=tuple(server_args.speculative_num_steps_tier_boundaries),
-            hysteresis=server_args.speculative_disable_batch_size_hysteresis,
-            startup=(self.speculative_num_steps, self.speculative_num_draft_tokens),
-        )
-        with (
-            self.draft_worker.draft_tp_context(self.draft_worker.draft_runner.tp_group),
-            speculative_moe_backend_context(),
-            speculative_moe_a2a_backend_context(),
-        ):
-            self._spec_tiers_build()
-        self._spec_tiers_apply(tiers.steps[0])
+    def _spec_tiers_graph_sizes(self):
+        """The decode CUDA-graph batch sizes the server captures; None with CUDA graphs off."""
+        args = self._target_worker.model_runner.server_args
+        return None if args.disable_cuda_graph else list(args.cuda_graph_bs)
 
-    def _spec_tiers_build(self):
-        """Start-up: SGLang's own state for the step count it started with, and a state per
-        other positive tier, its CUDA graphs captured only for the batch sizes the tier
-        serves (SpecTiers.graph_sizes). The GPU memory taken is measured, logged, added to
-        the model runner's graph_mem_usage and written to the counters
-        (tiers_startup_memory_gib)."""
-        tiers = self._spec_tiers
-        mr = self._target_worker.model_runner
-        dw = self.draft_worker
-        before = get_available_gpu_memory(self.device, self.gpu_id)
-        tic = time.perf_counter()
-        tiers.states[self.speculative_num_steps] = SpecRuntimeState(
-            speculative_num_steps=self.speculative_num_steps,
-            speculative_num_draft_tokens=self.speculative_num_draft_tokens,
-            draft_attn_backend=dw.draft_attn_backend,
-            cuda_graph_runner=dw.cuda_graph_runner,
-            target_attn_backend=mr.attn_backend,
-            target_graph_runner=mr.graph_runner,
-            draft_extend_attn_backend=dw.draft_extend_attn_backend,
-            cuda_graph_runner_for_draft_extend=dw.cuda_graph_runner_for_draft_extend,
-        )
-        plan = []
-        for tier, steps in enumerate(tiers.steps):
-            low, high = tiers.batch_range(tier)
-            served = f"{low}-{high}" if high is not None else f"{low} and up"
-            if steps == 0:
-                plan.append(f"0 steps at {served} requests (the fallback)")
-                continue
-            if steps in tiers.states:
-                plan.append(f"{steps} at {served} (SGLang's start-up graphs)")
-                continue
-            sizes = tiers.graph_sizes(mr.server_args.cuda_graph_bs, tier)
-            if mr.server_args.disable_cuda_graph:
-                sizes = []
-            tiers.states[steps] = self._spec_tiers_build_state(steps, sizes)
-            plan.append(f"{steps} at {served} (CUDA graphs: {sizes or 'none'})")
-        used = before - get_available_gpu_memory(self.device, self.gpu_id)
-        mr.graph_mem_usage += used
-        self._spec_fallback.stats["tiers_startup_memory_gib"] = round(used, 3)
-        logger.info(
-            "spec-tiers: draft steps %s; start-up took %.2f GiB of GPU memory and %.1f s",
-            "; ".join(plan),
-            used,
-            time.perf_counter() - tic,
-        )
-
-    def _spec_tiers_build_state(self, steps, sizes):
-        """The release's adaptive runtime state of `steps` draft steps, its graphs captured at
-        batch sizes `sizes` (none: eager). SGLang's graph runners read their sizes from
-        server_args.cuda_graph_bs, which holds `sizes` while they capture. A capture that
-        fails stops the server with the reason, as the fallback's do."""
-        mr = self._target_worker.model_runner
+    @contextlib.contextmanager
+    def _spec_tiers_capturing_at(self, sizes):
+        """The release's graph runners capture at batch sizes `sizes` (none: no capture)
+        inside the block: server_args.cuda_graph_bs holds `sizes`, and an empty list sets
+        disable_cuda_graph; both are put back after."""
         holders = {
             id(a): a
             for a in (
                 self.server_args,
-                mr.server_args,
+                self._target_worker.model_runner.server_args,
                 self.draft_worker.draft_runner.server_args,
             )
         }
@@ -168,49 +44,13 @@ class EAGLEWorkerV2:
             for args, _, disabled in saved:
                 args.cuda_graph_bs = list(sizes)
                 args.disable_cuda_graph = disabled or not sizes
-            return self.build_adaptive_runtime_state(steps, steps + 1)
-        except Exception as exc:
-            raise RuntimeError(
-                f"spec-tiers: could not build the tier of {steps} draft steps "
-                f"({type(exc).__name__}: {exc}). Free GPU memory (a lower "
-                "--mem-fraction-static or --cuda-graph-max-bs), or start with "
-                "--disable-cuda-graph, or without --speculative-num-steps-tiers."
-            ) from exc
+            yield
         finally:
             for args, graph_bs, disabled in saved:
                 args.cuda_graph_bs, args.disable_cuda_graph = graph_bs, disabled
 
-    def _spec_tiers_select(self, batch):
-        """Per decode step, before the fallback's decision: the tier of this batch, and its
-        runtime state swapped in (tier 0 leaves it to the fallback, whose own rule at the
-        last boundary gives the same answer). Idle batches keep the tier."""
-        tiers = self._spec_tiers
-        if tiers is None or batch.forward_mode.is_idle() or batch.spec_info is None:
-            return
-        state = self._spec_fallback
-        bs = len(batch.seq_lens)
-        tier = state.tier_for_batch(bs, tiers.tier, tiers.boundaries, tiers.hysteresis)
-        steps = tiers.steps[tier]
-        if tier != tiers.tier:
-            logger.debug(  # the counters count switches; SGLang logs each swap itself
-                "spec-tiers: decode batch of %d requests, draft steps %d -> %d",
-                bs,
-                tiers.steps[tiers.tier],
-                steps,
-            )
-            tiers.tier = tier
-            state.count("tier_switches")
-        state.count("tier_steps", steps)
-        if steps:
-            self._spec_tiers_apply(steps)
-
-    def _spec_tiers_apply(self, steps):
-        """Swap in the runtime state of `steps` draft steps (the release's
-        apply_runtime_state), keeping server_args at the start-up step count: the scheduler
-        sizes each step's KV allocation from it before the tier is known."""
-        tiers = self._spec_tiers
-        if steps == self.speculative_num_steps:
-            return
-        self.apply_runtime_state(tiers.states[steps])
+    def _spec_tiers_keep_startup_counts(self):
+        """apply_runtime_state assigned the state's step counts to server_args: the start-up
+        counts go back, whose KV allocation holds every tier's."""
         args = self.server_args
-        args.speculative_num_steps, args.speculative_num_draft_tokens = tiers.startup
+        args.speculative_num_steps, args.speculative_num_draft_tokens = self._spec_tiers.startup
