@@ -1,23 +1,34 @@
 """The draft length chosen per decode step (--speculative-num-steps-tiers) on the real patched
-SGLang 0.5.12: the tier rule (SpecFallbackState.tier_for_batch) and the tiers' batch ranges,
-the flags and their validation in the release's ServerArgs, and the worker's start-up and
-per-step switch, run on the CPU through the release's own build_adaptive_runtime_state,
-_override_worker_state and apply_runtime_state (GPU work: the stand-ins of
-test_rank_agreement, which log each capture and forward)."""
+SGLang 0.5.12, 0.5.14 and 0.5.17: the tier rule (SpecFallbackState.tier_for_batch) and the
+tiers' batch ranges, the flags and their validation in the release's ServerArgs, and the
+worker's start-up and per-step switch, run on the CPU through the release's own
+build_adaptive_runtime_state, _override_worker_state and apply_runtime_state (GPU work: on
+0.5.12 the stand-ins of test_rank_agreement, later the ones below; each logs what a capture
+or forward would do)."""
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
+import dataclasses
 import itertools
 import logging
 import re
+import sys
+import types
 
 import pytest
 
 from spectool.testing import function_source, load_function
 
-from .sglang_source import fallback_state_class, server_args, server_args_class
+from .sglang_source import (
+    fallback_state_class,
+    forward_modes,
+    release_class,
+    server_args,
+    server_args_class,
+)
 from .test_rank_agreement import (
     AttentionOnCpu,
     Rank,
@@ -42,9 +53,15 @@ def patched(patched_release):
     return patched_release("0.5.12")
 
 
+@pytest.fixture(scope="module", params=["0.5.12", "0.5.14", "0.5.17"])
+def any_patched(request, patched_release):
+    """Each era the tiers serve: 0.5.12, 0.5.14 (to 0.5.15), 0.5.17 (0.5.16 to 0.5.18)."""
+    return patched_release(request.param)
+
+
 @pytest.fixture(scope="module")
-def rule(patched):
-    return fallback_state_class(patched).tier_for_batch
+def rule(any_patched):
+    return fallback_state_class(any_patched).tier_for_batch
 
 
 # -- the tier rule --------------------------------------------------------------------------
@@ -104,10 +121,8 @@ def test_the_binary_switch_is_the_rule_with_one_boundary(rule):
 
 
 @pytest.fixture(scope="module")
-def tiers_class(patched):
-    import dataclasses
-
-    return load_function(patched / WORKER, "SpecTiers", {"dataclasses": dataclasses})
+def tiers_class(any_patched):
+    return load_function(any_patched / WORKER, "SpecTiers", {"dataclasses": dataclasses})
 
 
 def test_each_tier_captures_the_graph_sizes_of_the_batches_it_serves(tiers_class):
@@ -139,11 +154,11 @@ class _Envs:
 
 
 @pytest.fixture(scope="module")
-def args_cls(patched):
+def args_cls(any_patched):
     """The patched ServerArgs, its module holding the spec-fallback worker's marker."""
-    marker = load_function(patched / ARGS, "spectool_fallback_worker", {})
+    marker = load_function(any_patched / ARGS, "spectool_fallback_worker", {})
     return server_args_class(
-        patched, {"envs": _Envs, "logger": logging.getLogger("test"), "spectool_fallback_worker": marker}
+        any_patched, {"envs": _Envs, "logger": logging.getLogger("test"), "spectool_fallback_worker": marker}
     )
 
 
@@ -233,10 +248,10 @@ def test_the_validation_refuses_with_one_reason(args_cls, kw, msg):
         _validate(_tiers(args_cls, **kw))
 
 
-def test_the_tiers_need_the_fallback_worker(patched):
+def test_the_tiers_need_the_fallback_worker(any_patched):
     """Without the spec-fallback recipe's marker in the module (the threshold recipe alone
     applied), the flags are refused, naming the recipe."""
-    cls = server_args_class(patched, {"envs": _Envs, "logger": logging.getLogger("test")})
+    cls = server_args_class(any_patched, {"envs": _Envs, "logger": logging.getLogger("test")})
     with pytest.raises(ValueError, match="needs the spec-fallback recipe's worker"):
         _validate(_tiers(cls))
 
@@ -291,8 +306,8 @@ def _tier_flags_parser(patched, cls):
     return parser
 
 
-def test_the_flags_are_in_help_and_parse_lists(patched, args_cls):
-    parser = _tier_flags_parser(patched, args_cls)
+def test_the_flags_are_in_help_and_parse_lists(any_patched, args_cls):
+    parser = _tier_flags_parser(any_patched, args_cls)
     text = parser.format_help()
     assert "--speculative-num-steps-tiers" in text and "--speculative-num-steps-tier-boundaries" in text
     assert vars(parser.parse_args([])) == {
@@ -307,10 +322,15 @@ def test_the_flags_are_in_help_and_parse_lists(patched, args_cls):
         parser.parse_args(["--speculative-num-steps-tiers", "3;1"])
 
 
-def test_tier_memory_is_reserved_for_the_tiers_sglang_does_not_capture(patched, args_cls):
-    """The graphs of each tier other than --speculative-num-steps are reserved for (512 MiB +
-    2 MiB per graph batch), tier 0's only when its threshold comes from the last boundary
-    (the fallback's own reservation counts it otherwise); nothing without tiers."""
+def test_tier_memory_is_reserved_for_the_tiers_sglang_does_not_capture(patched):
+    """0.5.12: the graphs of each tier other than --speculative-num-steps are reserved for (512
+    MiB + 2 MiB per graph batch), tier 0's only when its threshold comes from the last boundary
+    (the fallback's own reservation counts it otherwise); nothing without tiers. (From 0.5.14
+    neither the fallback nor the tiers reserve, as SGLang does not for its adaptive states.)"""
+    marker = load_function(patched / ARGS, "spectool_fallback_worker", {})
+    args_cls = server_args_class(
+        patched, {"envs": _Envs, "logger": logging.getLogger("test"), "spectool_fallback_worker": marker}
+    )
     body = ast.parse(function_source(patched / ARGS, "ServerArgs._handle_gpu_memory_settings")).body[0]
     block = next(
         n.body
@@ -519,10 +539,10 @@ def test_each_step_runs_its_tier_on_every_rank(release):
     assert stats["fallback_steps"] == expected.count(0)
 
 
-def test_the_tiers_read_rank_local_values_only_for_logs(release):
+def test_the_tiers_read_rank_local_values_only_for_logs(any_patched):
     """The tiers' methods read the rank-local free memory and clock only to report start-up:
     no branch depends on them; the choice reads the batch and the tier before."""
-    tree = ast.parse((release.tree / WORKER).read_text())
+    tree = ast.parse((any_patched / WORKER).read_text())
     worker = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EAGLEWorkerV2")
     methods = {n.name: n for n in worker.body if isinstance(n, ast.FunctionDef) and n.name.startswith("_spec_tiers")}
     assert set(methods) == {
@@ -531,6 +551,9 @@ def test_the_tiers_read_rank_local_values_only_for_logs(release):
         "_spec_tiers_build_state",
         "_spec_tiers_select",
         "_spec_tiers_apply",
+        "_spec_tiers_graph_sizes",
+        "_spec_tiers_capturing_at",
+        "_spec_tiers_keep_startup_counts",
     }
     local = {"tp_rank", "environ", "getenv", "time", "perf_counter", "get_available_gpu_memory", "random"}
     reads = {
@@ -546,3 +569,336 @@ def test_the_tiers_read_rank_local_values_only_for_logs(release):
     build = methods["_spec_tiers_build"]
     tests = [ast.unparse(n.test) for n in ast.walk(build) if isinstance(n, (ast.If, ast.While, ast.IfExp))]
     assert not [t for t in tests if "before" in t or "used" in t], tests
+
+
+# -- the worker on 0.5.14 to 0.5.18 --------------------------------------------------------------
+
+LATER = ["0.5.14", "0.5.17"]  # 0.5.14: server_args written in place; 0.5.17: the runtime context
+CUDA_GRAPH_CONFIG = "sglang/srt/model_executor/cuda_graph_config.py"
+RUNTIME_CONTEXT = "sglang/srt/runtime_context.py"
+BASE_SPEC_WORKER = "sglang/srt/speculative/base_spec_worker.py"
+
+
+class GraphLog(list):
+    """What the GPU would have done, in order: ("capture", graph, sizes) and backends made."""
+
+
+class ModelRunnerOnCpu:
+    """The target or draft model runner: its server_args, attention backend and, for the
+    target, the decode graph runner and its graph memory record, as the release names them."""
+
+    def __init__(self, name, args, per_phase_memory):
+        self.name, self.server_args, self.tp_group = name, args, "tp"
+        self.attn_backend = f"{name} attention"
+        self.draft_attn_backend = None
+        self.decode_cuda_graph_runner = f"{name} verify graph"
+        self.init_new_workspace = False
+        if per_phase_memory:
+            self.graph_memory_usage = {"decode": 1.0}
+        else:
+            self.graph_mem_usage = 1.0
+
+    def _get_attention_backend(self, init_new_workspace=False):
+        assert init_new_workspace
+        return f"{self.name} attention, own workspace"
+
+
+class DraftWorkerOnCpu:
+    """The draft worker's state the release's runtime states swap, and its backends and
+    graphs made for the step count it holds; its capture reads the sizes where the release's
+    graph runners read them (server_args.cuda_graph_config.decode.bs) and skips capture where
+    they do (check_cuda_graph_backend)."""
+
+    def __init__(self, args, log, ns, topk1_rebuild):
+        self.server_args, self.topk, self.device, self.log, self.ns = args, 1, "cpu", log, ns
+        self.speculative_num_steps = args.speculative_num_steps
+        self.speculative_num_draft_tokens = args.speculative_num_draft_tokens
+        self.draft_runner = ModelRunnerOnCpu("draft", args, per_phase_memory=False)
+        self.draft_attn_backend = "draft attention"
+        self.draft_extend_attn_backend = "draft extend attention"
+        self.cuda_graph_runner, self.cuda_graph_runner_for_draft_extend = "draft graph", "draft extend graph"
+        self._rebuild = topk1_rebuild
+
+    def _rebuild_topk1_chain_buffers(self):
+        self._rebuild(self)
+
+    @contextlib.contextmanager
+    def draft_tp_context(self, tp_group):
+        self.log.append(("draft tp context", tp_group))
+        yield
+
+    def init_attention_backend(self):
+        self.draft_attn_backend = f"draft attention, {self.speculative_num_steps} steps"
+        self.draft_extend_attn_backend = f"draft extend attention, {self.speculative_num_draft_tokens} tokens"
+
+    def _capture_cuda_graphs(self):
+        self.cuda_graph_runner = self.cuda_graph_runner_for_draft_extend = None
+        if self.ns["check_cuda_graph_backend"]("decode", "disabled"):
+            return
+        sizes = tuple(self.draft_runner.server_args.cuda_graph_config.decode.bs)
+        if self.speculative_num_steps > 1:
+            self.cuda_graph_runner = f"draft graph, {self.speculative_num_steps} steps"
+            self.log.append(("capture", self.cuda_graph_runner, sizes))
+        self.cuda_graph_runner_for_draft_extend = f"draft extend graph, {self.speculative_num_draft_tokens} tokens"
+        self.log.append(("capture", self.cuda_graph_runner_for_draft_extend, sizes))
+
+
+class LaterRank:
+    """A worker of the real patched EAGLEWorkerV2 of 0.5.14 or 0.5.17 (made without __init__,
+    which loads models), its tiers started by the patched _spec_tiers_init through the
+    release's own build_adaptive_runtime_state, _override_worker_state and
+    apply_runtime_state; the release's ServerArgs, CudaGraphConfig, SpecRuntimeState,
+    check_cuda_graph_backend, topk-1 chain buffers and (0.5.17) runtime context and config
+    bags. The GPU work is logged by the stand-ins above."""
+
+    def __init__(self, tree, version, monkeypatch, tiers=(3, 2, 1, 0), bounds=(4, 12, 24), hysteresis=2, graphs=True):
+        self.log = GraphLog()
+        cfg_ns = {"field": dataclasses.field, "dataclass": dataclasses.dataclass}
+        for name in ("Phase", "Backend", "PhaseConfig"):
+            cfg_ns[name] = release_class(tree, CUDA_GRAPH_CONFIG, name, cfg_ns)
+        # 0.5.17's prefill default asks the machine (CUDA: breakable graphs); decode is FULL.
+        cfg_ns["default_prefill_backend"] = lambda: cfg_ns["Backend"].FULL
+        for name in ("CudaGraphConfig", "check_cuda_graph_backend"):
+            cfg_ns[name] = release_class(tree, CUDA_GRAPH_CONFIG, name, cfg_ns)
+        config = cfg_ns["CudaGraphConfig"]()
+        config.decode.backend = "full" if graphs else "disabled"
+        config.decode.bs, config.decode.max_bs = list(GRAPH_BS), GRAPH_BS[-1]
+        args = self.server_args = server_args(
+            server_args_class(tree, {}),
+            speculative_algorithm="EAGLE3",
+            speculative_eagle_topk=1,
+            speculative_num_steps=3,
+            speculative_num_draft_tokens=4,
+            speculative_num_steps_tiers=list(tiers),
+            speculative_num_steps_tier_boundaries=list(bounds),
+            speculative_disable_batch_size_hysteresis=hysteresis,
+            speculative_disable_batch_size_threshold=bounds[-1] if 0 in tiers else None,
+            cuda_graph_config=config,
+            max_running_requests=64,
+            device="cpu",
+        )
+        self.per_phase = version != "0.5.14"
+        ns = {
+            "torch": torch,
+            "time": __import__("time"),
+            "contextlib": contextlib,
+            "dataclasses": dataclasses,
+            "logger": logging.getLogger("spec-tiers-test"),
+            "log_info_on_rank0": lambda logger, msg: self.log.append(("sglang log", msg.split(":")[0])),
+            "speculative_moe_backend_context": contextlib.nullcontext,
+            "speculative_moe_a2a_backend_context": contextlib.nullcontext,
+            "_is_npu": False,
+            "Phase": cfg_ns["Phase"],
+            "Backend": cfg_ns["Backend"],
+            "check_cuda_graph_backend": cfg_ns["check_cuda_graph_backend"],
+            "DecodeCudaGraphRunner": self._verify_graph_runner(),
+        }
+        free = iter(80.0 - 0.25 * k for k in range(1000))
+        ns["get_available_gpu_memory"] = lambda device, gpu_id: next(free)
+        # The published server arguments check_cuda_graph_backend reads: 0.5.14's global
+        # ServerArgs, from 0.5.16 the runtime context.
+        published = types.ModuleType("sglang.srt.server_args")
+        published.get_global_server_args = lambda: args
+        monkeypatch.setitem(sys.modules, published.__name__, published)
+        if self.per_phase:
+            self._runtime_context(tree, args, ns, monkeypatch)
+        ns["SpecRuntimeState"] = release_class(tree, RUNTIME_STATE, "SpecRuntimeState", {})
+        ns["SpecTiers"] = load_function(tree / WORKER, "SpecTiers", {"dataclasses": dataclasses})
+        base_rel = BASE_SPEC_WORKER if self.per_phase else WORKER
+        base_class = "EagleDraftWorkerBase" if self.per_phase else "EagleDraftWorker"
+        rebuild = load_function(tree / base_rel, f"{base_class}._rebuild_topk1_chain_buffers", dict(ns))
+        base = release_class(tree, BASE_SPEC_WORKER, "BaseSpecWorker", {})
+        cls = release_class(tree, WORKER, "EAGLEWorkerV2", {**ns, "BaseSpecWorker": base})
+        w = self.worker = object.__new__(cls)
+        if self.per_phase:
+            base.__init__(w)
+        w.server_args, w.topk, w.device, w.gpu_id = args, 1, "cpu", 0
+        w.speculative_num_steps, w.speculative_num_draft_tokens = 3, 4
+        w._target_worker = types.ModuleType("target_worker")  # holds the model runner, as TpModelWorker
+        w._target_worker.model_runner = ModelRunnerOnCpu("target", args, self.per_phase)
+        w._draft_worker = DraftWorkerOnCpu(args, self.log, ns, rebuild)
+        w.adaptive_controller = None
+        w._spec_fallback = fallback_state_class(tree)(threshold=args.speculative_disable_batch_size_threshold)
+        w._spec_tiers_init(args)
+        self.tiers = w._spec_tiers
+
+    def _runtime_context(self, tree, args, ns, monkeypatch):
+        """0.5.17's runtime context, its config bags made from `args` by the release's own
+        _build_config_bags; which bag each field lives in is the release's NS metadata, which
+        needs all of SGLang: named here for the fields the worker writes and reads."""
+        arg_utils = types.ModuleType("sglang.srt.arg_groups.arg_utils")
+        arg_utils.namespace_of = lambda cls: {
+            "speculative_num_steps": "spec",
+            "speculative_num_draft_tokens": "spec",
+            "cuda_graph_bs_decode": "exec.graph",
+            "disable_cuda_graph": "exec.graph",
+            "cuda_graph_config": "exec.graph",
+            "max_running_requests": "schedule",
+        }
+        monkeypatch.setitem(sys.modules, arg_utils.__name__, arg_utils)
+        rc = {"_ROLE_NS_MODE": "off", "contextmanager": contextlib.contextmanager}
+        for name in ("_ConfigBag", "_build_config_bags", "RuntimeContext"):
+            rc[name] = release_class(tree, RUNTIME_CONTEXT, name, rc)
+        context = rc["_CONTEXT"] = object.__new__(rc["RuntimeContext"])
+        context._server_args, context._overrides_log = args, []
+        context._config_bags = rc["_build_config_bags"](args)
+        for name in ("get_context", "get_spec", "get_exec", "get_schedule"):
+            rc[name] = release_class(tree, RUNTIME_CONTEXT, name, rc)
+        module = types.ModuleType("sglang.srt.runtime_context")
+        module.get_context, module.get_exec = rc["get_context"], rc["get_exec"]
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+        ns.update({name: rc[name] for name in ("get_context", "get_spec", "get_exec", "get_schedule")})
+        self.context = context
+
+    def _verify_graph_runner(self):
+        log = self.log
+
+        class VerifyGraphRunner:
+            def __init__(self, model_runner, attn_backend=None, speculative_num_steps=None, speculative_num_draft_tokens=None):
+                self.name = f"target verify graph, {speculative_num_steps} steps"
+                sizes = tuple(model_runner.server_args.cuda_graph_config.decode.bs)
+                log.append(("capture", self.name, sizes, speculative_num_draft_tokens, attn_backend))
+
+        return VerifyGraphRunner
+
+    def counts(self):
+        """The step counts the scheduler sizes each step's KV allocation from: server_args up
+        to 0.5.17 (0.5.17 reads the start-up ServerArgs, which it never writes), the spec bag
+        (get_spec()) that 0.5.17's apply_runtime_state writes and 0.5.18 reads."""
+        args = self.server_args
+        got = {"server_args": (args.speculative_num_steps, args.speculative_num_draft_tokens)}
+        if self.per_phase:
+            spec = self.context.config_bag("spec")
+            got["spec"] = (spec.speculative_num_steps, spec.speculative_num_draft_tokens)
+        return got
+
+
+def test_later_releases_read_graph_sizes_where_the_tiers_set_them(patched_release):
+    """The stand-ins capture where the releases' graph runners read their sizes: every
+    release's get_batch_sizes_to_capture starts from the model runner's
+    server_args.cuda_graph_config.decode.bs (0.5.18: the published one)."""
+    for version in ("0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.18"):
+        src = function_source(
+            patched_release(version) / "sglang/srt/model_executor/runner/base_cuda_graph_runner.py",
+            "get_batch_sizes_to_capture",
+        )
+        assert re.search(r"capture_bs = list\((server_args|get_exec\(\)\.graph)\.cuda_graph_config\.decode\.bs\)", src)
+
+
+@pytest.mark.parametrize("version", LATER)
+def test_later_startup_builds_each_tier_for_its_batch_sizes(version, patched_release, monkeypatch):
+    """As on 0.5.12: SGLang's own state serves 3 steps; 2 and 1 are the release's runtime
+    states with graphs only at the sizes they serve, the capture sizes and the decode graph
+    backend put back after; the worker starts in the 3-step state with the start-up counts
+    where the scheduler reads them; the memory goes to the model runner's record up to
+    0.5.16, while 0.5.17's build records its graphs per phase itself."""
+    rank = LaterRank(patched_release(version), version, monkeypatch)
+    w, args = rank.worker, rank.server_args
+    captures = [c for c in rank.log if c[0] == "capture"]
+    assert captures == [
+        ("capture", "draft graph, 2 steps", (4, 8, 12)),
+        ("capture", "draft extend graph, 3 tokens", (4, 8, 12)),
+        ("capture", "target verify graph, 2 steps", (4, 8, 12), 3, "target attention, own workspace"),
+        ("capture", "draft extend graph, 2 tokens", (12, 16, 24)),
+        ("capture", "target verify graph, 1 steps", (12, 16, 24), 2, "target attention, own workspace"),
+    ]
+    assert sorted(rank.tiers.states) == [1, 2, 3]
+    assert rank.tiers.states[3].target_graph_runner == "target verify graph"  # SGLang's own
+    assert rank.tiers.states[1].cuda_graph_runner is None
+    assert args.cuda_graph_config.decode.bs == list(GRAPH_BS) and args.cuda_graph_config.decode.backend == "full"
+    assert (w.speculative_num_steps, w.speculative_num_draft_tokens) == (3, 4)
+    assert w._draft_worker.cuda_graph_runner == "draft graph"
+    assert w._target_worker.model_runner.decode_cuda_graph_runner == "target verify graph"
+    assert set(rank.counts().values()) == {(3, 4)}
+    mr = w._target_worker.model_runner
+    # Free memory falls by 0.25 GiB at each reading: the tiers' two, and around each of the
+    # two states the release built its own two (0.5.17: four, its target graph's too).
+    readings = 2 + 2 * (4 if rank.per_phase else 2)
+    assert w._spec_fallback.stats["tiers_startup_memory_gib"] == 0.25 * (readings - 1)
+    if rank.per_phase:
+        assert mr.graph_memory_usage == {"decode": 1.0}
+        assert w._additional_graph_memory_usage["target_verify"] == 0.5  # the release's record
+    else:
+        assert mr.graph_mem_usage == 2.25
+
+
+@pytest.mark.parametrize("version", LATER)
+def test_later_startup_in_a_tier_below_the_servers_step_count(version, patched_release, monkeypatch):
+    """Tiers 2,0 with --speculative-num-steps 3: the worker starts in the 2-step state, and
+    the scheduler's counts stay 3 steps, 4 draft tokens (apply_runtime_state wrote 2 and 3)."""
+    rank = LaterRank(patched_release(version), version, monkeypatch, tiers=(2, 0), bounds=(16,), hysteresis=0)
+    w = rank.worker
+    assert [c for c in rank.log if c[0] == "capture"][-1][:3] == (
+        "capture",
+        "target verify graph, 2 steps",
+        (1, 2, 4, 8, 12, 16),
+    )
+    assert (w.speculative_num_steps, w.speculative_num_draft_tokens) == (2, 3)
+    assert w._draft_worker.speculative_num_steps == 2
+    assert w._target_worker.model_runner.decode_cuda_graph_runner.name == "target verify graph, 2 steps"
+    assert set(rank.counts().values()) == {(3, 4)}
+    if rank.per_phase:  # written back through the runtime context, after the release's own write
+        assert rank.context.overrides_log()[-2:] == [
+            ("adaptive_spec.restore", {"speculative_num_steps": 2, "speculative_num_draft_tokens": 3}),
+            ("spec_tiers.startup_counts", {"speculative_num_steps": 3, "speculative_num_draft_tokens": 4}),
+        ]
+
+
+@pytest.mark.parametrize("version", LATER)
+def test_later_without_graphs_every_tier_is_eager(version, patched_release, monkeypatch):
+    rank = LaterRank(patched_release(version), version, monkeypatch, graphs=False)
+    assert [c for c in rank.log if c[0] == "capture"] == []
+    assert rank.tiers.states[2].target_graph_runner is None
+    assert rank.server_args.cuda_graph_config.decode.backend == "disabled"
+
+
+@pytest.mark.parametrize("version", LATER)
+def test_later_each_decode_step_runs_its_tier(version, patched_release, monkeypatch):
+    """Decode batches crossing every boundary both ways (tiers 3,2,1,0 at 4, 12, 24,
+    hysteresis 2), through the patched _spec_tiers_select: each step's state is its tier's
+    (tier 0 keeps the last one: the fallback runs), idle batches keep the tier, and the
+    scheduler's counts are the start-up ones after every step."""
+    tree = patched_release(version)
+    rank = LaterRank(tree, version, monkeypatch)
+    w, mr = rank.worker, rank.worker._target_worker.model_runner
+    forward_mode, capture_mode = forward_modes(tree)
+    mixin = release_class(
+        tree, "sglang/srt/disaggregation/decode_schedule_batch_mixin.py", "ScheduleBatchDisaggregationDecodeMixin"
+    )
+    schedule_batch = release_class(
+        tree, "sglang/srt/managers/schedule_batch.py", "ScheduleBatch",
+        {"ScheduleBatchDisaggregationDecodeMixin": mixin, "CaptureHiddenMode": capture_mode},
+    )
+
+    def batch(mode, bs):
+        """A real ScheduleBatch of the release as the worker's decode step receives it."""
+        return schedule_batch(reqs=[], forward_mode=mode, seq_lens=torch.ones(bs, dtype=torch.int64), spec_info="d")
+
+    states = []
+    for bs in DECODES:
+        w._spec_tiers_select(batch(forward_mode.DECODE, bs))
+        states.append((w.speculative_num_steps, getattr(mr.decode_cuda_graph_runner, "name", mr.decode_cuda_graph_runner)))
+        assert set(rank.counts().values()) == {(3, 4)}, bs
+        w._spec_tiers_select(batch(forward_mode.IDLE, 0))
+        assert w.speculative_num_steps == states[-1][0]
+    expected = [2, 2, 1, 1, 2, 0, 0, 1, 1, 2, 3, 0, 3, 2, 1, 2]
+    graphs = {3: "target verify graph", 2: "target verify graph, 2 steps", 1: "target verify graph, 1 steps"}
+    last = None
+    for (steps, graph), want in zip(states, expected):
+        last = want or last  # tier 0: the fallback's step, the state before kept
+        assert (steps, graph) == (last, graphs[last])
+    stats = w._spec_fallback.stats
+    assert stats["tier_steps"] == {s: expected.count(s) for s in (3, 2, 1, 0)}
+    assert stats["tier_switches"] == sum(a != b for a, b in zip([3, *expected], expected))
+
+
+@pytest.mark.parametrize("version", LATER)
+def test_later_a_failed_tier_capture_stops_start_up_with_the_reason(version, patched_release, monkeypatch):
+    """A capture that fails (out of memory on one rank) stops start-up, naming the tier."""
+
+    def fail(self):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(DraftWorkerOnCpu, "_capture_cuda_graphs", fail)
+    with pytest.raises(RuntimeError, match=r"could not build the tier of 2 draft steps \(RuntimeError: CUDA out"):
+        LaterRank(patched_release(version), version, monkeypatch)

@@ -177,7 +177,7 @@ def test_hooks_sit_where_the_release_runs_them(version, patched_release):
     """Decode: after the adaptive controller's batch-size step and before the idle input is
     made, passing on_publish on. Start-up: 0.5.13 at the end of each worker's __init__ (the
     target's graphs exist by then); 0.5.14 at the end of init_cuda_graphs, after the target's
-    and the draft's graphs, which the workers' __init__ no longer build."""
+    and the draft's graphs, which the workers' __init__ no longer build, the tiers after it."""
     tree = patched_release(version)
     worker = _class(tree / WORKER, "EAGLEWorkerV2")
     fn = {n.name: n for n in worker.body if isinstance(n, ast.FunctionDef)}
@@ -198,7 +198,14 @@ def test_hooks_sit_where_the_release_runs_them(version, patched_release):
     assert hook < idle
     standalone = _class(tree / STANDALONE, "StandaloneWorkerV2")
     if version in LATER:
-        assert ast.unparse(fn["init_cuda_graphs"].body[-1]) == "self._spec_fallback_init(self.server_args)"
+        # The tiers (--speculative-num-steps-tiers) start after the fallback, and each decode
+        # step chooses its tier before the fallback decides.
+        assert [ast.unparse(s) for s in fn["init_cuda_graphs"].body[-2:]] == [
+            "self._spec_fallback_init(self.server_args)",
+            "self._spec_tiers_init(self.server_args)",
+        ]
+        assert line["self.activate_step_by_batch(batch.seq_lens.shape[0])"] < line["self._spec_tiers_select(batch)"]
+        assert line["self._spec_tiers_select(batch)"] < hook
         assert "_spec_fallback_init" not in ast.unparse(fn["__init__"]) + ast.unparse(standalone)
         assert "init_cuda_graphs" not in _methods(standalone), "StandaloneWorkerV2 inherits the start-up"
         imported = {
@@ -695,6 +702,9 @@ def test_the_flags_are_validated_where_the_release_validates(version, patched_re
             adaptive = "if algo is not None:\n    algo.handle_server_args(server_args)"
     text = [ast.unparse(s) for s in fn.body]
     at = text.index(call)
+    if version in LATER:  # the tiers' validation first: tier 0 sets the threshold
+        assert text[at - 1] == "server_args._validate_speculative_num_steps_tiers()"
+        at -= 1
     assert text[at - 1].startswith(adaptive)
     _validate(tree, version)
     _validate(tree, version, speculative_disable_batch_size_threshold=None, speculative_algorithm=None)
