@@ -754,7 +754,9 @@ class LaterRank:
         log = self.log
 
         class VerifyGraphRunner:
-            def __init__(self, model_runner, attn_backend=None, speculative_num_steps=None, speculative_num_draft_tokens=None):
+            def __init__(
+                self, model_runner, attn_backend=None, speculative_num_steps=None, speculative_num_draft_tokens=None
+            ):
                 self.name = f"target verify graph, {speculative_num_steps} steps"
                 sizes = tuple(model_runner.server_args.cuda_graph_config.decode.bs)
                 log.append(("capture", self.name, sizes, speculative_num_draft_tokens, attn_backend))
@@ -866,7 +868,9 @@ def test_later_each_decode_step_runs_its_tier(version, patched_release, monkeypa
         tree, "sglang/srt/disaggregation/decode_schedule_batch_mixin.py", "ScheduleBatchDisaggregationDecodeMixin"
     )
     schedule_batch = release_class(
-        tree, "sglang/srt/managers/schedule_batch.py", "ScheduleBatch",
+        tree,
+        "sglang/srt/managers/schedule_batch.py",
+        "ScheduleBatch",
         {"ScheduleBatchDisaggregationDecodeMixin": mixin, "CaptureHiddenMode": capture_mode},
     )
 
@@ -877,7 +881,9 @@ def test_later_each_decode_step_runs_its_tier(version, patched_release, monkeypa
     states = []
     for bs in DECODES:
         w._spec_tiers_select(batch(forward_mode.DECODE, bs))
-        states.append((w.speculative_num_steps, getattr(mr.decode_cuda_graph_runner, "name", mr.decode_cuda_graph_runner)))
+        states.append(
+            (w.speculative_num_steps, getattr(mr.decode_cuda_graph_runner, "name", mr.decode_cuda_graph_runner))
+        )
         assert set(rank.counts().values()) == {(3, 4)}, bs
         w._spec_tiers_select(batch(forward_mode.IDLE, 0))
         assert w.speculative_num_steps == states[-1][0]

@@ -62,7 +62,9 @@ class SpecTiers:
         """(smallest, largest) decode batch that tier `tier` can serve; largest None for the
         last tier. Entered upward above the boundary below it, kept (or entered downward)
         down to that boundary - hysteresis + 1."""
-        low = 1 if tier == 0 else max(1, self.boundaries[tier - 1] - self.hysteresis + 1)
+        low = 1
+        if tier > 0:
+            low = max(1, self.boundaries[tier - 1] - self.hysteresis + 1)
         high = self.boundaries[tier] if tier < len(self.boundaries) else None
         return low, high
 
@@ -139,7 +141,9 @@ class EAGLEWorkerV2:
             if steps in tiers.states:
                 plan.append(f"{steps} at {served} (SGLang's start-up graphs)")
                 continue
-            sizes = [] if server_sizes is None else tiers.graph_sizes(server_sizes, tier)
+            sizes = []
+            if server_sizes is not None:
+                sizes = tiers.graph_sizes(server_sizes, tier)
             tiers.states[steps] = self._spec_tiers_build_state(steps, sizes)
             plan.append(f"{steps} at {served} (CUDA graphs: {sizes or 'none'})")
         used = before - get_available_gpu_memory(self.device, self.gpu_id)

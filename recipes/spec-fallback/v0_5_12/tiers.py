@@ -52,5 +52,6 @@ class EAGLEWorkerV2:
     def _spec_tiers_keep_startup_counts(self):
         """apply_runtime_state assigned the state's step counts to server_args: the start-up
         counts go back, whose KV allocation holds every tier's."""
-        args = self.server_args
-        args.speculative_num_steps, args.speculative_num_draft_tokens = self._spec_tiers.startup
+        steps, draft_tokens = self._spec_tiers.startup
+        self.server_args.speculative_num_steps = steps
+        self.server_args.speculative_num_draft_tokens = draft_tokens

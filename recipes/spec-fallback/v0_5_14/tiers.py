@@ -27,7 +27,9 @@ class EAGLEWorkerV2:
         """The decode CUDA-graph batch sizes the server captures; None with decode CUDA
         graphs disabled."""
         decode = self._target_worker.model_runner.server_args.cuda_graph_config.decode
-        return None if decode.backend == "disabled" else list(decode.bs)  # Backend.DISABLED
+        if decode.backend == "disabled":  # Backend.DISABLED
+            return None
+        return list(decode.bs)
 
     @contextlib.contextmanager
     def _spec_tiers_capturing_at(self, sizes):

@@ -17,7 +17,10 @@ class EAGLEWorkerV2:
 
         steps, draft_tokens = self._spec_tiers.startup
         context = get_context()
-        override = context.override if hasattr(context, "override") else self.server_args.override
+        if hasattr(context, "override"):  # from 0.5.17
+            override = context.override
+        else:
+            override = self.server_args.override
         override(
             "spec_tiers.startup_counts",
             speculative_num_steps=steps,
