@@ -639,7 +639,10 @@ class DraftWorkerOnCpu:
         if self.speculative_num_steps > 1:
             self.cuda_graph_runner = f"draft graph, {self.speculative_num_steps} steps"
             self.log.append(("capture", self.cuda_graph_runner, sizes))
-        self.cuda_graph_runner_for_draft_extend = f"draft extend graph, {self.speculative_num_draft_tokens} tokens"
+        # Its width: the release's draft-extend runner reads model_runner.server_args (0.5.14:
+        # speculative_num_draft_tokens; 0.5.16-0.5.17: resolve_num_tokens_per_req of it).
+        width = self.draft_runner.server_args.speculative_num_draft_tokens
+        self.cuda_graph_runner_for_draft_extend = f"draft extend graph, {width} tokens"
         self.log.append(("capture", self.cuda_graph_runner_for_draft_extend, sizes))
 
 
@@ -735,6 +738,9 @@ class LaterRank:
             "cuda_graph_config": "exec.graph",
             "max_running_requests": "schedule",
         }
+        # ServerArgs.override files a field under the declared ones or the runtime mutations
+        # by this whitelist (the same metadata): only which audit list it joins depends on it.
+        arg_utils.resolvable_fields = lambda cls: frozenset()
         monkeypatch.setitem(sys.modules, arg_utils.__name__, arg_utils)
         rc = {"_ROLE_NS_MODE": "off", "contextmanager": contextlib.contextmanager}
         for name in ("_ConfigBag", "_build_config_bags", "RuntimeContext"):
@@ -858,8 +864,9 @@ def test_later_without_graphs_every_tier_is_eager(version, patched_release, monk
 def test_later_each_decode_step_runs_its_tier(version, patched_release, monkeypatch):
     """Decode batches crossing every boundary both ways (tiers 3,2,1,0 at 4, 12, 24,
     hysteresis 2), through the patched _spec_tiers_select: each step's state is its tier's
-    (tier 0 keeps the last one: the fallback runs), idle batches keep the tier, and the
-    scheduler's counts are the start-up ones after every step."""
+    (tier 0 keeps the last one: the fallback runs; a batch the fallback does not take runs the
+    start-up state), idle batches keep the tier, and the scheduler's counts are the start-up
+    ones after every step."""
     tree = patched_release(version)
     rank = LaterRank(tree, version, monkeypatch)
     w, mr = rank.worker, rank.worker._target_worker.model_runner
@@ -896,6 +903,15 @@ def test_later_each_decode_step_runs_its_tier(version, patched_release, monkeypa
     stats = w._spec_fallback.stats
     assert stats["tier_steps"] == {s: expected.count(s) for s in (3, 2, 1, 0)}
     assert stats["tier_switches"] == sum(a != b for a, b in zip([3, *expected], expected))
+    # A batch in tier 0's range that the release's fallback keeps speculating (a grammar)
+    # runs the start-up state, graphed at every size, not the last tier's.
+    grammar = batch(forward_mode.DECODE, 30)
+    grammar.has_grammar = True
+    assert not w._spec_fallback_eligible(grammar)
+    w._spec_tiers_select(grammar)
+    assert (w.speculative_num_steps, mr.decode_cuda_graph_runner) == (3, "target verify graph")
+    assert stats["tier_steps"][3] == expected.count(3) + 1 and stats["tier_steps"][0] == expected.count(0)
+    assert set(rank.counts().values()) == {(3, 4)}
 
 
 @pytest.mark.parametrize("version", LATER)

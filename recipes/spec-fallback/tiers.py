@@ -162,7 +162,7 @@ class EAGLEWorkerV2:
         batch sizes `sizes` (none: eager; _spec_tiers_capturing_at). A capture that fails
         stops the server with the reason, as the fallback's do."""
         try:
-            with self._spec_tiers_capturing_at(sizes):
+            with self._spec_tiers_capturing_at(sizes, steps + 1):
                 return self.build_adaptive_runtime_state(steps, steps + 1)
         except Exception as exc:
             raise RuntimeError(
@@ -175,7 +175,8 @@ class EAGLEWorkerV2:
     def _spec_tiers_select(self, batch):
         """Per decode step, before the fallback's decision: the tier of this batch, and its
         runtime state swapped in (tier 0 leaves it to the fallback, whose own rule at the
-        last boundary gives the same answer). Idle batches keep the tier."""
+        last boundary gives the same answer; a batch the fallback does not take runs the
+        start-up state). Idle batches keep the tier."""
         tiers = self._spec_tiers
         if tiers is None or batch.forward_mode.is_idle() or batch.spec_info is None:
             return
@@ -192,6 +193,10 @@ class EAGLEWorkerV2:
             )
             tiers.tier = tier
             state.count("tier_switches")
+        if steps == 0 and not self._spec_fallback_eligible(batch):
+            # A batch the fallback keeps speculating (a grammar, say) runs the start-up
+            # state, whose graphs serve every batch size.
+            steps = tiers.startup[0]
         state.count("tier_steps", steps)
         if steps:
             self._spec_tiers_apply(steps)

@@ -27,10 +27,11 @@ class EAGLEWorkerV2:
         return None if args.disable_cuda_graph else list(args.cuda_graph_bs)
 
     @contextlib.contextmanager
-    def _spec_tiers_capturing_at(self, sizes):
+    def _spec_tiers_capturing_at(self, sizes, draft_tokens):
         """The release's graph runners capture at batch sizes `sizes` (none: no capture)
         inside the block: server_args.cuda_graph_bs holds `sizes`, and an empty list sets
-        disable_cuda_graph; both are put back after."""
+        disable_cuda_graph; both are put back after. The draft extend's width,
+        `draft_tokens`, is the worker state's, which 0.5.12 writes to server_args itself."""
         holders = {
             id(a): a
             for a in (
