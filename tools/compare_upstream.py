@@ -60,8 +60,9 @@ def same_run_markdown(
     """Two arms of one run (cells interleaved on one GPU, each arm on its own release): per C
     each one's median tok/s with its repetitions' range, each over plain decoding (A0) of the
     same run, and ours / theirs."""
-    m = analyze.load_medians(folder, 3.0)
-    release = {c["arm"]: c.get("sglang") for c in analyze.read_cells(folder / "cells.jsonl")}
+    cells = analyze.read_cells(folder / "cells.jsonl")
+    m = analyze.medians(cells, 3.0)
+    release = {c["arm"]: c.get("sglang") for c in cells}
     label = {a: f"{a} ({release.get(a)})" for a in ("A0", ours, theirs)}
     lines = [
         f"| C | {label['A0']} tok/s | {label[ours]} tok/s | {label[theirs]} tok/s "
