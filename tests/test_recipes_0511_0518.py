@@ -1238,11 +1238,23 @@ def test_0516_one_token_draft_extend_graph_is_built_as_upstreams_steps_0_tier(ve
         init_attention_backend=lambda: seen.append(("backends", state["steps"])),
         _capture_cuda_graphs=capture_graphs,
     )
-    ns = {"speculative_moe_backend_context": _null, "speculative_moe_a2a_backend_context": _null}
+    ns = {
+        "contextlib": contextlib,
+        "speculative_moe_backend_context": _null,
+        "speculative_moe_a2a_backend_context": _null,
+    }
     worker = SimpleNamespace(
         draft_worker=dw, _override_worker_state=override, _spec_fallback=fallback_state_class(tree)()
     )
-    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_build_draft_extend_graph", "_spec_fallback_capture")
+    bind_methods(
+        path,
+        "EAGLEWorkerV2",
+        ns,
+        worker,
+        "_spec_fallback_build_draft_extend_graph",
+        "_spec_fallback_draft_extend_width",
+        "_spec_fallback_capture",
+    )
     worker._spec_fallback_build_draft_extend_graph(None)
     assert seen == [("backends", 0), ("capture", 0, True)]
     runner = worker._spec_fallback.draft_extend_runner

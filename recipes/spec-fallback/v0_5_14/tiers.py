@@ -9,11 +9,8 @@ differ from 0.5.12's (../v0_5_12/tiers.py).
   backend is disabled (check_cuda_graph_backend). build_adaptive_runtime_state's own
   cuda_graph_bs argument is not used: the release writes it to cuda_graph_bs_decode, which
   the graph runners do not read once the server arguments are resolved.
-* The draft-extend graph runner takes its width (draft tokens per request) from
-  server_args.speculative_num_draft_tokens, which the worker state's override leaves at the
-  start-up width on 0.5.17 (it writes the runtime context there): on releases whose
-  ServerArgs has override (0.5.16, 0.5.17) the tier's width is written there for the capture,
-  as the fallback does for its one-token graph.
+* The draft extend is captured at the tier's width (steps + 1 draft tokens per request)
+  where the release's runner reads it (_spec_fallback_draft_extend_width, ./worker.py).
 """
 
 import contextlib
@@ -40,25 +37,21 @@ class EAGLEWorkerV2:
     def _spec_tiers_capturing_at(self, sizes, draft_tokens):
         """The release's graph runners capture at batch sizes `sizes` (none: no capture) and
         the draft extend at `draft_tokens` per request inside the block: the decode phase of
-        cuda_graph_config holds `sizes`, and an empty list disables it; the draft runner's
-        server_args hold the width where they have override; all are put back after."""
-        args = self.draft_worker.draft_runner.server_args
-        override = getattr(args, "override", None)
-        width = args.speculative_num_draft_tokens
+        cuda_graph_config holds `sizes`, and an empty list disables it; all is put back after."""
         phases = {
             id(a.cuda_graph_config.decode): a.cuda_graph_config.decode
-            for a in (self._target_worker.model_runner.server_args, args)
+            for a in (
+                self._target_worker.model_runner.server_args,
+                self.draft_worker.draft_runner.server_args,
+            )
         }
         saved = [(phase, phase.bs, phase.backend) for phase in phases.values()]
         try:
             for phase, _, backend in saved:
                 phase.bs = list(sizes)
                 phase.backend = backend if sizes else "disabled"
-            if override is not None:
-                override("spec_tiers.capture", speculative_num_draft_tokens=draft_tokens)
-            yield
+            with self._spec_fallback_draft_extend_width(draft_tokens):
+                yield
         finally:
             for phase, bs, backend in saved:
                 phase.bs, phase.backend = bs, backend
-            if override is not None:
-                override("spec_tiers.capture", speculative_num_draft_tokens=width)

@@ -14,7 +14,14 @@ What changed in 0.5.14, and how this code follows it:
   name; the graph runners read their capture sizes from server_args.cuda_graph_config.
 * The draft extend reads an EagleDraftExtendInput prepared by the draft worker's
   prepare_for_draft_extend, and its graph runner answers can_run_graph / execute.
+* The draft-extend graph runner takes its width (draft tokens per request) from
+  server_args.speculative_num_draft_tokens, which the worker state writes up to 0.5.16 and
+  leaves alone on 0.5.17 (it writes the runtime context there, which 0.5.18's runner reads):
+  a graph captured at another width writes it where the runner reads it
+  (_spec_fallback_draft_extend_width; the fallback's one-token graph from 0.5.16, the tiers).
 """
+
+import contextlib
 
 import torch
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
@@ -29,6 +36,23 @@ def init_hook(self):
 
 
 class EAGLEWorkerV2:
+    @contextlib.contextmanager
+    def _spec_fallback_draft_extend_width(self, draft_tokens):
+        """Inside the block the draft-extend graph runner reads a width of `draft_tokens`
+        per request: written through server_args.override where ServerArgs has it (0.5.16,
+        0.5.17), and put back after; elsewhere the worker state already holds it."""
+        args = self.draft_worker.draft_runner.server_args
+        override = getattr(args, "override", None)
+        if override is None:
+            yield
+            return
+        width = args.speculative_num_draft_tokens
+        override("spec_fallback.draft_extend_capture", speculative_num_draft_tokens=draft_tokens)
+        try:
+            yield
+        finally:
+            override("spec_fallback.draft_extend_capture", speculative_num_draft_tokens=width)
+
     def _spec_fallback_build_graphs(self, server_args):
         """0.5.12's graph building (its docstring says why only the batch sizes above
         threshold - hysteresis), with the capture sizes where this release's graph runners

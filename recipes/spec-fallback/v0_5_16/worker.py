@@ -238,28 +238,17 @@ class EAGLEWorkerV2:
         dw = self.draft_worker
         if getattr(dw, "cuda_graph_runner_for_draft_extend", None) is None:
             return
-        # 0.5.16 and 0.5.17 size the draft-extend graph from
-        # server_args.speculative_num_draft_tokens, which the worker state does not change on
-        # 0.5.17; 0.5.18 reads the runtime context, and its ServerArgs has no override.
-        args = dw.draft_runner.server_args
-        override = getattr(args, "override", None)
-        width = args.speculative_num_draft_tokens
 
         def capture():
             with (
                 self._override_worker_state(0, 1),
+                self._spec_fallback_draft_extend_width(1),
                 dw.draft_tp_context(dw.draft_runner.tp_group),
                 speculative_moe_backend_context(),
                 speculative_moe_a2a_backend_context(),
             ):
-                if override is not None:
-                    override("spec_fallback.draft_extend_capture", speculative_num_draft_tokens=1)
-                try:
-                    dw.init_attention_backend()
-                    dw._capture_cuda_graphs()
-                finally:
-                    if override is not None:
-                        override("spec_fallback.draft_extend_capture", speculative_num_draft_tokens=width)
+                dw.init_attention_backend()
+                dw._capture_cuda_graphs()
                 return dw.cuda_graph_runner_for_draft_extend
 
         runner = self._spec_fallback_capture("a one-token draft-extend CUDA graph", capture)
