@@ -76,6 +76,12 @@ def test_the_comparison_with_upstreams_switch_regenerates(load_tool):
     assert tool.same_run_markdown() == (tool.SAME_RUN / "comparison.md").read_text()
 
 
+def test_every_tiers_sweeps_goals_table_regenerates(load_tool):
+    tool = load_tool("compare_upstream")
+    for folder, (acc_len, tiered, upstream) in tool.TIER_SWEEPS.items():
+        assert tool.tier_goals_markdown(folder, acc_len, tiered, upstream) == (folder / "goals.md").read_text()
+
+
 @pytest.mark.parametrize("folder", VERIFY, ids=_name)
 def test_a_verify_runs_rows_regenerate_from_its_engines_outputs(folder, load_tool):
     """Every scenario of the run, passed or failed: its tokens compared again with the

@@ -4,10 +4,13 @@ on the same H200 with the same bench: A2/E per C, run by run below T, table and 
 the draft-length tiers (0.5.12, `--suggest-tiers`' TIER arm) against both: each arm over its
 own run's envelope max(no-spec, EAGLE-3 at 3 steps), runs of the same bench on one H200 kind.
 And the tiers against upstream's adaptive steps with the same tiers, measured in one run.
+And each tiers sweep against the goals of the tiers: the tiered arm over the fastest fixed
+configuration, over the envelope, and over upstream's adaptive steps of the same run.
 
     python tools/compare_upstream.py   # writes comparison.{md,png} beside upstream's runs,
                                        # comparison-tiers.{md,png} beside the tiers sweep,
-                                       # comparison.md beside the same-run tiers sweep
+                                       # comparison.md beside the same-run tiers sweeps,
+                                       # goals.md beside every tiers sweep
 """
 
 from pathlib import Path
@@ -22,6 +25,14 @@ CS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 TIERS = ROOT / "results/0.5.12/h200/bench-tiers"
 TIER_CS = [1, 16, 32, 48, 64, 128, 256]
 SAME_RUN = ROOT / "results/0.5.12/h200/bench-tiers-upstream"
+# Every tiers sweep: folder -> (its acceptance, its tiered arm, upstream's arm or None).
+TIER_SWEEPS = {
+    TIERS: (3.0, "TIER", None),
+    ROOT / "results/0.5.12/h200/bench-tiers-acc2": (2.0, "TIER3-0_1", None),
+    ROOT / "results/0.5.17/h200/bench-tiers": (3.0, "TIER2-0_64", "UP2-0_64"),
+    ROOT / "results/0.5.17/h200/bench-tiers-vs-upstream-band": (3.0, "TIER2-0_64", "UP2-0_64"),
+}
+FIXED = ("A0", "A1", "S2", "S1")  # no speculation, EAGLE-3 at 3, 2 and 1 draft steps
 
 
 def tier_ratios(folder: Path = TIERS, arm: str = "TIER", concurrencies=TIER_CS) -> dict:
@@ -81,6 +92,34 @@ def same_run_markdown(
     return "\n".join(lines) + "\n"
 
 
+def tier_goals_markdown(folder: Path, acc_len: float, tiered: str, upstream: str | None = None) -> str:
+    """Per C, the tiered arm's median over each goal's reference, all of the same run: the
+    fastest of the fixed configurations (FIXED, and which it is), the envelope max(A0, A1),
+    and upstream's adaptive steps with the same tiers; `-` where the run lacks one of them."""
+    m = analyze.medians(analyze.read_cells(folder / "cells.jsonl"), acc_len)
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    head = ["C", f"{tiered} tok/s", "fastest fixed", f"{tiered}/fixed", f"{tiered}/E"]
+    if upstream:
+        head.append(f"{tiered}/{upstream}")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for C in sorted({c for a, c in m if a == tiered}):
+        us = m[(tiered, C)]["median"]
+        fixed = {a: m[(a, C)]["median"] for a in FIXED if (a, C) in m}
+        best = max(fixed, key=fixed.get) if len(fixed) == len(FIXED) else None
+        env = [fixed[a] for a in ("A0", "A1") if a in fixed]
+        row = [
+            str(C),
+            f"{us:.0f}",
+            f"{best} {fixed[best]:.0f}" if best else "-",
+            fmt(us / fixed[best] if best else None),
+            fmt(us / max(env) if len(env) == 2 else None),
+        ]
+        if upstream:
+            row.append(fmt(us / m[(upstream, C)]["median"] if (upstream, C) in m else None))
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def comparison_markdown(folders: dict = NAMES, concurrencies=CS) -> str:
     """The A2/E table of every folder (name -> folder), then each folder's runs side by side
     with the rank-sum p of the two sets (whether one engine's runs sit apart from the
@@ -111,6 +150,10 @@ if __name__ == "__main__":
     same = same_run_markdown()
     (SAME_RUN / "comparison.md").write_text(same)
     print(same)
+    for folder, (acc_len, tiered, upstream) in TIER_SWEEPS.items():
+        goals = tier_goals_markdown(folder, acc_len, tiered, upstream)
+        (folder / "goals.md").write_text(goals)
+        print(f"{folder.relative_to(ROOT)}:\n{goals}")
     analyze.plot_ratio(
         rat, TIER_CS, TIERS / "comparison-tiers.png", "H200, Llama-3.1-8B shape, acceptance 3.0: arm / envelope"
     )
