@@ -248,6 +248,45 @@ def test_the_validation_refuses_with_one_reason(args_cls, kw, msg):
         _validate(_tiers(args_cls, **kw))
 
 
+def test_the_validation_reads_a_models_declared_overrides(any_patched, args_cls, monkeypatch):
+    """From 0.5.15 a model override (an architecture that forces the non-overlap worker, say)
+    is declared during resolution and reaches the fields only at its end: the tiers' and the
+    threshold's validations read it through the release's own resolved_view, as SGLang's
+    handlers do."""
+    path = any_patched / "sglang/srt/arg_groups/overrides.py"
+    if not path.exists() or "def resolved_view" not in path.read_text():
+        pytest.skip("this release writes model overrides to the fields directly")
+    module = types.ModuleType("sglang.srt.arg_groups.overrides")
+    module.__dict__.update({"Any": object, "Dict": dict, "Optional": object})
+    for name in ("ResolvedView", "_declaration_overlay", "resolved_view"):
+        exec(compile(function_source(path, name), str(path), "exec"), module.__dict__)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    args = _tiers(args_cls)
+    _validate(args)  # nothing declared: accepted
+    for declared, msg in (
+        ({"disable_overlap_schedule": True}, "overlap (spec v2) worker only"),
+        ({"enable_dp_attention": True}, "--enable-dp-attention"),
+        ({"moe_runner_backend": "triton"}, "--speculative-moe-runner-backend flashinfer_trtllm"),
+    ):
+        args = _tiers(
+            args_cls, speculative_moe_runner_backend="flashinfer_trtllm", moe_runner_backend="flashinfer_trtllm"
+        )
+        object.__setattr__(args, "_resolved_overrides", [("model override", declared)])
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            _validate(args)
+    # The fallback's own validation (the threshold without tiers) reads them the same way.
+    args = _tiers(
+        args_cls,
+        speculative_num_steps_tiers=None,
+        speculative_num_steps_tier_boundaries=None,
+        speculative_disable_batch_size_threshold=32,
+    )
+    _validate(args)
+    object.__setattr__(args, "_resolved_overrides", [("model override", {"enable_dp_attention": True})])
+    with pytest.raises(ValueError, match="threshold cannot be combined with --enable-dp-attention"):
+        _validate(args)
+
+
 def test_the_tiers_need_the_fallback_worker(any_patched):
     """Without the spec-fallback recipe's marker in the module (the threshold recipe alone
     applied), the flags are refused, naming the recipe."""

@@ -140,19 +140,20 @@ class ServerArgs(TierFields):
             raise ValueError(
                 f"{flag} needs --speculative-eagle-topk 1 (got {self.speculative_eagle_topk})."
             )
-        if self.disable_overlap_schedule:
+        resolved = self._spectool_resolved_settings()
+        if resolved.disable_overlap_schedule:
             raise ValueError(
                 f"{flag} works on the overlap (spec v2) worker only: do not pass "
                 "--disable-overlap-schedule."
             )
         for name, on, why in (
-            ("--enable-dp-attention", self.enable_dp_attention,
+            ("--enable-dp-attention", resolved.enable_dp_attention,
              "each DP rank sees its own batch size, so ranks would choose different tiers"),
-            ("--enable-multi-layer-eagle", getattr(self, "enable_multi_layer_eagle", False),
+            ("--enable-multi-layer-eagle", getattr(resolved, "enable_multi_layer_eagle", False),
              "a different worker class"),
-            ("--enable-two-batch-overlap", self.enable_two_batch_overlap,
+            ("--enable-two-batch-overlap", resolved.enable_two_batch_overlap,
              "a tier switch would drop its attention backend wrapper"),
-            ("--enable-pdmux", getattr(self, "enable_pdmux", False),
+            ("--enable-pdmux", getattr(resolved, "enable_pdmux", False),
              "a tier switch does not update its decode backend group"),
         ):
             if on:
@@ -162,7 +163,7 @@ class ServerArgs(TierFields):
             ("--speculative-moe-a2a-backend", "speculative_moe_a2a_backend", "moe_a2a_backend"),
         )
         for name, spec_field, field in moe:
-            spec_value, value = getattr(self, spec_field, None), getattr(self, field, None)
+            spec_value, value = getattr(resolved, spec_field, None), getattr(resolved, field, None)
             if spec_value is not None and spec_value != value:
                 raise ValueError(
                     f"{flag} cannot be combined with {name} {spec_value} different from the "

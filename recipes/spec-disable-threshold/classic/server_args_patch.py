@@ -90,6 +90,16 @@ def reserve_fallback_memory(self, reserved_mem):
 
 
 class ServerArgs(ServerArgsFields):
+    def _spectool_resolved_settings(self):
+        """The settings as SGLang's own handlers read them while it resolves them: from 0.5.15
+        a model's overrides are declared during resolution and reach the fields only at its
+        end (arg_groups.overrides.resolved_view); before, the fields themselves."""
+        try:
+            from sglang.srt.arg_groups.overrides import resolved_view
+        except ImportError:
+            return self
+        return resolved_view(self)
+
     def _validate_speculative_disable_threshold(self):
         """Refuse settings under which the dynamic speculation disable cannot work."""
         for flag, value, least in (
@@ -135,13 +145,14 @@ class ServerArgs(ServerArgsFields):
                 "--speculative-disable-batch-size-threshold needs --speculative-algorithm "
                 f"EAGLE, EAGLE3 or STANDALONE (got {self.speculative_algorithm})."
             )
-        if getattr(self, "enable_multi_layer_eagle", False):
+        resolved = self._spectool_resolved_settings()
+        if getattr(resolved, "enable_multi_layer_eagle", False):
             raise ValueError(
                 "--speculative-disable-batch-size-threshold does not support "
                 "--enable-multi-layer-eagle (a different worker class)."
             )
         spec_v2 = getattr(envs, "SGLANG_ENABLE_SPEC_V2", None)  # none: always spec v2
-        if self.disable_overlap_schedule or (spec_v2 is not None and not spec_v2.get()):
+        if resolved.disable_overlap_schedule or (spec_v2 is not None and not spec_v2.get()):
             raise ValueError(
                 "--speculative-disable-batch-size-threshold works on the overlap (spec v2) "
                 "worker only: do not pass --disable-overlap-schedule or SGLANG_ENABLE_SPEC_V2=0."
@@ -157,7 +168,7 @@ class ServerArgs(ServerArgsFields):
                 "--speculative-use-rejection-sampling: the fallback's draft KV sync keeps no "
                 "draft probabilities for the next speculative step."
             )
-        if self.enable_dp_attention:
+        if resolved.enable_dp_attention:
             raise ValueError(
                 "--speculative-disable-batch-size-threshold cannot be combined with "
                 "--enable-dp-attention: each DP rank sees its own batch size, so ranks would "
@@ -168,13 +179,13 @@ class ServerArgs(ServerArgsFields):
                 "--speculative-disable-batch-size-threshold cannot be combined with "
                 "--speculative-adaptive: both swap the worker's runtime state between steps."
             )
-        if self.enable_two_batch_overlap:
+        if resolved.enable_two_batch_overlap:
             raise ValueError(
                 "--speculative-disable-batch-size-threshold cannot be combined with "
                 "--enable-two-batch-overlap: the fallback's plain decode step was not built "
                 "for the two-batch split the scheduler plans for each batch."
             )
-        if getattr(self, "enable_pdmux", False):
+        if getattr(resolved, "enable_pdmux", False):
             raise ValueError(
                 "--speculative-disable-batch-size-threshold cannot be combined with "
                 "--enable-pdmux: the fallback's CUDA graphs are captured for one stream, "
