@@ -143,8 +143,8 @@ class ServerArgs(TierFields):
         resolved = self._spectool_resolved_settings()
         if resolved.disable_overlap_schedule:
             raise ValueError(
-                f"{flag} works on the overlap (spec v2) worker only: do not pass "
-                "--disable-overlap-schedule."
+                f"{flag} works on the overlap (spec v2) worker only, which "
+                "--disable-overlap-schedule (passed, or set by SGLang for this model) turns off."
             )
         for name, on, why in (
             ("--enable-dp-attention", resolved.enable_dp_attention,

@@ -155,7 +155,8 @@ class ServerArgs(ServerArgsFields):
         if resolved.disable_overlap_schedule or (spec_v2 is not None and not spec_v2.get()):
             raise ValueError(
                 "--speculative-disable-batch-size-threshold works on the overlap (spec v2) "
-                "worker only: do not pass --disable-overlap-schedule or SGLANG_ENABLE_SPEC_V2=0."
+                "worker only, which --disable-overlap-schedule (passed, or set by SGLang for "
+                "this model) or SGLANG_ENABLE_SPEC_V2=0 turns off."
             )
         if self.speculative_eagle_topk != 1:
             raise ValueError(
