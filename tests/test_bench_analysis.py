@@ -1107,3 +1107,18 @@ def test_a_plot_puts_long_variant_labels_below_its_axes_and_wraps_them(tmp_path,
     below, inside = (ax.get_legend().get_bbox_to_anchor().y0 < ax.get_window_extent().y0 for ax in drawn)
     assert below and not inside
     assert not any("envelope" in label for label in long + short)
+
+
+def test_a_variant_measured_in_an_earlier_run_keeps_its_label(tmp_path, monkeypatch):
+    """A variant's cells carry its label: a later run over the same folder that does not
+    define it (the derived stage of a tiers sweep) still names it in the legend, not by its
+    bare name."""
+    legends = []
+    monkeypatch.setattr(analyze, "plot", lambda m, cs, arms, path, title: legends.append(dict(arms)))
+    cells = _sweep([1, 16], ("A0", "A1"))
+    cells += [
+        {**c, "arm": "S2", "label": "EAGLE-3 (chain, topk 1), speculative_num_steps=2"}
+        for c in _sweep([1, 16], ("A1",))
+    ]
+    summarize(tmp_path, cells, [1, 16], 32, 3.0, None, {})
+    assert legends[0]["S2"] == "EAGLE-3 (chain, topk 1), speculative_num_steps=2"

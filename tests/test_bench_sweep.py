@@ -212,6 +212,9 @@ def test_an_arm_runs_on_a_sglang_tree_of_its_own(tmp_path, stub_engines, monkeyp
     assert started[True]["stub_tree"] == "0.5.17" and started[None]["stub_tree"] is None
     cells = {c["arm"]: c for c in map(json.loads, (out / "cells.jsonl").read_text().splitlines())}
     assert (cells["UP"]["sglang"], cells["A1"]["sglang"]) == ("0.5.17", "0.5.12")
+    # The variant's cells carry its label (a later run that does not define it still names
+    # it); a standard arm's label is the bench's own.
+    assert cells["UP"]["label"] == arms[1].label and "label" not in cells["A1"]
     report = json.loads((out / "bench-results.json").read_text())
     assert report["arm_sglang_versions"] == {"UP": "0.5.17"}, "only the arm on another release than the report's"
     # Resumed on another release than its cells', an arm would mix two under one name.

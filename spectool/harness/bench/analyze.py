@@ -649,7 +649,7 @@ def _finish(fig, ax, ylabel: str, title: str, path, ticks) -> None:
         # A variant's label lists its overrides: below the axes, wrapped, so that it
         # neither covers the curves nor runs off the figure.
         labels = [textwrap.fill(label, 110, subsequent_indent="    ") for label in labels]
-        ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.14))
+        ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.2))
     else:
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -120,8 +120,9 @@ def summarize(
     # measured in several runs (variants of an earlier one) regenerates the same table.
     labels = {a.name: a.label for a in make_arms(threshold, max(concurrencies))}
     given = {a.name: a.label for a in arm_list}
+    recorded = {c["arm"]: c["label"] for c in cells if "label" in c}  # a variant of an earlier run
     for arm in dict.fromkeys(c["arm"] for c in cells):
-        labels.setdefault(arm, given.get(arm, arm))
+        labels.setdefault(arm, given.get(arm, recorded.get(arm, arm)))
     # Arms measured on another release than the report's (--arm-sglang-dir) name it, from their cells.
     releases = {arm: min(held, key=str) for arm, held in releases_by_arm(cells, version).items() if held != {version}}
     for arm, release in releases.items():

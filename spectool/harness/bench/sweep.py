@@ -117,6 +117,9 @@ def run(
         )
     if transition and not any(a.runs_transition(transition_arms) for a in arm_list):
         transition = False  # no arm of this run takes the transition workload
+    # A variant's label goes into its cells, so that a later run over the same folder (the
+    # derived stage of bench-tiers.sh) still names it in the plot's legend.
+    variant_labels = {a.name: a.label for a in arm_list if a.name not in DEFAULT_ARMS}
     cells_path = out / "cells.jsonl"
     if load not in LOADS:
         raise BadInputError(f"--load {load!r}: use {' or '.join(LOADS)}.")
@@ -225,6 +228,7 @@ def run(
                         **({"tp": tp} if tp > 1 else {}),
                         **({"target": target} if target != DEFAULT_TARGET else {}),
                         **({"sglang": envs.release(arm)} if envs.release(arm) else {}),
+                        **({"label": variant_labels[arm]} if arm in variant_labels else {}),
                     }
                     cells.append(cell)
                     with open(cells_path, "a") as f:
