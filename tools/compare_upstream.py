@@ -9,7 +9,7 @@ configuration, over the envelope, and over upstream's adaptive steps of the same
 
     python tools/compare_upstream.py   # writes comparison.{md,png} beside upstream's runs,
                                        # comparison-tiers.{md,png} beside the tiers sweep,
-                                       # comparison.md beside the same-run tiers sweeps,
+                                       # comparison.md beside the same-run tiers sweep,
                                        # goals.md beside every tiers sweep
 """
 
