@@ -119,7 +119,7 @@ def run(
         transition = False  # no arm of this run takes the transition workload
     # A variant's label goes into its cells, so that a later run over the same folder (the
     # derived stage of bench-tiers.sh) still names it in the plot's legend.
-    variant_labels = {a.name: a.label for a in arm_list if a.name not in DEFAULT_ARMS}
+    variant_labels = {a.name: a.label for a in arm_list if a.base is not None}
     cells_path = out / "cells.jsonl"
     if load not in LOADS:
         raise BadInputError(f"--load {load!r}: use {' or '.join(LOADS)}.")
