@@ -78,8 +78,8 @@ def test_the_comparison_with_upstreams_switch_regenerates(load_tool):
 
 def test_every_tiers_sweeps_goals_table_regenerates(load_tool):
     tool = load_tool("compare_upstream")
-    for folder, (acc_len, tiered, upstream) in tool.TIER_SWEEPS.items():
-        assert tool.tier_goals_markdown(folder, acc_len, tiered, upstream) == (folder / "goals.md").read_text()
+    for folder in tool.TIER_SWEEPS:
+        assert tool.tier_goals_markdown(folder) == (folder / "goals.md").read_text()
 
 
 @pytest.mark.parametrize("folder", VERIFY, ids=_name)

@@ -25,14 +25,13 @@ CS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 TIERS = ROOT / "results/0.5.12/h200/bench-tiers"
 TIER_CS = [1, 16, 32, 48, 64, 128, 256]
 SAME_RUN = ROOT / "results/0.5.12/h200/bench-tiers-upstream"
-# Every tiers sweep: folder -> (its acceptance, its tiered arm, upstream's arm or None).
-TIER_SWEEPS = {
-    TIERS: (3.0, "TIER", None),
-    ROOT / "results/0.5.12/h200/bench-tiers-acc2": (2.0, "TIER3-0_1", None),
-    ROOT / "results/0.5.17/h200/bench-tiers": (3.0, "TIER2-0_64", "UP2-0_64"),
-    ROOT / "results/0.5.17/h200/bench-tiers-vs-upstream-band": (3.0, "TIER2-0_64", "UP2-0_64"),
-}
-FIXED = ("A0", "A1", "S2", "S1")  # no speculation, EAGLE-3 at 3, 2 and 1 draft steps
+# Every tiers sweep (goals.md beside each; tier_goals_markdown reads its arms from it).
+TIER_SWEEPS = [
+    TIERS,
+    ROOT / "results/0.5.12/h200/bench-tiers-acc2",
+    ROOT / "results/0.5.17/h200/bench-tiers",
+    ROOT / "results/0.5.17/h200/bench-tiers-vs-upstream-band",
+]
 
 
 def tier_ratios(folder: Path = TIERS, arm: str = "TIER", concurrencies=TIER_CS) -> dict:
@@ -92,11 +91,20 @@ def same_run_markdown(
     return "\n".join(lines) + "\n"
 
 
-def tier_goals_markdown(folder: Path, acc_len: float, tiered: str, upstream: str | None = None) -> str:
+def tier_goals_markdown(folder: Path) -> str:
     """Per C, the tiered arm's median over each goal's reference, all of the same run: the
-    fastest of the fixed configurations (FIXED, and which it is), the envelope max(A0, A1),
-    and upstream's adaptive steps with the same tiers; `-` where the run lacks one of them."""
-    m = analyze.medians(analyze.read_cells(folder / "cells.jsonl"), acc_len)
+    fastest of the fixed configurations (and which it is), the envelope max(A0, A1), and
+    upstream's adaptive steps with the same tiers; `-` where the run lacks one of them. The
+    folder names them: the tiered arm and upstream's as `--suggest-tiers` names them (TIER...,
+    UP...), the fixed configurations in its suggested-tiers.json, the acceptance in its
+    bench-results.json."""
+    cells = analyze.read_cells(folder / "cells.jsonl")
+    m = analyze.medians(cells, analyze.read_json(folder / "bench-results.json")["acc_len"])
+    names = list(dict.fromkeys(c["arm"] for c in cells))
+    tiered = next(a for a in names if a.startswith("TIER"))
+    upstream = next((a for a in names if a.startswith("UP")), None)
+    suggested = folder / "suggested-tiers.json"
+    fixed_arms = list(analyze.read_json(suggested)["arms"].values()) if suggested.exists() else []
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     head = ["C", f"{tiered} tok/s", "fastest fixed", f"{tiered}/fixed", f"{tiered}/E"]
     if upstream:
@@ -104,9 +112,9 @@ def tier_goals_markdown(folder: Path, acc_len: float, tiered: str, upstream: str
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for C in sorted({c for a, c in m if a == tiered}):
         us = m[(tiered, C)]["median"]
-        fixed = {a: m[(a, C)]["median"] for a in FIXED if (a, C) in m}
-        best = max(fixed, key=fixed.get) if len(fixed) == len(FIXED) else None
-        env = [fixed[a] for a in ("A0", "A1") if a in fixed]
+        fixed = {a: m[(a, C)]["median"] for a in fixed_arms if (a, C) in m}
+        best = max(fixed, key=fixed.get) if fixed and len(fixed) == len(fixed_arms) else None
+        env = [m[(a, C)]["median"] for a in ("A0", "A1") if (a, C) in m]
         row = [
             str(C),
             f"{us:.0f}",
@@ -150,8 +158,8 @@ if __name__ == "__main__":
     same = same_run_markdown()
     (SAME_RUN / "comparison.md").write_text(same)
     print(same)
-    for folder, (acc_len, tiered, upstream) in TIER_SWEEPS.items():
-        goals = tier_goals_markdown(folder, acc_len, tiered, upstream)
+    for folder in TIER_SWEEPS:
+        goals = tier_goals_markdown(folder)
         (folder / "goals.md").write_text(goals)
         print(f"{folder.relative_to(ROOT)}:\n{goals}")
     analyze.plot_ratio(
