@@ -29,6 +29,7 @@ SAME_RUN = ROOT / "results/0.5.12/h200/bench-tiers-upstream"
 TIER_SWEEPS = [
     TIERS,
     ROOT / "results/0.5.12/h200/bench-tiers-acc2",
+    ROOT / "results/0.5.12/h200/bench-tiers-moe",
     ROOT / "results/0.5.17/h200/bench-tiers",
     ROOT / "results/0.5.17/h200/bench-tiers-vs-upstream-band",
 ]
