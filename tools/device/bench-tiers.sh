@@ -4,9 +4,11 @@
 # the tiers from them, then measure the tiered engine its flags start, into the same folder.
 # Usage there: bash tools/device/bench-tiers.sh VERSION RESULTS [spectool bench args, e.g.
 # --concurrency 1,16,64 --max-batch 256 --reps 2]. FIXED_BUDGET, TIER_BUDGET: each stage's
-# --budget in seconds (engine start-up included). Returns $OUT/NAME.tgz and the two logs. The
-# tiers are derived only once the fixed configurations are measured in full; a call that could
-# not measure them all exits 75 (or 124 at its timeout), and a second call resumes them.
+# --budget in seconds (engine start-up included), capped by what is left of the call's
+# CALL_BUDGET (stage.sh). Returns $OUT/NAME.tgz (with both stages' logs of every call) and this
+# call's two logs. The tiers are derived only once the fixed configurations are measured in
+# full; a call that could not measure them all, or had no time left for the tiered stage,
+# exits 75 (or 124 at its timeout): call it again, unchanged, until it exits 0.
 # TRANSITION=1: the tiered engine also runs the transition workload (its switches' cost).
 # UPSTREAM_SITE: an unpacked SGLang of 0.5.14 or later (tools/device/unpack.sh in the call
 # before), or the tree under test itself (/tmp/site-VERSION) when it is one: the tiered stage

@@ -1,0 +1,85 @@
+"""tools/device/stage.sh, the stage of a derived sweep: its budget within the call's time, its
+status, and the log the results folder keeps. The bench is a stub that records its arguments;
+the time left in the call is given (call_seconds_left, redefined), so no test waits or
+depends on the machine's speed."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _stage(tmp_path, *, left, budget, bench_prints="cells 4/4", env="", args=("--arms", "A0,A1")):
+    """Run `stage bench-fixed.log BUDGET ARGS` with `left` seconds left in the call; return
+    (status, stdout, the stub's argv or None, the folder's log or None)."""
+    out, dest = tmp_path / "out", tmp_path / "out" / "sweep"
+    dest.mkdir(parents=True, exist_ok=True)
+    stub = tmp_path / "bench"
+    stub.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/argv\necho {shlex.quote(bench_prints)}\n')
+    stub.chmod(0o755)
+    script = (
+        f"OUT={out} DEST={dest} BENCH=({stub}); {env}\n"
+        "source tools/device/stage.sh\n"
+        + f"call_seconds_left() {{ echo {left}; }}\n"
+        + f"stage bench-fixed.log {budget} {shlex.join(args)}\n"
+    )
+    run = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True)
+    argv = tmp_path / "argv"
+    log = dest / "bench-fixed.log"
+    return (
+        run.returncode,
+        run.stdout,
+        argv.read_text().split() if argv.exists() else None,
+        log.read_text() if log.exists() else None,
+    )
+
+
+def test_a_stage_runs_with_its_own_budget_when_the_call_has_time(tmp_path):
+    rc, _, argv, log = _stage(tmp_path, left=530, budget=300)
+    assert rc == 0
+    assert argv == ["--no-transition", "--budget", "300", "--arms", "A0,A1"]
+    assert log.startswith("== ") and "--budget 300" in log and "cells 4/4" in log
+
+
+def test_a_stage_gets_only_what_is_left_of_the_call(tmp_path):
+    rc, _, argv, _ = _stage(tmp_path, left=340, budget=300)  # less the timeout's 60 s
+    assert rc == 0
+    assert argv[argv.index("--budget") + 1] == "280"
+
+
+def test_a_stage_with_too_little_time_left_waits_for_the_next_call(tmp_path):
+    rc, stdout, argv, log = _stage(tmp_path, left=220, budget=300)  # 160 s once the timeout's are kept
+    assert rc == 75
+    assert argv is None and log is None
+    assert "call again" in stdout
+
+
+def test_the_call_budget_and_the_stage_minimum_are_settings(tmp_path):
+    clock = "source tools/device/stage.sh; CALL_BUDGET=1000; SECONDS=100; call_seconds_left"
+    left = int(subprocess.run(["bash", "-c", clock], cwd=ROOT, capture_output=True, text=True).stdout)
+    assert 0 <= 900 - left < 100  # CALL_BUDGET less the elapsed seconds (and any bash took)
+    rc, _, argv, _ = _stage(tmp_path, left=220, budget=300, env="MIN_STAGE_S=60")
+    assert rc == 0
+    assert argv[argv.index("--budget") + 1] == "160"
+
+
+def test_a_stage_stopped_by_its_budget_returns_75_and_keeps_its_log(tmp_path):
+    rc, stdout, _, log = _stage(tmp_path, left=540, budget=300, bench_prints="time budget reached: stopping")
+    assert rc == 75
+    assert "call again to resume them" in stdout
+    assert "time budget reached" in log
+
+
+def test_the_folders_log_keeps_every_calls_stage(tmp_path):
+    _stage(tmp_path, left=540, budget=300, bench_prints="time budget reached: stopping")
+    _, _, _, log = _stage(tmp_path, left=540, budget=300, bench_prints="cells 31/31")
+    assert log.count("\n== ") + log.startswith("== ") == 2
+    assert log.index("time budget reached") < log.index("cells 31/31")
+
+
+def test_the_transition_runs_only_in_the_stage_that_asks_for_it(tmp_path):
+    _, _, argv, _ = _stage(tmp_path, left=540, budget=200, env="STAGE_TRANSITION=1")
+    assert "--no-transition" not in argv
