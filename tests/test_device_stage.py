@@ -57,6 +57,12 @@ def test_a_stage_with_too_little_time_left_waits_for_the_next_call(tmp_path):
     assert "call again" in stdout
 
 
+def test_a_short_budget_asked_for_runs_as_asked(tmp_path):
+    rc, _, argv, _ = _stage(tmp_path, left=540, budget=60)  # a resumed stage with little to do
+    assert rc == 0
+    assert argv[argv.index("--budget") + 1] == "60"
+
+
 def test_the_call_budget_and_the_stage_minimum_are_settings(tmp_path):
     clock = "source tools/device/stage.sh; CALL_BUDGET=1000; SECONDS=100; call_seconds_left"
     left = int(subprocess.run(["bash", "-c", clock], cwd=ROOT, capture_output=True, text=True).stdout)

@@ -7,9 +7,10 @@
 # measures).
 #
 # A call has CALL_BUDGET seconds in all (default 540: the device's 600 s per call, less the
-# packing), counted from the script's start (bash's SECONDS): a stage gets at most what is left
-# of them, and where less than MIN_STAGE_S (default 180: an engine's start-up and a few cells)
-# is left it does not start and returns 75. So the same command, called again until it exits
+# packing), counted from the script's start (bash's SECONDS). A stage whose budget and timeout
+# fit in what is left runs as asked; one that does not gets what is left less its timeout's
+# minute, and where that is under MIN_STAGE_S (default 180: an engine's start-up and a few
+# cells) it does not start and returns 75. So the same command, called again until it exits
 # 0, measures a whole sweep, each call resuming the cells the one before left. The stage's
 # output goes to $OUT/LOG (this call's) and is appended to $DEST/LOG, which the results folder
 # keeps: one log of every call's stage.
@@ -20,10 +21,12 @@ stage() {
   shift 2
   [ "${STAGE_TRANSITION:-0}" = 1 ] && transition=()
   local left=$(($(call_seconds_left) - 60))
-  [ "$budget" -le "$left" ] || budget=$left
-  if [ "$budget" -lt "${MIN_STAGE_S:-180}" ]; then
-    echo "$log: $((left + 60)) s left of this call's ${CALL_BUDGET:-540}, too few for the stage; call again to run it"
-    return 75
+  if [ "$budget" -gt "$left" ]; then
+    if [ "$left" -lt "${MIN_STAGE_S:-180}" ]; then
+      echo "$log: $((left + 60)) s left of this call's ${CALL_BUDGET:-540}, too few for the stage; call again to run it"
+      return 75
+    fi
+    budget=$left
   fi
   timeout $((budget + 60)) "${BENCH[@]}" "${transition[@]}" --budget "$budget" "$@" 2>&1 | tee "$OUT/$log"
   local rc=${PIPESTATUS[0]}
