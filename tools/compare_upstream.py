@@ -111,17 +111,18 @@ def tier_goals_markdown(folder: Path) -> str:
     if upstream:
         head.append(f"{tiered}/{upstream}")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for C in sorted({c for a, c in m if a == tiered}):
+    concurrencies = sorted({c for a, c in m if a == tiered})
+    env = analyze.envelope(m, concurrencies)
+    for C in concurrencies:
         us = m[(tiered, C)]["median"]
         fixed = {a: m[(a, C)]["median"] for a in fixed_arms if (a, C) in m}
         best = max(fixed, key=fixed.get) if fixed and len(fixed) == len(fixed_arms) else None
-        env = [m[(a, C)]["median"] for a in ("A0", "A1") if (a, C) in m]
         row = [
             str(C),
             f"{us:.0f}",
             f"{best} {fixed[best]:.0f}" if best else "-",
             fmt(us / fixed[best] if best else None),
-            fmt(us / max(env) if len(env) == 2 else None),
+            fmt(us / env[C] if C in env else None),
         ]
         if upstream:
             row.append(fmt(us / m[(upstream, C)]["median"] if (upstream, C) in m else None))

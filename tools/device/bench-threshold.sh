@@ -9,8 +9,8 @@
 # Usage there: bash tools/device/bench-threshold.sh VERSION RESULTS [spectool bench args, e.g.
 # --target qwen3-30b-a3b --concurrency 1,16,64 --max-batch 256 --reps 2]. FIXED_BUDGET,
 # FALLBACK_BUDGET: each stage's --budget in seconds (engine start-up included), capped by what
-# is left of the call's CALL_BUDGET. TRANSITION=1:
-# the A2 engine also runs the transition workload.
+# is left of the call's CALL_BUDGET. TRANSITION=1: the A2 engine also runs the transition
+# workload.
 set -euo pipefail
 SGLANG_VERSION=$1; RESULTS=$2; shift 2
 source tools/device/setup.sh
