@@ -487,6 +487,19 @@ def tier_args(release, tiers=(3, 2, 1, 0), bounds=(4, 12, 24), hysteresis=2, **m
     return args
 
 
+def tier_captures(target_backend):
+    """The graphs tier_args' tiers 3,2,1,0 at 4, 12, 24 (hysteresis 2) capture at start-up, in
+    order: tier 2 for batches 3-12, tier 1 for 11-24 (GRAPH_BS' sizes that serve them), each
+    target verify graph on `target_backend`, the release's name for the backend it is given."""
+    return [
+        ("capture", "draft graph, 2 steps", (4, 8, 12)),
+        ("capture", "draft extend graph, 3 tokens", (4, 8, 12)),
+        ("capture", "target verify graph, 2 steps", (4, 8, 12), 3, target_backend),
+        ("capture", "draft extend graph, 2 tokens", (12, 16, 24)),
+        ("capture", "target verify graph, 1 steps", (12, 16, 24), 2, target_backend),
+    ]
+
+
 def test_startup_builds_each_tier_for_its_batch_sizes(release):
     """Tiers 3,2,1,0 at 4, 12, 24 with hysteresis 2: SGLang's own state serves 3 steps; 2 and 1
     get the release's runtime state with graphs only at the sizes they serve (2: batches 3-12,
@@ -494,13 +507,7 @@ def test_startup_builds_each_tier_for_its_batch_sizes(release):
     the worker starts in tier 3 steps, server_args untouched."""
     rank = TierRank(release, 0, tier_args(release))
     w, args = rank.worker, rank.server_args
-    assert rank.tier_startup == [
-        ("capture", "draft graph, 2 steps", (4, 8, 12)),
-        ("capture", "draft extend graph, 3 tokens", (4, 8, 12)),
-        ("capture", "target verify graph, 2 steps", (4, 8, 12), 3, "target plain"),
-        ("capture", "draft extend graph, 2 tokens", (12, 16, 24)),
-        ("capture", "target verify graph, 1 steps", (12, 16, 24), 2, "target plain"),
-    ]
+    assert rank.tier_startup == tier_captures("target plain")
     assert sorted(rank.tiers.states) == [1, 2, 3]
     assert [s.speculative_num_steps for s in rank.tiers.states.values()] == [3, 2, 1]
     assert rank.tiers.states[3].target_graph_runner == "target verify graph"  # SGLang's own
@@ -842,13 +849,7 @@ def test_later_startup_builds_each_tier_for_its_batch_sizes(version, patched_rel
     rank = LaterRank(patched_release(version), version, monkeypatch)
     w, args = rank.worker, rank.server_args
     captures = [c for c in rank.log if c[0] == "capture"]
-    assert captures == [
-        ("capture", "draft graph, 2 steps", (4, 8, 12)),
-        ("capture", "draft extend graph, 3 tokens", (4, 8, 12)),
-        ("capture", "target verify graph, 2 steps", (4, 8, 12), 3, "target attention, own workspace"),
-        ("capture", "draft extend graph, 2 tokens", (12, 16, 24)),
-        ("capture", "target verify graph, 1 steps", (12, 16, 24), 2, "target attention, own workspace"),
-    ]
+    assert captures == tier_captures("target attention, own workspace")
     assert sorted(rank.tiers.states) == [1, 2, 3]
     assert rank.tiers.states[3].target_graph_runner == "target verify graph"  # SGLang's own
     assert rank.tiers.states[1].cuda_graph_runner is None
