@@ -6,7 +6,9 @@ depends on the machine's speed."""
 from __future__ import annotations
 
 import shlex
+import shutil
 import subprocess
+import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,3 +91,52 @@ def test_the_folders_log_keeps_every_calls_stage(tmp_path):
 def test_the_transition_runs_only_in_the_stage_that_asks_for_it(tmp_path):
     _, _, argv, _ = _stage(tmp_path, left=540, budget=200, env="STAGE_TRANSITION=1")
     assert "--no-transition" not in argv
+
+
+def _bench_tiers(tmp_path, upstream_has_adaptive_steps: bool):
+    """Run bench-tiers.sh in a stand-in checkout whose carried runtime archive setup.sh unpacks
+    into SITE, with UPSTREAM_SITE naming that tree; `python3` is a stub exiting 9, so a call
+    that passes the check stops at its next step (applying the recipes)."""
+    root = tmp_path / "checkout"
+    shutil.copytree(ROOT / "tools/device", root / "tools/device")
+    for folder in ("recipes", "golden", "spectool"):
+        (root / folder).mkdir()
+        (root / folder / "f").write_text(folder)
+    tree = tmp_path / "runtime"
+    (tree / "sglang/srt").mkdir(parents=True)
+    (tree / ".spectool-wheels").touch()
+    field = "speculative_adaptive_config: str = None" if upstream_has_adaptive_steps else "speculative_num_steps = 3"
+    (tree / "sglang/srt/server_args.py").write_text(f"class ServerArgs:\n    {field}\n")
+    (root / ".device-cache").mkdir()
+    with tarfile.open(root / ".device-cache/sglang-0.5.17-site.tar.xz", "w:xz") as archive:
+        archive.add(tree, arcname=".")
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "python3").write_text("#!/bin/sh\nexit 9\n")
+    (stubs / "python3").chmod(0o755)
+    site = tmp_path / "site-0.5.17"  # not there yet: setup.sh unpacks it
+    env = {
+        "PATH": f"{stubs}:/usr/bin:/bin",
+        "OUT": str(tmp_path / "out"),
+        "SITE": str(site),
+        "UPSTREAM_SITE": str(site),
+    }
+    return subprocess.run(
+        ["bash", "tools/device/bench-tiers.sh", "0.5.17", str(tmp_path / "results")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+
+
+def test_upstream_site_may_name_the_tree_the_call_unpacks(tmp_path):
+    run = _bench_tiers(tmp_path, upstream_has_adaptive_steps=True)
+    assert "holds no SGLang with adaptive steps" not in run.stderr
+    assert run.returncode == 9  # past the check, at `spectool apply`
+
+
+def test_bench_tiers_refuses_an_upstream_tree_without_adaptive_steps(tmp_path):
+    run = _bench_tiers(tmp_path, upstream_has_adaptive_steps=False)
+    assert run.returncode == 2
+    assert "holds no SGLang with adaptive steps (0.5.14 or later)" in run.stderr

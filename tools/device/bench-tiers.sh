@@ -17,14 +17,16 @@
 # on 0.5.17 its engine fails at start-up in this bench (see the results report).
 set -euo pipefail
 SGLANG_VERSION=$1; RESULTS=$2; shift 2
+# Each 0.5.14+ engine starts in about two minutes; the tiered stage waits for the slowest.
+TIER_BUDGET=${TIER_BUDGET:-$([ -n "${UPSTREAM_SITE:-}" ] && echo 420 || echo 200)}
+source tools/device/setup.sh
+# Checked once setup.sh has unpacked the tree under test, which UPSTREAM_SITE may name, and
+# before anything is patched or started.
 if [ -n "${UPSTREAM_SITE:-}" ] && ! grep -qs speculative_adaptive_config "$UPSTREAM_SITE/sglang/srt/server_args.py"; then
   echo "bench-tiers: UPSTREAM_SITE=$UPSTREAM_SITE holds no SGLang with adaptive steps (0.5.14 or later);" \
     "unpack one there in the call before (tools/device/unpack.sh), on this warm machine" >&2
   exit 2
 fi
-# Each 0.5.14+ engine starts in about two minutes; the tiered stage waits for the slowest.
-TIER_BUDGET=${TIER_BUDGET:-$([ -n "${UPSTREAM_SITE:-}" ] && echo 420 || echo 200)}
-source tools/device/setup.sh
 source tools/device/bench-setup.sh
 set +e
 stage bench-fixed.log "${FIXED_BUDGET:-300}" --arms A0,A1 \
