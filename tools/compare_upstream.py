@@ -32,6 +32,7 @@ TIER_SWEEPS = [
     ROOT / "results/0.5.12/h200/bench-tiers-moe",
     ROOT / "results/0.5.17/h200/bench-tiers",
     ROOT / "results/0.5.17/h200/bench-tiers-vs-upstream-band",
+    ROOT / "results/0.5.17/h200/bench-tiers-moe-vs-upstream",
 ]
 
 
