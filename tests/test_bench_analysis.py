@@ -575,6 +575,16 @@ def test_an_arm_whose_kv_pool_sglang_shrank_is_not_timed():
     )
 
 
+def test_a_wave_starts_only_if_its_engines_would_be_ready_within_the_budget():
+    from spectool.harness.bench.sweep import ready_in_time
+
+    assert ready_in_time(30, {})  # nothing recorded: the first wave of a folder starts
+    startup = {"A0": 74.2, "A1": 49.4}
+    assert ready_in_time(300, startup)
+    assert not ready_in_time(60, startup)  # the slowest recorded start-up decides
+    assert not ready_in_time(74.2, startup)  # ready only as the budget ends: nothing to measure
+
+
 def test_plan_resumes_and_places_the_transition_after_the_first_repetition():
     from spectool.harness.bench.sweep import plan_steps, select_arms
 

@@ -139,6 +139,27 @@ def test_a_sweep_starts_its_engines_measures_every_cell_and_resumes(tmp_path, st
     assert "| 8 |" in (out / "bench-table.md").read_text()
 
 
+def test_engines_that_would_not_be_ready_within_the_budget_do_not_start(tmp_path, stub_engines, capsys):
+    """A resumed run whose budget is shorter than the slowest start-up the folder recorded
+    stops before starting engines (its status: the budget reached, as a cut-off run's), and
+    the folder keeps its cells; with time for them, the same command measures the rest."""
+    out = tmp_path / "bench"
+    kw = dict(TINY, concurrencies=(1, 8), arm_names=["A0", "A1"], port_base=27300)
+    sweep.run(out, reps=1, **kw)
+    report = json.loads((out / "bench-results.json").read_text())
+    report["startup_s"] = {**report["startup_s"], "A1": 200.0}  # as a slow engine records it
+    (out / "bench-results.json").write_text(json.dumps(report))
+    capsys.readouterr()
+
+    sweep.run(out, reps=2, **{**kw, "budget_s": 120})
+    assert "time budget reached: 120 s left, less than the slowest engine start-up" in capsys.readouterr().out
+    assert len(stub_engines.read_text().splitlines()) == 2, "no engine started"
+    assert len((out / "cells.jsonl").read_text().splitlines()) == 4
+
+    sweep.run(out, reps=2, **{**kw, "budget_s": 300})
+    assert len((out / "cells.jsonl").read_text().splitlines()) == 8
+
+
 def test_an_arm_whose_engine_cannot_start_leaves_the_others_measured(tmp_path, stub_engines, monkeypatch):
     """An engine that dies at start-up (a comparison arm on another release, say) stops only
     its own arm: the others are measured and reported, the run ends with the reason in one

@@ -179,7 +179,10 @@ def _arm_trees(items) -> dict[str, str]:
     "--out-len", type=click.IntRange(min=2), default=128, help="Output tokens per request (2 or more: TPOT needs two)."
 )
 @click.option(
-    "--budget", type=click.FloatRange(min=0), default=540, help="Stop measuring after this many seconds (resume later)."
+    "--budget",
+    type=click.FloatRange(min=0),
+    default=540,
+    help="Stop measuring after this many seconds (resume later). Engines that would not be ready within it, by the slowest start-up the folder recorded, do not start.",
 )
 @click.option(
     "--no-transition",

@@ -165,6 +165,14 @@ def run(
         for wave, steps in plan:
             if over_budget():  # before starting engines that would measure nothing
                 break
+            left = budget_s - (time.time() - t_start)
+            if not ready_in_time(left, startup):
+                bar.console.print(
+                    f"time budget reached: {left:.0f} s left, less than the slowest engine start-up "
+                    f"this folder recorded ({max(startup.values()):.0f} s): stopping; rerun to resume"
+                )
+                stopped = True
+                break
             wave = [a for a in wave if a.name not in failed]  # with --fresh-engines, not tried again
             if not wave:
                 continue
@@ -320,6 +328,14 @@ def plan_steps(
             groups[-1][1].append(step)
         plan += [(_busy(wave, g, transition_arms), g) for _, g in groups]
     return plan
+
+
+def ready_in_time(left_s: float, startup_s: dict) -> bool:
+    """Whether engines started now would be ready with `left_s` seconds of the budget left,
+    judged by the slowest start-up this folder recorded (arm -> seconds): a wave that would
+    only start its engines before the budget ends does not start, and the device time its
+    start-up would take goes to the next call. With nothing recorded, the wave starts."""
+    return not startup_s or left_s > max(startup_s.values())
 
 
 def _busy(wave, steps, transition_arms) -> list:
