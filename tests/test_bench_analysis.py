@@ -440,6 +440,49 @@ def test_transition_reference_brackets_the_schedule(tmp_path, monkeypatch):
     assert "| 2.60 / 2.50 | 9.0 / 3.5 |" in transition_markdown({"A2": rows})
 
 
+def test_transition_rounds_share_the_references_between_them(tmp_path, monkeypatch):
+    """--transition-rounds 3: references, then each round's schedule followed by references,
+    so every round has references right before and after it, the ones between two rounds
+    serving both; every schedule and reference run has prompts of its own."""
+    from spectool.harness.bench import engines, sweep
+
+    sent = []
+
+    def command(proc, arm, out, cmd):
+        sent.append(cmd)
+        if cmd["kind"] == "phases":
+            return {"phases": [{"C": ph["C"], "output_tok_s": 1000.0} for ph in cmd["schedule"]]}
+        return {"output_tok_s": 1000.0 + len(sent)}  # each reference run reads its own
+
+    monkeypatch.setattr(engines, "command", command)
+    res = sweep._transition(None, "A2", tmp_path, 128, 128, rounds=3)
+    assert [c["kind"] for c in sent] == ["point", "point"] + ["phases", "point", "point"] * 3
+    assert len(res["rounds"]) == 3
+    refs = [[r["output_tok_s"] for r in rnd["reference_records"]["4"]] for rnd in res["rounds"]]
+    assert refs == [[1001.0, 1004.0], [1004.0, 1007.0], [1007.0, 1010.0]]  # C=4's runs, bracketing each round
+    seeds = [c["seed"] + i for c in sent for i in (range(len(c["schedule"])) if c["kind"] == "phases" else [0])]
+    assert len(seeds) == len(set(seeds)), "no two runs share prompts"
+
+
+def test_a_transition_of_several_rounds_reads_each_phase_as_the_median_of_its_rounds(tmp_path):
+    """Each round's phases against the references bracketing that round, a round column in the
+    table, and the goal line on the median of each phase's rounds: one slow phase in one round
+    does not decide it, a phase slow in most rounds does."""
+    rounds = [
+        _transition([1.0, 0.99, 0.90, 1.01, 0.97]),  # one slow phase
+        _transition([0.99, 1.0, 1.01, 0.98, 0.96], low=1200.0),
+        _transition([1.01, 0.98, 0.99, 1.0, 0.94]),
+    ]
+    rep = summarize(tmp_path, [], DEFAULT_C, 32, 3.0, {"A2": {"rounds": rounds}}, {})
+    rows = rep["transition"]["A2"]
+    assert [r["round"] for r in rows] == [1] * 5 + [2] * 5 + [3] * 5
+    assert rows[5]["steady"] == 1200.0, "round 2 against its own references"
+    table = (tmp_path / "bench-table.md").read_text()
+    assert "| arm | round | phase | C |" in table and "| A2 | 2 | 1 | 4 | 1188 | 1200 (1200 / 1200) | 0.990 |" in table
+    # Phase 3: 0.90, 1.01, 0.99 -> 0.99; phase 5: 0.97, 0.96, 0.94 -> 0.96, the lowest median.
+    assert "Lowest phase/steady, each phase the median of its rounds: 0.960 (goal" in table
+
+
 def test_a_transition_only_run_tables_its_phases(tmp_path):
     """--reps 0: no sweep table (no cells), the transition's phases against their bracketing
     references instead, one row per phase and engine, the lowest phase of each."""

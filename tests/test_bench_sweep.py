@@ -160,6 +160,19 @@ def test_engines_that_would_not_be_ready_within_the_budget_do_not_start(tmp_path
     assert len((out / "cells.jsonl").read_text().splitlines()) == 8
 
 
+def test_the_transition_runs_its_rounds_on_the_engine_and_tables_them(tmp_path, stub_engines):
+    """--transition-rounds 2 through the real worker: the schedule twice on the A2 engine, each
+    round with the references that bracket it, and the table's round column and goal line."""
+    out = tmp_path / "bench"
+    kw = dict(TINY, concurrencies=(1,), arm_names=["A2"], port_base=27400, transition=True)
+    sweep.run(out, reps=0, transition_rounds=2, **kw)
+    trans = json.loads((out / "transition.json").read_text())
+    assert [len(rnd["phases"]) for rnd in trans["A2"]["rounds"]] == [len(sweep.TRANSITION)] * 2
+    assert all(len(rnd["reference_records"]["4"]) == 2 for rnd in trans["A2"]["rounds"])
+    table = (out / "bench-table.md").read_text()
+    assert "| A2 | 2 | 5 | 4 |" in table and "each phase the median of its rounds" in table
+
+
 def test_an_arm_whose_engine_cannot_start_leaves_the_others_measured(tmp_path, stub_engines, monkeypatch):
     """An engine that dies at start-up (a comparison arm on another release, say) stops only
     its own arm: the others are measured and reported, the run ends with the reason in one

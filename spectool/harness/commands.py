@@ -196,6 +196,14 @@ def _arm_trees(items) -> dict[str, str]:
     "control that never switches, so what a phase loses to the engine's own state shows there too.",
 )
 @click.option(
+    "--transition-rounds",
+    type=click.IntRange(min=1),
+    default=1,
+    help="Run the transition schedule this many times on each engine, standalone references between "
+    "rounds, and read each phase as the median of its rounds (one phase of one round moves by "
+    "several points between identical engines).",
+)
+@click.option(
     "--arms",
     "arm_names",
     default="A0,A1,A2,A3,A4",
@@ -350,6 +358,7 @@ def bench(
     budget,
     no_transition,
     transition_arms,
+    transition_rounds,
     arm_names,
     variants,
     arm_sglang_dirs,
@@ -488,6 +497,7 @@ def bench(
             load=load,
             waves=waves,
             transition_arms=transition_named,
+            transition_rounds=transition_rounds,
             engine_log_level=engine_log_level,
             port_base=port_base,
             fresh_engines=fresh_engines,

@@ -9,7 +9,8 @@
 # call's two logs. The tiers are derived only once the fixed configurations are measured in
 # full; a call that could not measure them all, or had no time left for the tiered stage,
 # exits 75 (or 124 at its timeout): call it again, unchanged, until it exits 0.
-# TRANSITION=1: the tiered engine also runs the transition workload (its switches' cost).
+# TRANSITION=1: the tiered engine also runs the transition workload (its switches' cost;
+# --transition-rounds N among the bench args reads each phase as the median of N rounds).
 # UPSTREAM_SITE: an unpacked SGLang of 0.5.14 or later (tools/device/unpack.sh in the call
 # before), or the tree under test itself (/tmp/site-VERSION) when it is one: the tiered stage
 # also measures SGLang's own adaptive steps there, in the same run, with the same tiers (UP,

@@ -240,29 +240,33 @@ def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
 
 def _transition_summary(trans, m):
     """Per transition (keyed by arm, or "ARM (FOLDER)" in a merge), each phase against its
-    steady state."""
+    steady state; a transition of several rounds (--transition-rounds) lists every round's
+    phases, each against the references that bracket its round."""
     out = {}
     for label, res in trans.items():
         arm = res.get("arm", label)
+        rounds = res.get("rounds") or [res]
         rows = []
-        for ph in res["phases"]:
-            ref, runs, records = _reference(res, ph["C"])
-            steady = ref or m.get((arm, ph["C"]), {}).get("median") or _interp(m, arm, ph["C"])
-            rows.append(
-                {
-                    "C": ph["C"],
-                    "tok_s": ph["output_tok_s"],
-                    "steady": steady,
-                    "ratio": ph["output_tok_s"] / steady if steady else None,
-                    "reference_runs": runs,
-                    "ttft_ms": ph.get("ttft_ms"),
-                    "tpot_ms": ph.get("tpot_ms"),
-                    "steady_ttft_ms": _mean(r.get("ttft_ms") for r in records),
-                    "steady_tpot_ms": _mean(r.get("tpot_ms") for r in records),
-                    "host_busy_cpus": ph.get("host_busy_cpus"),
-                    "steady_host_busy_cpus": _mean(r.get("host_busy_cpus") for r in records),
-                }
-            )
+        for number, rnd in enumerate(rounds, 1):
+            for ph in rnd["phases"]:
+                ref, runs, records = _reference(rnd, ph["C"])
+                steady = ref or m.get((arm, ph["C"]), {}).get("median") or _interp(m, arm, ph["C"])
+                rows.append(
+                    {
+                        **({"round": number} if len(rounds) > 1 else {}),
+                        "C": ph["C"],
+                        "tok_s": ph["output_tok_s"],
+                        "steady": steady,
+                        "ratio": ph["output_tok_s"] / steady if steady else None,
+                        "reference_runs": runs,
+                        "ttft_ms": ph.get("ttft_ms"),
+                        "tpot_ms": ph.get("tpot_ms"),
+                        "steady_ttft_ms": _mean(r.get("ttft_ms") for r in records),
+                        "steady_tpot_ms": _mean(r.get("tpot_ms") for r in records),
+                        "host_busy_cpus": ph.get("host_busy_cpus"),
+                        "steady_host_busy_cpus": _mean(r.get("host_busy_cpus") for r in records),
+                    }
+                )
         out[label] = rows
     return out
 

@@ -89,6 +89,7 @@ def run(
     load: str = "lockstep",
     waves: float | None = None,
     transition_arms=None,
+    transition_rounds: int = 1,
     engine_log_level: str = "warning",
     port_base: int = engines.PORT_BASE,
     fresh_engines: bool = False,
@@ -201,7 +202,7 @@ def run(
                         trans = {  # an earlier wave's transitions (arms beyond --max-engines) kept
                             **(trans or {}),
                             **{
-                                a.name: _transition(procs[a.name], a.name, out, prompt_len, out_len)
+                                a.name: _transition(procs[a.name], a.name, out, prompt_len, out_len, transition_rounds)
                                 for a in wave
                                 if a.runs_transition(transition_arms) and a.name in procs
                             },
@@ -355,10 +356,13 @@ def plan_waves(arm_list, max_engines: int = MAX_ENGINES) -> list[list]:
     return [ordered[i : i + max_engines] for i in range(0, len(ordered), max_engines)]
 
 
-def _transition(proc, arm: str, out: Path, prompt_len: int, out_len: int) -> dict:
+def _transition(proc, arm: str, out: Path, prompt_len: int, out_len: int, rounds: int = 1) -> dict:
     """The alternating schedule on one engine, bracketed by standalone runs of each distinct
     phase (same C and n) before and after it: the steady-state reference is their mean.
-    Every run has prompts of its own (seeds), so none finds another's in the radix cache."""
+    Every run has prompts of its own (seeds), so none finds another's in the radix cache.
+    With `rounds` above 1 the schedule runs that many times, the references between two
+    rounds serving both, so each phase is read as the median of its rounds: one phase of one
+    round moves by several points between identical engines."""
 
     def references(seed):
         return {
@@ -378,18 +382,20 @@ def _transition(proc, arm: str, out: Path, prompt_len: int, out_len: int) -> dic
             for ph in (LOW, HIGH)
         }
 
-    before = references(1077)
-    res = engines.command(
-        proc,
-        arm,
-        out,
-        {"kind": "phases", "schedule": TRANSITION, "prompt_len": prompt_len, "out_len": out_len, "seed": 77},
-    )
-    after = references(2077)
+    # Seeds 100000 apart per round: above any sweep cell's (1000 * rep + C), so no round's
+    # prompts are another run's.
+    refs, runs = [references(1077)], []
+    for r in range(rounds):
+        schedule = {"kind": "phases", "schedule": TRANSITION, "prompt_len": prompt_len, "out_len": out_len}
+        runs.append(engines.command(proc, arm, out, {**schedule, "seed": 77 + 100000 * r}))
+        refs.append(references(2077 + 100000 * r))
     # The references' whole records (TTFT, TPOT, window): the steady state and its runs are
     # read from them (_reference), and a phase that reads slow can be told apart as slower
     # steps or as a longer wait for the first token.
-    return {**res, "reference_records": {C: [before[C], after[C]] for C in before}}
+    bracketed = [
+        {**res, "reference_records": {C: [refs[r][C], refs[r + 1][C]] for C in refs[r]}} for r, res in enumerate(runs)
+    ]
+    return bracketed[0] if rounds == 1 else {"rounds": bracketed}
 
 
 def select_arms(
