@@ -483,6 +483,20 @@ def test_a_transition_of_several_rounds_reads_each_phase_as_the_median_of_its_ro
     assert "Lowest phase/steady, each phase the median of its rounds: 0.960 (goal" in table
 
 
+def test_a_median_ratio_has_an_interval_only_over_enough_repetitions():
+    """The bootstrap interval of median(a) / median(b) for two arms `ratios` does not pair:
+    None below three reps a side; around the ratio of the medians, narrower for tight reps
+    than for spread ones, and the same for the same seed."""
+    from spectool.harness.bench.analyze import median_ratio_interval
+
+    assert median_ratio_interval([100, 101], [100, 99, 98]) is None
+    tight = median_ratio_interval([100, 101, 99, 100], [100, 99, 101, 100], seed="x")
+    wide = median_ratio_interval([80, 101, 120, 100], [100, 70, 130, 100], seed="x")
+    assert tight[0] <= 1.0 <= tight[1] and tight[1] - tight[0] < 0.03
+    assert wide[1] - wide[0] > 0.2
+    assert median_ratio_interval([100, 101, 99, 100], [100, 99, 101, 100], seed="x") == tight
+
+
 def test_a_transition_only_run_tables_its_phases(tmp_path):
     """--reps 0: no sweep table (no cells), the transition's phases against their bracketing
     references instead, one row per phase and engine, the lowest phase of each."""

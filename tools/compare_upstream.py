@@ -13,6 +13,7 @@ configuration, over the envelope, and over upstream's adaptive steps of the same
                                        # goals.md beside every tiers sweep
 """
 
+from collections import defaultdict
 from pathlib import Path
 
 from spectool.harness.bench import analyze
@@ -99,15 +100,28 @@ def tier_goals_markdown(folder: Path) -> str:
     upstream's adaptive steps with the same tiers; `-` where the run lacks one of them. The
     folder names them: the tiered arm and upstream's as `--suggest-tiers` names them (TIER...,
     UP...), the fixed configurations in its suggested-tiers.json, the acceptance in its
-    bench-results.json."""
+    bench-results.json. Where both arms of a ratio have three repetitions or more, its 90%
+    bootstrap interval follows it, so a tie can be told from a loss."""
     cells = analyze.read_cells(folder / "cells.jsonl")
-    m = analyze.medians(cells, analyze.read_json(folder / "bench-results.json")["acc_len"])
+    acc_len = analyze.read_json(folder / "bench-results.json")["acc_len"]
+    m = analyze.medians(cells, acc_len)
+    reps = defaultdict(list)
+    for c in cells:
+        if c.get("acc_len", acc_len) == acc_len:
+            reps[(c["arm"], c["C"])].append(c["output_tok_s"])
     names = list(dict.fromkeys(c["arm"] for c in cells))
     tiered = next(a for a in names if a.startswith("TIER"))
     upstream = next((a for a in names if a.startswith("UP")), None)
     suggested = folder / "suggested-tiers.json"
     fixed_arms = list(analyze.read_json(suggested)["arms"].values()) if suggested.exists() else []
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+
+    def ratio(C, other):
+        """The tiered arm's median over `other`'s at C, with its interval where both have it."""
+        iv = analyze.median_ratio_interval(reps[(tiered, C)], reps[(other, C)], seed=f"{other}:{C}")
+        text = fmt(m[(tiered, C)]["median"] / m[(other, C)]["median"])
+        return text + (f" ({iv[0]:.3f}-{iv[1]:.3f})" if iv else "")
+
     head = ["C", f"{tiered} tok/s", "fastest fixed", f"{tiered}/fixed", f"{tiered}/E"]
     if upstream:
         head.append(f"{tiered}/{upstream}")
@@ -122,11 +136,11 @@ def tier_goals_markdown(folder: Path) -> str:
             str(C),
             f"{us:.0f}",
             f"{best} {fixed[best]:.0f}" if best else "-",
-            fmt(us / fixed[best] if best else None),
+            ratio(C, best) if best else "-",
             fmt(us / env[C] if C in env else None),
         ]
         if upstream:
-            row.append(fmt(us / m[(upstream, C)]["median"] if (upstream, C) in m else None))
+            row.append(ratio(C, upstream) if (upstream, C) in m else "-")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 

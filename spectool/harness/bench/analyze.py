@@ -131,6 +131,26 @@ def ratio_intervals(
     return out
 
 
+def median_ratio_interval(
+    a: list[float], b: list[float], level: float = 0.9, draws: int = 2000, seed: str = "", min_reps: int = 3
+) -> list[float] | None:
+    """[low, high]: the bootstrap interval of median(a) / median(b), each side's reps
+    resampled with replacement as `ratio_intervals` does; None where either side has fewer
+    than `min_reps` reps. For two arms that `ratios` does not pair (a tiered arm against the
+    fastest fixed configuration, or against upstream's)."""
+    import random
+
+    if len(a) < min_reps or len(b) < min_reps:
+        return None
+    rng = random.Random(seed)
+    values = sorted(
+        statistics.median(rng.choices(a, k=len(a))) / statistics.median(rng.choices(b, k=len(b)))
+        for _ in range(draws)
+    )
+    cut = (1 - level) / 2
+    return [quantile(values, cut), quantile(values, 1 - cut)]
+
+
 def interval_markdown(intervals: dict, concurrencies: list[int], level: float = 0.9) -> str:
     """The intervals of `ratio_intervals` as a table (ratios with none at any C are left out)."""
     names = [n for n in ("A2/E", "A2/A0", "A4/A0") if any(n in intervals.get(C, {}) for C in concurrencies)]
