@@ -414,7 +414,7 @@ def test_transition_reference_brackets_the_schedule(tmp_path, monkeypatch):
         }
 
     monkeypatch.setattr(engines, "command", command)
-    res = sweep._transition(None, "A2", tmp_path, 128, 128)
+    [res] = sweep._transition(None, "A2", tmp_path, 128, 128)
     assert [c["kind"] for c in sent] == ["point", "point", "phases", "point", "point"]
     assert [c["C"] for c in sent if c["kind"] == "point"] == [4, 192, 4, 192]
     assert all(c["n"] == {4: 128, 192: 384}[c["C"]] for c in sent if c["kind"] == "point")
@@ -455,13 +455,25 @@ def test_transition_rounds_share_the_references_between_them(tmp_path, monkeypat
         return {"output_tok_s": 1000.0 + len(sent)}  # each reference run reads its own
 
     monkeypatch.setattr(engines, "command", command)
-    res = sweep._transition(None, "A2", tmp_path, 128, 128, rounds=3)
+    res = sweep._transition(None, "A2", tmp_path, 128, 128, rounds=range(3))
     assert [c["kind"] for c in sent] == ["point", "point"] + ["phases", "point", "point"] * 3
-    assert len(res["rounds"]) == 3
-    refs = [[r["output_tok_s"] for r in rnd["reference_records"]["4"]] for rnd in res["rounds"]]
+    assert len(res) == 3
+    refs = [[r["output_tok_s"] for r in rnd["reference_records"]["4"]] for rnd in res]
     assert refs == [[1001.0, 1004.0], [1004.0, 1007.0], [1007.0, 1010.0]]  # C=4's runs, bracketing each round
     seeds = [c["seed"] + i for c in sent for i in (range(len(c["schedule"])) if c["kind"] == "phases" else [0])]
     assert len(seeds) == len(set(seeds)), "no two runs share prompts"
+
+    # A round starts only within the budget (the first always: the sweep checked it), and a
+    # later call's rounds (numbered on) have prompts of their own, references of their own first.
+    sent.clear()
+    checks = iter([False, True])
+    assert len(sweep._transition(None, "A2", tmp_path, 128, 128, range(3), over_budget=lambda: next(checks))) == 2
+    first_call = {c["seed"] + i for c in sent for i in (range(len(c["schedule"])) if c["kind"] == "phases" else [0])}
+    sent.clear()
+    [later] = sweep._transition(None, "A2", tmp_path, 128, 128, range(2, 3))
+    assert [c["kind"] for c in sent] == ["point", "point", "phases", "point", "point"]
+    seeds = [c["seed"] + i for c in sent for i in (range(len(c["schedule"])) if c["kind"] == "phases" else [0])]
+    assert not set(seeds) & first_call
 
 
 def test_a_transition_of_several_rounds_reads_each_phase_as_the_median_of_its_rounds(tmp_path):
@@ -630,16 +642,6 @@ def test_an_arm_whose_kv_pool_sglang_shrank_is_not_timed():
         degraded_engine("A0", SHRUNK_POOL_LOG.replace("max_total_tokens=303104 is larger", "max_total_tokens=3 is"))
         is None
     )
-
-
-def test_a_wave_starts_only_if_its_engines_would_be_ready_within_the_budget():
-    from spectool.harness.bench.sweep import ready_in_time
-
-    assert ready_in_time(30, {})  # nothing recorded: the first wave of a folder starts
-    startup = {"A0": 74.2, "A1": 49.4}
-    assert ready_in_time(300, startup)
-    assert not ready_in_time(60, startup)  # the slowest recorded start-up decides
-    assert not ready_in_time(74.2, startup)  # ready only as the budget ends: nothing to measure
 
 
 def test_plan_resumes_and_places_the_transition_after_the_first_repetition():
@@ -881,6 +883,24 @@ def test_merge_lists_each_runs_transition_beside_the_others(tmp_path):
     assert kept["A2"]["source"] == "sweep"
     table = (tmp_path / "m" / "bench-table.md").read_text()
     assert "| A2 (alone) | 5 | 4 |" in table and "Per transition: A1 0.997, A2 0.968, A2 (alone) 1.008." in table
+
+
+def test_merge_keeps_a_transitions_rounds(tmp_path):
+    """A run whose transition has several rounds merges beside a run of one round: each keeps
+    its own, the table has the round column (one round reads as round 1), and each
+    transition's goal figure is the median of its rounds per phase."""
+    from spectool.harness.bench.results import merge
+
+    rounds = {"rounds": [_transition([1.0, 0.9, 1.0, 1.0, 1.0]), _transition([1.0, 0.98, 1.0, 1.0, 0.97])] * 2}
+    sweep = _folder(tmp_path / "sweep", _sweep([4, 64]), transition={"A2": rounds})
+    alone = _folder(tmp_path / "alone", [], transition={"A2": _transition([1.05, 1.01, 1.008, 1.02, 1.03])})
+    report = merge(tmp_path / "m", [sweep, alone], 3.0)
+    assert [len(rows) for rows in report["transition"].values()] == [20, 5]
+    assert len(json.loads((tmp_path / "m" / "transition.json").read_text())["A2"]["rounds"]) == 4
+    table = (tmp_path / "m" / "bench-table.md").read_text()
+    assert "| A2 | 4 | 5 | 4 |" in table and "| A2 (alone) | 1 | 5 | 4 |" in table
+    # Phase 2 of A2: 0.9, 0.98, 0.9, 0.98 -> 0.94; phase 5: 1.0, 0.97 twice -> 0.985.
+    assert "Per transition: A2 0.940, A2 (alone) 1.008." in table
     assert "host CPUs busy" not in table
     hosted = _folder(tmp_path / "hosted", [], transition={"A2": _transition([1.0] * 5, host_busy_cpus=2.0)})
     merge(tmp_path / "h", [sweep, hosted], 3.0)

@@ -139,25 +139,83 @@ def test_a_sweep_starts_its_engines_measures_every_cell_and_resumes(tmp_path, st
     assert "| 8 |" in (out / "bench-table.md").read_text()
 
 
-def test_engines_that_would_not_be_ready_within_the_budget_do_not_start(tmp_path, stub_engines, capsys):
-    """A resumed run whose budget is shorter than the slowest start-up the folder recorded
-    stops before starting engines (its status: the budget reached, as a cut-off run's), and
-    the folder keeps its cells; with time for them, the same command measures the rest."""
+def test_a_waves_start_up_is_estimated_from_what_the_folder_recorded():
+    """The wave's own arms' slowest recorded start-up, else the slowest of any arm (a first
+    engine starts as slowly as the others did); a start-up recorded as nothing is no record."""
+    assert sweep.startup_estimate(["A1"], {}) is None
+    startup = {"A0": 74.2, "A1": 49.4, "S2": None}
+    assert sweep.startup_estimate(["A1"], startup) == 49.4
+    assert sweep.startup_estimate(["A1", "A0"], startup) == 74.2
+    assert sweep.startup_estimate(["S2"], startup) == 74.2
+
+
+def test_a_wave_starts_only_if_its_engines_would_be_ready_within_the_budget():
+    assert sweep.ready_in_time(30, 540, None)  # nothing recorded: the first wave of a folder starts
+    assert sweep.ready_in_time(300, 540, 74.2)
+    assert not sweep.ready_in_time(60, 540, 74.2)
+    assert not sweep.ready_in_time(74.2, 540, 74.2)  # ready only as the budget ends: nothing to measure
+    # A budget shorter than the start-up itself: no call could do better, so the wave starts
+    # rather than stop every call of the sweep at the same place.
+    assert sweep.ready_in_time(60, 100, 150)
+
+
+class _ClockAfterStart:
+    """The sweep's clock, `ahead` seconds past its start from its second reading on: a run that
+    has spent that much of its budget, whatever the machine's speed."""
+
+    def __init__(self, ahead: float):
+        import time
+
+        self.real, self.ahead, self.readings = time.time, ahead, 0
+
+    def time(self) -> float:
+        self.readings += 1
+        return self.real() + (self.ahead if self.readings > 1 else 0)
+
+
+def test_engines_that_would_not_be_ready_within_the_budget_do_not_start(tmp_path, stub_engines, capsys, monkeypatch):
+    """A resumed run with less of its budget left than the start-up the folder recorded for
+    the next engines stops before starting them (its status: the budget reached, as a cut-off
+    run's), and the folder keeps its cells; with time for them, the same command measures the
+    rest."""
     out = tmp_path / "bench"
     kw = dict(TINY, concurrencies=(1, 8), arm_names=["A0", "A1"], port_base=27300)
     sweep.run(out, reps=1, **kw)
     report = json.loads((out / "bench-results.json").read_text())
-    report["startup_s"] = {**report["startup_s"], "A1": 200.0}  # as a slow engine records it
+    report["startup_s"] = {"A0": 100.0, "A1": 100.0}  # as slow engines record it
     (out / "bench-results.json").write_text(json.dumps(report))
     capsys.readouterr()
 
-    sweep.run(out, reps=2, **{**kw, "budget_s": 120})
-    assert "time budget reached: 120 s left, less than the slowest engine start-up" in capsys.readouterr().out
+    monkeypatch.setattr(sweep, "time", _ClockAfterStart(150))  # 100 s of the 250 left, at most
+    sweep.run(out, reps=2, **{**kw, "budget_s": 250})
+    printed = " ".join(capsys.readouterr().out.split())  # as the console wrapped it
+    assert (
+        "time budget reached: 100 s left, less than these engines' start-up as this folder recorded it (100 s)"
+        in printed
+    )
     assert len(stub_engines.read_text().splitlines()) == 2, "no engine started"
     assert len((out / "cells.jsonl").read_text().splitlines()) == 4
 
-    sweep.run(out, reps=2, **{**kw, "budget_s": 300})
+    monkeypatch.setattr(sweep, "time", _ClockAfterStart(0))
+    sweep.run(out, reps=2, **{**kw, "budget_s": 250})
     assert len((out / "cells.jsonl").read_text().splitlines()) == 8
+
+
+def test_the_transition_resumes_the_rounds_it_lacks(tmp_path, stub_engines):
+    """A folder holding one round of a transition, rerun with --transition-rounds 2, runs one
+    more round on the engine and keeps the first; with its rounds all there, it starts no
+    engine for them."""
+    out = tmp_path / "bench"
+    kw = dict(TINY, concurrencies=(1,), arm_names=["A2"], port_base=27500, transition=True)
+    sweep.run(out, reps=0, **kw)
+    first = json.loads((out / "transition.json").read_text())["A2"]
+    assert "phases" in first, "one round: the record as it always was"
+    sweep.run(out, reps=0, transition_rounds=2, **kw)
+    rounds = json.loads((out / "transition.json").read_text())["A2"]["rounds"]
+    assert len(rounds) == 2 and rounds[0] == first
+    assert len(stub_engines.read_text().splitlines()) == 2
+    sweep.run(out, reps=0, transition_rounds=2, **kw)
+    assert len(stub_engines.read_text().splitlines()) == 2, "nothing left to measure: no engine"
 
 
 def test_the_transition_runs_its_rounds_on_the_engine_and_tables_them(tmp_path, stub_engines):

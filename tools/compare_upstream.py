@@ -13,7 +13,6 @@ configuration, over the envelope, and over upstream's adaptive steps of the same
                                        # goals.md beside every tiers sweep
 """
 
-from collections import defaultdict
 from pathlib import Path
 
 from spectool.harness.bench import analyze
@@ -105,10 +104,7 @@ def tier_goals_markdown(folder: Path) -> str:
     cells = analyze.read_cells(folder / "cells.jsonl")
     acc_len = analyze.read_json(folder / "bench-results.json")["acc_len"]
     m = analyze.medians(cells, acc_len)
-    reps = defaultdict(list)
-    for c in cells:
-        if c.get("acc_len", acc_len) == acc_len:
-            reps[(c["arm"], c["C"])].append(c["output_tok_s"])
+    reps = analyze.rep_values(cells, acc_len)
     names = list(dict.fromkeys(c["arm"] for c in cells))
     tiered = next(a for a in names if a.startswith("TIER"))
     upstream = next((a for a in names if a.startswith("UP")), None)

@@ -85,6 +85,12 @@ def ratios(m: dict, concurrencies: list[int]) -> dict:
     return out
 
 
+def rep_values(cells: list[dict], acc_len: float | None = None) -> dict:
+    """(arm, C) -> the tokens/s of its repetitions, at acceptance `acc_len` when given: what
+    the bootstrap intervals resample."""
+    return {k: [c["output_tok_s"] for c in cs] for k, cs in _groups(cells, acc_len).items()}
+
+
 def ratio_intervals(
     cells: list[dict],
     concurrencies: list[int],
@@ -104,7 +110,7 @@ def ratio_intervals(
     so it enters at its median and A2/E still has an interval."""
     import random
 
-    groups = {k: [c["output_tok_s"] for c in cs] for k, cs in _groups(cells, acc_len).items()}
+    groups = rep_values(cells, acc_len)
     out = {}
     for C in concurrencies:
         rng = random.Random(f"{seed}:{C}")  # per C: an interval does not depend on which other C a report holds
@@ -144,8 +150,7 @@ def median_ratio_interval(
         return None
     rng = random.Random(seed)
     values = sorted(
-        statistics.median(rng.choices(a, k=len(a))) / statistics.median(rng.choices(b, k=len(b)))
-        for _ in range(draws)
+        statistics.median(rng.choices(a, k=len(a))) / statistics.median(rng.choices(b, k=len(b))) for _ in range(draws)
     )
     cut = (1 - level) / 2
     return [quantile(values, cut), quantile(values, 1 - cut)]

@@ -238,6 +238,17 @@ def merge(out: Path, sources: list[Path], acc_len: float = 3.0) -> dict:
     )
 
 
+def transition_rounds_of(res: dict | None) -> list[dict]:
+    """The rounds of one engine's transition as transition.json holds it: one round as the
+    result itself, several under "rounds"; none for an engine without one."""
+    return [] if res is None else res.get("rounds") or [res]
+
+
+def as_transition(rounds: list[dict]) -> dict:
+    """transition.json's record of one engine's rounds (see transition_rounds_of)."""
+    return rounds[0] if len(rounds) == 1 else {"rounds": rounds}
+
+
 def _transition_summary(trans, m):
     """Per transition (keyed by arm, or "ARM (FOLDER)" in a merge), each phase against its
     steady state; a transition of several rounds (--transition-rounds) lists every round's
@@ -245,7 +256,7 @@ def _transition_summary(trans, m):
     out = {}
     for label, res in trans.items():
         arm = res.get("arm", label)
-        rounds = res.get("rounds") or [res]
+        rounds = transition_rounds_of(res)
         rows = []
         for number, rnd in enumerate(rounds, 1):
             for ph in rnd["phases"]:

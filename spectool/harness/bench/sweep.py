@@ -136,15 +136,22 @@ def run(
     trans = analyze.read_json(tpath) if tpath.exists() else None
     # A resumed run reports the whole folder: its engines' start-up times and every C held.
     startup = results.earlier_startup(out / "bench-results.json")
+    # The engines whose transition still lacks rounds (a resumed run measures only those).
+    pending = tuple(
+        a.name
+        for a in arm_list
+        if a.runs_transition(transition_arms)
+        and len(results.transition_rounds_of((trans or {}).get(a.name))) < transition_rounds
+    )
     plan = plan_steps(
         arm_list,
         concurrencies,
         reps,
         acc_len,
         done,
-        transition and trans is None,
+        transition and bool(pending),
         max_engines,
-        transition_arms,
+        pending or transition_arms,
         fresh_engines,
     )
     with Progress(
@@ -166,11 +173,11 @@ def run(
         for wave, steps in plan:
             if over_budget():  # before starting engines that would measure nothing
                 break
-            left = budget_s - (time.time() - t_start)
-            if not ready_in_time(left, startup):
+            left, needed = budget_s - (time.time() - t_start), startup_estimate([a.name for a in wave], startup)
+            if not ready_in_time(left, budget_s, needed):
                 bar.console.print(
-                    f"time budget reached: {left:.0f} s left, less than the slowest engine start-up "
-                    f"this folder recorded ({max(startup.values()):.0f} s): stopping; rerun to resume"
+                    f"time budget reached: {left:.0f} s left, less than these engines' start-up as this folder "
+                    f"recorded it ({needed:.0f} s): stopping; rerun to resume"
                 )
                 stopped = True
                 break
@@ -199,15 +206,21 @@ def run(
                     if stopped:
                         break
                     if step is None:  # A2 and its variants (and any control), each on its own engine
-                        trans = {  # an earlier wave's transitions (arms beyond --max-engines) kept
-                            **(trans or {}),
-                            **{
-                                a.name: _transition(procs[a.name], a.name, out, prompt_len, out_len, transition_rounds)
-                                for a in wave
-                                if a.runs_transition(transition_arms) and a.name in procs
-                            },
-                        }
-                        tpath.write_text(json.dumps(trans, indent=1))
+                        trans = dict(trans or {})  # an earlier wave's transitions (arms beyond --max-engines) kept
+                        for a in wave:
+                            held = results.transition_rounds_of(trans.get(a.name))
+                            if a.name in pending and a.name in procs and len(held) < transition_rounds:
+                                new = _transition(
+                                    procs[a.name],
+                                    a.name,
+                                    out,
+                                    prompt_len,
+                                    out_len,
+                                    rounds=range(len(held), transition_rounds),
+                                    over_budget=over_budget,
+                                )
+                                trans[a.name] = results.as_transition(held + new)
+                                tpath.write_text(json.dumps(trans, indent=1))
                         continue
                     rep, C, arm = step
                     if arm not in procs:
@@ -331,12 +344,21 @@ def plan_steps(
     return plan
 
 
-def ready_in_time(left_s: float, startup_s: dict) -> bool:
-    """Whether engines started now would be ready with `left_s` seconds of the budget left,
-    judged by the slowest start-up this folder recorded (arm -> seconds): a wave that would
-    only start its engines before the budget ends does not start, and the device time its
-    start-up would take goes to the next call. With nothing recorded, the wave starts."""
-    return not startup_s or left_s > max(startup_s.values())
+def startup_estimate(wave: list[str], startup_s: dict) -> float | None:
+    """How long the wave's engines take to start, as this folder recorded it (arm -> seconds):
+    the slowest of its own arms, else, for arms never started here, the slowest of any; None
+    with nothing recorded."""
+    known = {arm: s for arm, s in startup_s.items() if isinstance(s, (int, float))}
+    return max([known[a] for a in wave if a in known] or known.values(), default=None)
+
+
+def ready_in_time(left_s: float, budget_s: float, needed_s: float | None) -> bool:
+    """Whether engines that take `needed_s` to start would be ready with `left_s` seconds of
+    the budget left: a wave that would only start its engines before the budget ends does not
+    start, and the device time its start-up would take goes to the next call. With nothing
+    recorded the wave starts, and so does one that no call of this budget could start in
+    time (refusing it would stop the sweep there call after call)."""
+    return needed_s is None or left_s > needed_s or needed_s >= budget_s
 
 
 def _busy(wave, steps, transition_arms) -> list:
@@ -356,13 +378,16 @@ def plan_waves(arm_list, max_engines: int = MAX_ENGINES) -> list[list]:
     return [ordered[i : i + max_engines] for i in range(0, len(ordered), max_engines)]
 
 
-def _transition(proc, arm: str, out: Path, prompt_len: int, out_len: int, rounds: int = 1) -> dict:
-    """The alternating schedule on one engine, bracketed by standalone runs of each distinct
-    phase (same C and n) before and after it: the steady-state reference is their mean.
-    Every run has prompts of its own (seeds), so none finds another's in the radix cache.
-    With `rounds` above 1 the schedule runs that many times, the references between two
-    rounds serving both, so each phase is read as the median of its rounds: one phase of one
-    round moves by several points between identical engines."""
+def _transition(
+    proc, arm: str, out: Path, prompt_len: int, out_len: int, rounds=range(1), over_budget=lambda: False
+) -> list[dict]:
+    """The alternating schedule on one engine, once per round in `rounds` (their numbers, which
+    seed their prompts), bracketed by standalone runs of each distinct phase (same C and n)
+    before and after it: its steady-state reference is their mean, the references between two
+    rounds serving both. Every run has prompts of its own (seeds), so none finds another's in
+    the radix cache. A round starts only within the budget; the rounds run are returned, each
+    with its references' whole records. Several rounds let each phase be read as the median
+    of its rounds: one phase of one round moves by several points between identical engines."""
 
     def references(seed):
         return {
@@ -382,20 +407,23 @@ def _transition(proc, arm: str, out: Path, prompt_len: int, out_len: int, rounds
             for ph in (LOW, HIGH)
         }
 
-    # Seeds 100000 apart per round: above any sweep cell's (1000 * rep + C), so no round's
-    # prompts are another run's.
-    refs, runs = [references(1077)], []
-    for r in range(rounds):
-        schedule = {"kind": "phases", "schedule": TRANSITION, "prompt_len": prompt_len, "out_len": out_len}
-        runs.append(engines.command(proc, arm, out, {**schedule, "seed": 77 + 100000 * r}))
-        refs.append(references(2077 + 100000 * r))
-    # The references' whole records (TTFT, TPOT, window): the steady state and its runs are
-    # read from them (_reference), and a phase that reads slow can be told apart as slower
-    # steps or as a longer wait for the first token.
-    bracketed = [
-        {**res, "reference_records": {C: [refs[r][C], refs[r + 1][C]] for C in refs[r]}} for r, res in enumerate(runs)
-    ]
-    return bracketed[0] if rounds == 1 else {"rounds": bracketed}
+    # Round r's seeds are r * 100000 above the first round's: above any sweep cell's
+    # (1000 * rep + C) from the second round on, so no round's prompts are another run's.
+    schedule = {"kind": "phases", "schedule": TRANSITION, "prompt_len": prompt_len, "out_len": out_len}
+    done = []
+    before = None
+    for r in rounds:
+        if done and over_budget():
+            break
+        before = before or references(1077 + 100000 * r)
+        res = engines.command(proc, arm, out, {**schedule, "seed": 77 + 100000 * r})
+        after = references(2077 + 100000 * r)
+        # The references' whole records (TTFT, TPOT, window): the steady state and its runs are
+        # read from them (results._reference), and a phase that reads slow can be told apart as
+        # slower steps or as a longer wait for the first token.
+        done.append({**res, "reference_records": {C: [before[C], after[C]] for C in before}})
+        before = after
+    return done
 
 
 def select_arms(
