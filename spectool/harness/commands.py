@@ -182,7 +182,7 @@ def _arm_trees(items) -> dict[str, str]:
     "--budget",
     type=click.FloatRange(min=0),
     default=540,
-    help="Stop measuring after this many seconds (resume later). Engines that would not be ready within it, by the slowest start-up the folder recorded, do not start.",
+    help="Stop measuring after this many seconds (resume later). Engines that would not be ready within it, by the start-up the folder recorded for them, do not start.",
 )
 @click.option(
     "--no-transition",
