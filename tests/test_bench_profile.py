@@ -253,6 +253,55 @@ def test_step_anatomy_takes_a_decode_step_apart_between_two_forwards():
     assert f"| `{COPY}` | 1.00 | 8.00 |" in md and f"| `{INDEX}` | 0.00 | 2.00 |" in md
 
 
+def _prefills(target_us: int, draft_us: int | None, chunks=(8192, 4096), gap_us: int = 20) -> list[dict]:
+    """Prefills as SGLang annotates every model runner's forward on the GPU (`step[EXTEND bs=N
+    toks=T]`): per chunk the target's forward, then (`draft_us` given) the draft's extend of the
+    same prompts under the same label, `gap_us` later; then a decode step 20 us after."""
+    ev, t = [], 0
+
+    def span(name, dur):
+        nonlocal t
+        ev.append({"ph": "X", "cat": "gpu_user_annotation", "name": name, "ts": t, "dur": dur})
+        ev.append({"ph": "X", "cat": "kernel", "name": "k", "ts": t, "dur": dur})
+        t += dur + gap_us
+
+    for toks in chunks:
+        span(f"step[EXTEND bs=64 toks={toks}]", target_us)
+        if draft_us:
+            span(f"step[EXTEND bs=64 toks={toks}]", draft_us)
+        span("step[DECODE bs=64]", 5000)
+    return ev
+
+
+def test_prefill_anatomy_tells_the_targets_forward_from_the_drafts_extend():
+    """An EAGLE prefill is the target's forward then the draft's extend under the same label:
+    per prefill both, the whole, and the wait before the next step. An engine whose draft
+    extend takes 9 ms more shows it there, with the same target forward; one without a draft
+    (plain decoding) has none, and two chunks of one label are two prefills, not a target and
+    its draft."""
+    fast = profile.summarize(_prefills(40_000, 3_000), steps=2)["prefill"]
+    slow = profile.summarize(_prefills(40_000, 12_000), steps=2)["prefill"]
+    assert (fast["prefills"], fast["tokens"], fast["forward_ms"]) == (2, 6144, 40.0)
+    assert fast["forward_ms_per_1k_tokens"] == slow["forward_ms_per_1k_tokens"] == 80_000 / 12288
+    assert (fast["draft_ms"], slow["draft_ms"]) == (3.0, 12.0)
+    assert (fast["prefill_ms"], slow["prefill_ms"]) == (43.02, 52.02)
+    assert fast["after_ms"] == slow["after_ms"] == 0.02 and fast["after_busy_ms"] == 0.0
+    plain = profile.summarize(_prefills(40_000, None, chunks=(8192, 8192)), steps=2)["prefill"]
+    assert (plain["prefills"], plain["draft_ms"], plain["prefill_ms"]) == (2, None, 40.0)
+    chunked = _prefills(40_000, None, chunks=(8192,))[:2] + [
+        dict(e, ts=e["ts"] + 40_020) for e in _prefills(40_000, None, chunks=(8192,))
+    ]  # two chunks of one label back to back, then a decode step
+    assert profile.summarize(chunked, steps=1)["prefill"]["prefills"] == 2
+    assert "prefill" not in profile.summarize(_decode_steps(["fill"]), steps=4)
+    md = profile.markdown(
+        {
+            ("A1", 128): profile.summarize(_prefills(40_000, 3_000), steps=2),
+            ("TIER", 128): profile.summarize(_prefills(40_000, 12_000), steps=2),
+        }
+    )
+    assert "| TIER | 128 | 2 | 6144 | 40.000 | 6.510 | 12.000 | 52.020 | 0.020 | 0.000 |" in md
+
+
 def test_excerpts_are_read_back_by_arm_c_and_wave(tmp_path):
     """The excerpts a profile leaves (ARM-C64 for the first profile of a C, ARM-C64-2 for the
     second on the same engines) are reduced again by the current code, keyed like the run's

@@ -105,6 +105,7 @@ def summarize(events: list[dict], steps: int, top: int = 8) -> dict:
         "kernels": {k: [v * per, n_kernel[k] / steps] for k, v in by_kernel.most_common()},
         **idle_gaps(events, gpu, steps),
         **step_anatomy(events, gpu),
+        **prefill_anatomy(events, gpu),
     }
 
 
@@ -149,6 +150,70 @@ def step_anatomy(events: list[dict], gpu: list[dict], kind: str = "DECODE") -> d
             "between_kernels": median(counts),
             "between_busy_ms": median(busy) / 1e3,
             "between_by_kernel": {k: v / n for k, v in names.most_common()},
+        }
+    }
+
+
+EXTEND_TOKENS = re.compile(r"toks=(\d+)")
+
+
+def prefill_anatomy(events: list[dict], gpu: list[dict]) -> dict:
+    """The prefills of the window taken apart on the GPU. SGLang annotates every forward of a
+    model runner (`step[EXTEND bs=N toks=T]`, its GPU span), so an EAGLE engine's prefill is
+    two such spans in a row with the same label: the target's forward over the prompts, then
+    the draft model extending the same prompts (told from a second chunk of the target by
+    being far shorter). Per prefill: the target's forward (and per
+    token), the draft's, the whole from the first span's start to the last's end, and what
+    runs from there to the next annotated step. Two engines whose first tokens differ at the
+    same load differ here; the decode steps (step_anatomy) do not show it. Medians over the
+    prefills that have a step after them."""
+    annotated = sorted(
+        (
+            e
+            for e in events
+            if e.get("cat") == "gpu_user_annotation" and e.get("ph") == "X" and e.get("name", "").startswith("step[")
+        ),
+        key=lambda e: e["ts"],
+    )
+    groups = []  # [each prefill's spans, the annotated step after it]
+    for e in annotated:
+        extend = e["name"].startswith("step[EXTEND")
+        if groups and groups[-1][1] is None:
+            spans = groups[-1][0]
+            # The draft extending the same prompts: the same label, and far shorter (one layer
+            # against the target's dozens), where a second chunk of the target is as long.
+            if extend and len(spans) == 1 and e["name"] == spans[0]["name"] and e["dur"] < spans[0]["dur"] / 2:
+                spans.append(e)
+                continue
+            groups[-1][1] = e
+        if extend:
+            groups.append([[e], None])
+    groups = [(spans, nxt) for spans, nxt in groups if nxt is not None]
+    if not groups:
+        return {}
+    starts = [e["ts"] for e in gpu]  # in time order (summarize)
+    forward, draft, whole, after, after_busy, tokens = [], [], [], [], [], []
+    for spans, nxt in groups:
+        end = spans[-1]["ts"] + spans[-1].get("dur", 0)
+        found = EXTEND_TOKENS.search(spans[0]["name"])
+        forward.append(spans[0].get("dur", 0))
+        tokens.append(int(found.group(1)) if found else 0)
+        if len(spans) > 1:
+            draft.append(spans[1].get("dur", 0))
+        whole.append(end - spans[0]["ts"])
+        after.append(nxt["ts"] - end)
+        after_busy.append(sum(e.get("dur", 0) for e in gpu[bisect_left(starts, end) : bisect_left(starts, nxt["ts"])]))
+    return {
+        "prefill": {
+            "prefills": len(groups),
+            "tokens": median(tokens),
+            "forward_ms": median(forward) / 1e3,
+            # the target's us per token, which is ms per thousand tokens
+            "forward_ms_per_1k_tokens": sum(forward) / sum(tokens) if sum(tokens) else None,
+            "draft_ms": median(draft) / 1e3 if draft else None,
+            "prefill_ms": median(whole) / 1e3,
+            "after_ms": median(after) / 1e3,
+            "after_busy_ms": median(after_busy) / 1e3,
         }
     }
 
@@ -304,6 +369,23 @@ def markdown(rows: dict, base_arm: str = "A0") -> str:
                 f"| {arm} | {at(C, k)} | {a['steps']} | {a['forward_ms']:.3f} | {a['interval_ms']:.3f} "
                 f"({a['interval_mean_ms']:.3f}) | {a['between_ms']:.3f} | {a['between_kernels']:g} | "
                 f"{a['between_busy_ms']:.3f} |"
+            )
+    prefills = [(arm, C, k, r["prefill"]) for (arm, C, k), r in order if r.get("prefill")]
+    if prefills:
+        lines += [
+            "\nPrefills taken apart on the GPU (medians over the window's prefills; target: its forward over the "
+            "prompts; draft: EAGLE's draft extending them; prefill: from the first forward's start to the last's "
+            "end; after: from there to the next step):\n",
+            "| arm | C | prefills | tokens | target ms | target ms per 1k tokens | draft ms | prefill ms | after ms "
+            "| busy after ms |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        fmt = lambda v, d: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
+        for arm, C, k, p in prefills:
+            lines.append(
+                f"| {arm} | {at(C, k)} | {p['prefills']} | {p['tokens']:.0f} | {p['forward_ms']:.3f} "
+                f"| {fmt(p['forward_ms_per_1k_tokens'], 3)} | {fmt(p['draft_ms'], 3)} | {p['prefill_ms']:.3f} "
+                f"| {p['after_ms']:.3f} | {p['after_busy_ms']:.3f} |"
             )
     for (arm, C, k), r in order:
         if r.get("error"):
