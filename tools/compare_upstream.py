@@ -30,6 +30,7 @@ TIER_SWEEPS = [
     TIERS,
     ROOT / "results/0.5.12/h200/bench-tiers-acc2",
     ROOT / "results/0.5.12/h200/bench-tiers-moe",
+    ROOT / "results/0.5.12/h200/bench-tiers-moe-band",
     ROOT / "results/0.5.17/h200/bench-tiers",
     ROOT / "results/0.5.17/h200/bench-tiers-vs-upstream-band",
     ROOT / "results/0.5.17/h200/bench-tiers-moe-vs-upstream",
@@ -98,8 +99,9 @@ def tier_goals_markdown(folder: Path) -> str:
     fastest of the fixed configurations (and which it is), the envelope max(A0, A1), and
     upstream's adaptive steps with the same tiers; `-` where the run lacks one of them. The
     folder names them: the tiered arm and upstream's as `--suggest-tiers` names them (TIER...,
-    UP...), the fixed configurations in its suggested-tiers.json, the acceptance in its
-    bench-results.json. Where both arms of a ratio have three repetitions or more, its 90%
+    UP...), the fixed configurations in its suggested-tiers.json (else the speculative ones it
+    measured, A1, S2 or S1: a band run against the configuration the tiered engine runs there),
+    the acceptance in its bench-results.json. Where both arms of a ratio have three repetitions or more, its 90%
     bootstrap interval follows it, so a tie can be told from a loss."""
     cells = analyze.read_cells(folder / "cells.jsonl")
     acc_len = analyze.read_json(folder / "bench-results.json")["acc_len"]
@@ -109,7 +111,11 @@ def tier_goals_markdown(folder: Path) -> str:
     tiered = next(a for a in names if a.startswith("TIER"))
     upstream = next((a for a in names if a.startswith("UP")), None)
     suggested = folder / "suggested-tiers.json"
-    fixed_arms = list(analyze.read_json(suggested)["arms"].values()) if suggested.exists() else []
+    fixed_arms = (
+        list(analyze.read_json(suggested)["arms"].values())
+        if suggested.exists()
+        else [a for a in ("A1", "S2", "S1") if a in names]
+    )
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
 
     def ratio(C, other):
