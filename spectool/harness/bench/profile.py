@@ -162,9 +162,9 @@ def prefill_anatomy(events: list[dict], gpu: list[dict]) -> dict:
     model runner (`step[EXTEND bs=N toks=T]`, its GPU span), so an EAGLE engine's prefill is
     two such spans in a row with the same label: the target's forward over the prompts, then
     the draft model extending the same prompts (told from a second chunk of the target by
-    being far shorter). Per prefill: the target's forward (and per
-    token), the draft's, the whole from the first span's start to the last's end, and what
-    runs from there to the next annotated step. Two engines whose first tokens differ at the
+    being far shorter). Per prefill: the target's forward (and per token), the draft's, the
+    whole from the first span's start to the last's end, and what runs from there to the
+    next annotated step. Two engines whose first tokens differ at the
     same load differ here; the decode steps (step_anatomy) do not show it. Medians over the
     prefills that have a step after them."""
     annotated = sorted(
@@ -182,7 +182,12 @@ def prefill_anatomy(events: list[dict], gpu: list[dict]) -> dict:
             spans = groups[-1][0]
             # The draft extending the same prompts: the same label, and far shorter (one layer
             # against the target's dozens), where a second chunk of the target is as long.
-            if extend and len(spans) == 1 and e["name"] == spans[0]["name"] and e["dur"] < spans[0]["dur"] / 2:
+            if (
+                extend
+                and len(spans) == 1
+                and e["name"] == spans[0]["name"]
+                and e.get("dur", 0) < spans[0].get("dur", 0) / 2
+            ):
                 spans.append(e)
                 continue
             groups[-1][1] = e
