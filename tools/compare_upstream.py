@@ -99,9 +99,10 @@ def tier_goals_markdown(folder: Path) -> str:
     fastest of the fixed configurations (and which it is), the envelope max(A0, A1), and
     upstream's adaptive steps with the same tiers; `-` where the run lacks one of them. The
     folder names them: the tiered arm and upstream's as `--suggest-tiers` names them (TIER...,
-    UP...), the fixed configurations in its suggested-tiers.json (else the speculative ones it
-    measured, A1, S2 or S1: a band run against the configuration the tiered engine runs there),
-    the acceptance in its bench-results.json. Where both arms of a ratio have three repetitions or more, its 90%
+    UP...), the fixed configurations in its suggested-tiers.json (else those of A0, A1, S2 and S1 it
+    measured, if one of them speculates: a run of a few C against the configurations that win
+    there; plain decoding alone is the envelope's, not a tier's), the acceptance in its
+    bench-results.json. Where both arms of a ratio have three repetitions or more, its 90%
     bootstrap interval follows it, so a tie can be told from a loss."""
     cells = analyze.read_cells(folder / "cells.jsonl")
     acc_len = analyze.read_json(folder / "bench-results.json")["acc_len"]
@@ -111,10 +112,13 @@ def tier_goals_markdown(folder: Path) -> str:
     tiered = next(a for a in names if a.startswith("TIER"))
     upstream = next((a for a in names if a.startswith("UP")), None)
     suggested = folder / "suggested-tiers.json"
+    measured = [a for a in ("A0", "A1", "S2", "S1") if a in names]
     fixed_arms = (
         list(analyze.read_json(suggested)["arms"].values())
         if suggested.exists()
-        else [a for a in ("A1", "S2", "S1") if a in names]
+        else measured
+        if set(measured) - {"A0"}
+        else []
     )
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
 
