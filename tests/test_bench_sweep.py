@@ -139,11 +139,16 @@ def test_a_sweep_starts_its_engines_measures_every_cell_and_resumes(tmp_path, st
     assert "| 8 |" in (out / "bench-table.md").read_text()
 
 
-def test_a_waves_start_up_is_estimated_from_what_the_folder_recorded():
+def test_a_waves_start_up_is_estimated_from_what_the_folder_recorded(tmp_path):
     """The wave's own arms' slowest recorded start-up, else the slowest of any arm (a first
     engine starts as slowly as the others did); a start-up recorded as nothing is no record."""
+    from spectool.harness.bench.results import earlier_startup
+
     assert sweep.startup_estimate(["A1"], {}) is None
-    startup = {"A0": 74.2, "A1": 49.4, "S2": None}
+    report = tmp_path / "bench-results.json"
+    report.write_text(json.dumps({"startup_s": {"A0": 74.2, "A1": 49.4, "S2": None}}))
+    startup = earlier_startup(report)
+    assert startup == {"A0": 74.2, "A1": 49.4}
     assert sweep.startup_estimate(["A1"], startup) == 49.4
     assert sweep.startup_estimate(["A1", "A0"], startup) == 74.2
     assert sweep.startup_estimate(["S2"], startup) == 74.2

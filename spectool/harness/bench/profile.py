@@ -109,6 +109,19 @@ def summarize(events: list[dict], steps: int, top: int = 8) -> dict:
     }
 
 
+def _annotated_steps(events: list[dict], prefix: str = "step[") -> list[dict]:
+    """The forwards SGLang annotates on the GPU (`step[MODE bs=N ...]`, each its GPU span) whose
+    label starts with `prefix`, in time order."""
+    return sorted(
+        (
+            e
+            for e in events
+            if e.get("cat") == "gpu_user_annotation" and e.get("ph") == "X" and e.get("name", "").startswith(prefix)
+        ),
+        key=lambda e: e["ts"],
+    )
+
+
 def step_anatomy(events: list[dict], gpu: list[dict], kind: str = "DECODE") -> dict:
     """A decode step taken apart on the GPU: the model's forward (SGLang annotates each step,
     `step[DECODE bs=N]`, and the trace carries its GPU span) and the kernels between two
@@ -117,16 +130,7 @@ def step_anatomy(events: list[dict], gpu: list[dict], kind: str = "DECODE") -> d
     difference is in `between`: how many kernels, their busy time, and which
     (`between_kernels`, launches per step). Medians over consecutive annotated steps (the
     mean interval spreads work that comes every few steps, such as a KV-only replay)."""
-    steps = sorted(
-        (
-            e
-            for e in events
-            if e.get("cat") == "gpu_user_annotation"
-            and e.get("ph") == "X"
-            and e.get("name", "").startswith(f"step[{kind}")
-        ),
-        key=lambda e: e["ts"],
-    )
+    steps = _annotated_steps(events, f"step[{kind}")
     if len(steps) < 2:
         return {}
     starts = [e["ts"] for e in gpu]  # in time order (summarize)
@@ -167,14 +171,7 @@ def prefill_anatomy(events: list[dict], gpu: list[dict]) -> dict:
     next annotated step. Two engines whose first tokens differ at the
     same load differ here; the decode steps (step_anatomy) do not show it. Medians over the
     prefills that have a step after them."""
-    annotated = sorted(
-        (
-            e
-            for e in events
-            if e.get("cat") == "gpu_user_annotation" and e.get("ph") == "X" and e.get("name", "").startswith("step[")
-        ),
-        key=lambda e: e["ts"],
-    )
+    annotated = _annotated_steps(events)
     groups = []  # [each prefill's spans, the annotated step after it]
     for e in annotated:
         extend = e["name"].startswith("step[EXTEND")

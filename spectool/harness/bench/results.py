@@ -61,12 +61,14 @@ def load_cells(
 
 
 def earlier_startup(report: Path) -> dict:
-    """The start-up times an earlier run of this folder reported ({} without a readable report:
-    the cells, not the report, are what a run resumes from)."""
+    """The start-up times an earlier run of this folder reported, arm -> seconds ({} without a
+    readable report: the cells, not the report, are what a run resumes from; a time that is no
+    number is no record)."""
     try:
-        return dict(analyze.read_json(report).get("startup_s") or {}) if report.exists() else {}
+        held = analyze.read_json(report).get("startup_s") or {} if report.exists() else {}
     except BadInputError:
         return {}
+    return {arm: s for arm, s in held.items() if isinstance(s, (int, float))}
 
 
 def releases_by_arm(cells, version: str | None) -> dict:

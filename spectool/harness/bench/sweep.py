@@ -151,7 +151,7 @@ def run(
         done,
         transition and bool(pending),
         max_engines,
-        pending or transition_arms,
+        pending,
         fresh_engines,
     )
     with Progress(
@@ -209,7 +209,7 @@ def run(
                         trans = dict(trans or {})  # an earlier wave's transitions (arms beyond --max-engines) kept
                         for a in wave:
                             held = results.transition_rounds_of(trans.get(a.name))
-                            if a.name in pending and a.name in procs and len(held) < transition_rounds:
+                            if a.name in pending and a.name in procs:
                                 new = _transition(
                                     procs[a.name],
                                     a.name,
@@ -345,11 +345,10 @@ def plan_steps(
 
 
 def startup_estimate(wave: list[str], startup_s: dict) -> float | None:
-    """How long the wave's engines take to start, as this folder recorded it (arm -> seconds):
-    the slowest of its own arms, else, for arms never started here, the slowest of any; None
-    with nothing recorded."""
-    known = {arm: s for arm, s in startup_s.items() if isinstance(s, (int, float))}
-    return max([known[a] for a in wave if a in known] or known.values(), default=None)
+    """How long the wave's engines take to start, as this folder recorded it (arm -> seconds,
+    results.earlier_startup): the slowest of its own arms, else, for arms never started here,
+    the slowest of any; None with nothing recorded."""
+    return max([startup_s[a] for a in wave if a in startup_s] or startup_s.values(), default=None)
 
 
 def ready_in_time(left_s: float, budget_s: float, needed_s: float | None) -> bool:
