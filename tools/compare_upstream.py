@@ -112,14 +112,11 @@ def tier_goals_markdown(folder: Path) -> str:
     tiered = next(a for a in names if a.startswith("TIER"))
     upstream = next((a for a in names if a.startswith("UP")), None)
     suggested = folder / "suggested-tiers.json"
-    measured = [a for a in ("A0", "A1", "S2", "S1") if a in names]
-    fixed_arms = (
-        list(analyze.read_json(suggested)["arms"].values())
-        if suggested.exists()
-        else measured
-        if set(measured) - {"A0"}
-        else []
-    )
+    if suggested.exists():
+        fixed_arms = list(analyze.read_json(suggested)["arms"].values())
+    else:
+        fixed_arms = [a for a in ("A0", "A1", "S2", "S1") if a in names]
+        fixed_arms = fixed_arms if set(fixed_arms) - {"A0"} else []
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
 
     def ratio(C, other):
