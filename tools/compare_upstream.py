@@ -30,6 +30,7 @@ TIER_SWEEPS = [
     TIERS,
     ROOT / "results/0.5.12/h200/bench-tiers-acc2",
     ROOT / "results/0.5.12/h200/bench-tiers-moe",
+    ROOT / "results/0.5.12/h200/bench-tiers-moe-acc2",
     ROOT / "results/0.5.12/h200/bench-tiers-moe-band",
     ROOT / "results/0.5.17/h200/bench-tiers",
     ROOT / "results/0.5.17/h200/bench-tiers-vs-upstream-band",
