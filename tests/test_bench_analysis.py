@@ -493,6 +493,9 @@ def test_a_transition_of_several_rounds_reads_each_phase_as_the_median_of_its_ro
     assert "| arm | round | phase | C |" in table and "| A2 | 2 | 1 | 4 | 1188 | 1200 (1200 / 1200) | 0.990 |" in table
     # Phase 3: 0.90, 1.01, 0.99 -> 0.99; phase 5: 0.97, 0.96, 0.94 -> 0.96, the lowest median.
     assert "Lowest phase/steady, each phase the median of its rounds: 0.960 (goal" in table
+    from spectool.harness.bench.analyze import lowest_phase_ratios
+
+    assert lowest_phase_ratios(rep["transition"]) == {"A2": pytest.approx(0.96, abs=1e-3)}
 
 
 def test_a_median_ratio_has_an_interval_only_over_enough_repetitions():

@@ -104,9 +104,12 @@ def tier_goals_markdown(folder: Path) -> str:
     measured, if one of them speculates: a run of a few C against the configurations that win
     there; plain decoding alone is the envelope's, not a tier's), the acceptance in its
     bench-results.json. Where both arms of a ratio have three repetitions or more, its 90%
-    bootstrap interval follows it, so a tie can be told from a loss."""
+    bootstrap interval follows it, so a tie can be told from a loss. Where the run has the
+    transition workload, a last line gives its goal's figure: the lowest phase/steady, each
+    phase the median of its rounds."""
     cells = analyze.read_cells(folder / "cells.jsonl")
-    acc_len = analyze.read_json(folder / "bench-results.json")["acc_len"]
+    report = analyze.read_json(folder / "bench-results.json")
+    acc_len = report["acc_len"]
     m = analyze.medians(cells, acc_len)
     reps = analyze.rep_values(cells, acc_len)
     names = list(dict.fromkeys(c["arm"] for c in cells))
@@ -146,6 +149,10 @@ def tier_goals_markdown(folder: Path) -> str:
         if upstream:
             row.append(ratio(C, upstream) if (upstream, C) in m else "-")
         lines.append("| " + " | ".join(row) + " |")
+    for arm, lowest in analyze.lowest_phase_ratios(report.get("transition") or {}).items():
+        rounds = max((r.get("round", 1) for r in report["transition"][arm]), default=1)
+        each = f"each phase the median of {rounds} rounds" if rounds > 1 else "one round"
+        lines.append(f"\nTransition workload on {arm}: lowest phase/steady {lowest:.3f} ({each}).")
     return "\n".join(lines) + "\n"
 
 

@@ -570,6 +570,18 @@ def latency_markdown(m: dict, concurrencies: list[int], arms: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def lowest_phase_ratios(summary: dict) -> dict:
+    """Per transition of `summary` (bench-results.json's "transition"), its lowest
+    phase/steady, each phase read as the median of its rounds: the transition goal's figure."""
+    phase_ratios = {}  # arm -> phase -> its ratios, one per round
+    for arm, rows in summary.items():
+        for _, group in itertools.groupby(rows, key=lambda r: r.get("round", 1)):
+            for i, r in enumerate(group, 1):
+                if r.get("ratio") is not None:
+                    phase_ratios.setdefault(arm, {}).setdefault(i, []).append(r["ratio"])
+    return {arm: min(statistics.median(v) for v in phases.values()) for arm, phases in phase_ratios.items()}
+
+
 def transition_markdown(summary: dict) -> str:
     """The transition workload per arm: each phase's throughput against its steady state (the
     mean of the standalone runs before and after the schedule, both listed), its TTFT and
@@ -588,7 +600,6 @@ def transition_markdown(summary: dict) -> str:
         a, b = r.get(key), r.get("steady_" + key)
         return " / ".join("-" if x is None else f"{x:.{digits}f}" for x in (a, b))
 
-    phase_ratios = {}  # arm -> phase -> its ratios, one per round
     for arm, rows in summary.items():
         for number, group in itertools.groupby(rows, key=lambda r: r.get("round", 1)):
             for i, r in enumerate(group, 1):
@@ -604,9 +615,7 @@ def transition_markdown(summary: dict) -> str:
                     f"| {pair(r, 'ttft_ms', 0)} | {pair(r, 'tpot_ms', 2)} |"
                     + (f" {pair(r, 'host_busy_cpus', 1)} |" if host else "")
                 )
-                if r.get("ratio") is not None:
-                    phase_ratios.setdefault(arm, {}).setdefault(i, []).append(r["ratio"])
-    lowest = {arm: min(statistics.median(v) for v in phases.values()) for arm, phases in phase_ratios.items()}
+    lowest = lowest_phase_ratios(summary)
     if lowest:
         what = "phase/steady, each phase the median of its rounds" if rounds else "phase/steady"
         lines.append(f"\nLowest {what}: {min(lowest.values()):.3f} (goal: no phase more than 5% below, >= 0.950).")
