@@ -291,6 +291,32 @@ def test_the_tier_rule_on_ties_noise_and_missing_arms():
     assert [r["C"] for r in analyze.suggest_tiers(gap, [1, 4])["rows"]] == [1]
 
 
+ACROSS = {
+    3.0: _configs({1: (100, 120, 150, 200), 16: (100, 130, 160, 150), 64: (100, 90, 80, 70)}),
+    2.0: _configs({1: (100, 110, 120, 115), 16: (100, 95, 90, 85), 64: (100, 80, 70, 60)}),
+}
+
+
+def test_one_schedule_for_several_acceptances_has_the_highest_worst_ratio():
+    """At 3.0 the rule gives 3,2,0 at 1,16 and at 2.0 2,0 at 1; each loses at the other (3
+    steps at C=16 read 0.85 at 2.0, plain decoding 0.625 at 3.0). One schedule for both: 3
+    steps at C=1 (0.958 at 2.0 beats 2 steps' 0.75 at 3.0), 2 at 16 (worst 0.90), plain
+    decoding at 64, its worst ratio the lowest over every C and acceptance."""
+    assert analyze.suggest_tiers(ACROSS[3.0], [1, 16, 64])["tiers"] == [3, 2, 0]
+    assert analyze.suggest_tiers(ACROSS[2.0], [1, 16, 64])["tiers"] == [2, 0]
+    res = analyze.suggest_tiers_across(ACROSS, [1, 16, 64])
+    assert (res["tiers"], res["boundaries"], res["acceptances"]) == ([3, 2, 0], [1, 16], [2.0, 3.0])
+    assert res["worst"] == (pytest.approx(0.9), 16, 2.0)
+    assert [round(r["ratios"][2.0], 3) for r in res["rows"]] == [0.958, 0.9, 1.0]
+    assert res["variant"].startswith("TIER3-2-0_1-16=A2:") and res["threshold"] == 16
+    assert "| 16 | 2 | 0.900 | 1.000 |" in analyze.tiers_across_markdown(res)
+    # A C missing at one acceptance does not count; without a common C there is no schedule.
+    gap = {3.0: ACROSS[3.0], 2.0: {k: v for k, v in ACROSS[2.0].items() if k[1] != 64}}
+    assert [r["C"] for r in analyze.suggest_tiers_across(gap, [1, 16, 64])["rows"]] == [1, 16]
+    none = analyze.suggest_tiers_across({3.0: ACROSS[3.0], 2.0: {}}, [1, 16, 64])
+    assert none["tiers"] == [] and none["worst"] is None and none["flags"] is None
+
+
 def test_the_band_measured_and_merged_moves_the_threshold(tmp_path):
     """The sweep's grid gives T=32 and asks for 40, 48, 56; a run of A0/A1 there in which
     EAGLE-3 still wins at 40 and 48 and loses at 56, merged beside the sweep, moves T to 48,

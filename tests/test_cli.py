@@ -247,6 +247,33 @@ def test_bench_suggest_tiers(tmp_path):
     assert r.exit_code == 2 and "holds 1 of the configurations 3=A1,2=S2" in r.output
 
 
+def test_bench_suggest_tiers_over_several_acceptances(tmp_path):
+    """With --acc-len naming several acceptances (a folder acc-N each), --suggest-tiers prints
+    each one's tiers, then the one schedule whose worst ratio over all of them is highest."""
+    speeds = {  # C = 1, 16, 64
+        3.0: {"A0": (100, 100, 100), "S1": (120, 130, 90), "S2": (150, 160, 80), "A1": (200, 150, 70)},
+        2.0: {"A0": (100, 100, 100), "S1": (110, 95, 80), "S2": (120, 90, 70), "A1": (115, 85, 60)},
+    }
+    for acc, arms in speeds.items():
+        folder = tmp_path / f"acc-{acc:g}"
+        folder.mkdir()
+        cells = [
+            {"arm": arm, "C": C, "rep": 0, "acc_len": acc, "output_tok_s": v * C}
+            for arm, vs in arms.items()
+            for C, v in zip((1, 16, 64), vs)
+        ]
+        (folder / "cells.jsonl").write_text("\n".join(json.dumps(c) for c in cells))
+    r = run("bench", "--out", tmp_path, "--acc-len", "2.0,3.0", "--suggest-tiers")
+    assert r.exit_code == 0, r.output
+    assert "acceptance 2:" in r.output and "acceptance 3:" in r.output
+    assert "every acceptance (2, 3), one schedule:\n| C | tier | at acceptance 2 | at acceptance 3 |" in r.output
+    assert (
+        "suggested: --speculative-num-steps 3 --speculative-num-steps-tiers 3,2,0 "
+        "--speculative-num-steps-tier-boundaries 1,16" in r.output.split("one schedule")[1]
+    )
+    assert "its worst: 0.900 of the fastest fixed configuration, at C=16 and acceptance 2" in r.output
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [

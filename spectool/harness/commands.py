@@ -110,6 +110,27 @@ def verify(
     sys.exit(EXIT_OK if report["ok"] else EXIT_FAILED)
 
 
+def _tiers_text(res: dict) -> str:
+    """The suggested tiers of `res` (analyze.suggest_tiers or suggest_tiers_across) as the
+    flags that serve them, the bench arm that measures them and SGLang's own adaptive config."""
+    from .bench import analyze
+
+    text = f"suggested: {res['flags']} ({res['why']})" if res["flags"] else f"suggested: {res['why']}"
+    if res["variant"]:
+        threshold = f"--threshold {res['threshold']} " if res["threshold"] is not None else ""
+        text += f"\nmeasure them: spectool bench {threshold}--variant '{res['variant']}' (and the same options)"
+    if res["upstream_adaptive_config"]:
+        up = analyze.upstream_variant(res["tiers"], res["boundaries"], "FILE")
+        text += (
+            "\non SGLang's own adaptive steps (0.5.14 and later, no hysteresis): "
+            f"--speculative-num-steps {res['tiers'][0]} --speculative-adaptive "
+            "--speculative-adaptive-config FILE, FILE holding "
+            f"{json.dumps(res['upstream_adaptive_config'], separators=(',', ':'))}; measure it "
+            f"beside them: --variant '{up}' --arm-sglang-dir {up.split('=', 1)[0]}=DIR (DIR: that SGLang)"
+        )
+    return text
+
+
 def _tier_arms(text: str) -> dict[int, str]:
     """--tier-arms STEPS=ARM,...: draft steps -> arm, or a one-paragraph error."""
     out = {}
@@ -256,7 +277,9 @@ def _arm_trees(items) -> dict[str, str]:
     is_flag=True,
     help="Only print the draft length per batch size (--speculative-num-steps-tiers and its boundaries) from "
     "the recorded fixed configurations in --out (--tier-arms), the tier the rule picks at each C, and the same "
-    "tiers as SGLang's own --speculative-adaptive-config (0.5.14 and later).",
+    "tiers as SGLang's own --speculative-adaptive-config (0.5.14 and later). With several --acc-len (a folder "
+    "acc-N each), also the one schedule whose worst ratio to the fastest fixed configuration over all of them "
+    "is highest.",
 )
 @click.option(
     "--tier-arms",
@@ -392,6 +415,9 @@ def bench(
     if suggest or suggest_tiers:
         option = "--suggest-tiers" if suggest_tiers else "--suggest-threshold"
         by_steps = _tier_arms(tier_arms) if suggest_tiers else None
+        medians = {}  # acceptance -> the fixed configurations' medians, for --suggest-tiers
+        # Every C the folder measured (a merge with finer points included), unless named.
+        named = click.get_current_context().get_parameter_source("concurrency") != click.core.ParameterSource.DEFAULT
         for a, folder in folders.items():
             if not (folder / "cells.jsonl").exists():
                 raise BadInputError(
@@ -405,10 +431,6 @@ def bench(
                     f"{option}: {folder} has no cells at acceptance {a:g}; it holds "
                     f"{', '.join(f'{x:g}' for x in present) or 'none'} (pass --acc-len)."
                 )
-            # Every C the folder measured (a merge with finer points included), unless named.
-            named = (
-                click.get_current_context().get_parameter_source("concurrency") != click.core.ParameterSource.DEFAULT
-            )
             measured = cs if named else sorted({C for _, C in m})
             if suggest_tiers:
                 res = analyze.suggest_tiers(m, measured, by_steps)
@@ -418,29 +440,14 @@ def bench(
                         f"{tier_arms}; measure at least two, e.g. --arms A0,A1 --variant "
                         "'S1=A1:speculative_num_steps=1;speculative_num_draft_tokens=2'."
                     )
-                text = f"acceptance {a:g}:\n{analyze.tiers_markdown(res)}" + (
-                    f"suggested: {res['flags']} ({res['why']})" if res["flags"] else f"suggested: {res['why']}"
-                )
-                if res["variant"]:
-                    threshold = f"--threshold {res['threshold']} " if res["threshold"] is not None else ""
-                    text += (
-                        f"\nmeasure them: spectool bench {threshold}--variant '{res['variant']}' (and the same options)"
-                    )
-                if res["upstream_adaptive_config"]:
-                    up = analyze.upstream_variant(res["tiers"], res["boundaries"], "FILE")
-                    text += (
-                        "\non SGLang's own adaptive steps (0.5.14 and later, no hysteresis): "
-                        f"--speculative-num-steps {res['tiers'][0]} --speculative-adaptive "
-                        "--speculative-adaptive-config FILE, FILE holding "
-                        f"{json.dumps(res['upstream_adaptive_config'], separators=(',', ':'))}; measure it "
-                        f"beside them: --variant '{up}' --arm-sglang-dir {up.split('=', 1)[0]}=DIR (DIR: that SGLang)"
-                    )
+                text = f"acceptance {a:g}:\n{analyze.tiers_markdown(res)}" + _tiers_text(res)
                 if res["against_the_rule"]:
                     text += (
                         f"\nat C={','.join(map(str, res['against_the_rule']))} a longer draft is the fastest "
                         "after a shorter one took over: the tiers keep the shorter (measure again there)"
                     )
                 click.echo(to_json(res) if as_json else text)
+                medians[a] = m
                 continue
             res = analyze.suggest_threshold(m, measured)
             if res["threshold"] is None:
@@ -448,6 +455,15 @@ def bench(
             click.echo(
                 to_json(res) if as_json else f"acceptance {a:g}: suggested threshold {res['threshold']} ({res['why']})"
             )
+        if len(medians) > 1:
+            measured = cs if named else sorted({C for m in medians.values() for _, C in m})
+            res = analyze.suggest_tiers_across(medians, measured, by_steps)
+            names = ", ".join(f"{a:g}" for a in res["acceptances"])
+            text = f"every acceptance ({names}), one schedule:\n{analyze.tiers_across_markdown(res)}" + _tiers_text(res)
+            if res["worst"]:
+                worst, C, acc = res["worst"]
+                text += f"\nits worst: {worst:.3f} of the fastest fixed configuration, at C={C} and acceptance {acc:g}"
+            click.echo(to_json(res) if as_json else text)
         return
     if merge_from:
         report = merge(Path(out_dir), [Path(m) for m in merge_from], accs[0])

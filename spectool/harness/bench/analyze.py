@@ -385,17 +385,94 @@ def suggest_tiers(m: dict, concurrencies: list[int], arms: dict[int, str] | None
     arms = TIER_ARMS if arms is None else arms
     present = {s: a for s, a in sorted(arms.items(), reverse=True) if any((a, C) in m for C in concurrencies)}
     measured = sorted(C for C in set(concurrencies) if present and all((a, C) in m for a in present.values()))
-    rows, spans = [], []  # spans: [steps, first C, last C] per tier
+    rows = []
     for C in measured:
         speed = {s: m[(a, C)]["median"] for s, a in present.items()}
         fastest = max(speed, key=lambda s: (speed[s], s))
-        allowed = [s for s in speed if not spans or s <= spans[-1][0]]
+        allowed = [s for s in speed if not rows or s <= rows[-1]["tier"]]
         tier = max(allowed, key=lambda s: (speed[s], s))
-        if spans and spans[-1][0] == tier:
-            spans[-1][2] = C
-        else:
-            spans.append([tier, C, C])
         rows.append({"C": C, "tok_s": speed, "fastest": fastest, "tier": tier})
+    spans = _spans(rows)
+    fastest_everywhere = (
+        "no C at which every configuration was measured"
+        if not spans
+        else f"{_steps(spans[0][0])} is the fastest at every C measured: no tiers"
+        if spans[0][0]
+        else "speculation never wins: serve without it"
+    )
+    return {
+        "arms": present,
+        "rows": rows,
+        **_schedule(spans, fastest_everywhere),
+        "against_the_rule": [r["C"] for r in rows if r["fastest"] > r["tier"]],
+    }
+
+
+def suggest_tiers_across(ms: dict, concurrencies: list[int], arms: dict[int, str] | None = None) -> dict:
+    """One draft length per batch size for several acceptances (`ms`: acceptance -> medians of
+    the fixed configurations measured at it): among the schedules --suggest-tiers' rule allows
+    (the step count only falls as C grows), the one whose worst ratio to the fastest fixed
+    configuration, over every C and acceptance, is highest (then the highest mean). Tiers
+    derived at one acceptance can lose far more at another than any tie costs, and a server
+    sees its traffic's acceptance move. Only the C at which every configuration was measured
+    at every acceptance count. `rows` gives each C's tier and its ratio at each acceptance;
+    `worst` the lowest (ratio, C, acceptance)."""
+    arms = TIER_ARMS if arms is None else arms
+    present = {
+        s: a
+        for s, a in sorted(arms.items(), reverse=True)
+        if any((a, C) in m for m in ms.values() for C in concurrencies)
+    }
+    measured = sorted(
+        C for C in set(concurrencies) if present and all((a, C) in m for m in ms.values() for a in present.values())
+    )
+
+    def ratio(acc, C, steps):
+        speed = {s: ms[acc][(a, C)]["median"] for s, a in present.items()}
+        return speed[steps] / max(speed.values())
+
+    schedules = [[]]
+    for _ in measured:
+        schedules = [sch + [k] for sch in schedules for k in sorted(present) if not sch or k <= sch[-1]]
+    best, best_key = [], None
+    for sch in schedules if measured else []:
+        rs = [(ratio(acc, C, k), C, acc) for C, k in zip(measured, sch) for acc in ms]
+        key = (min(rs)[0], sum(r for r, _, _ in rs) / len(rs), sch)
+        if best_key is None or key > best_key:
+            best, best_key = sch, key
+    rows = [{"C": C, "tier": k, "ratios": {acc: ratio(acc, C, k) for acc in ms}} for C, k in zip(measured, best)]
+    spans = _spans(rows)
+    worst = min(((r["ratios"][acc], r["C"], acc) for r in rows for acc in ms), default=None)
+    return {
+        "arms": present,
+        "acceptances": sorted(ms),
+        "rows": rows,
+        "worst": worst,
+        **_schedule(
+            spans,
+            f"{_steps(best[0])} at every C measured: no tiers"
+            if best
+            else "no C at which every configuration was measured at every acceptance",
+        ),
+    }
+
+
+def _spans(rows: list[dict]) -> list[list]:
+    """[draft steps, first C, last C] of each run of one tier in `rows` (each a C and its tier)."""
+    spans = []
+    for r in rows:
+        if spans and spans[-1][0] == r["tier"]:
+            spans[-1][2] = r["C"]
+        else:
+            spans.append([r["tier"], r["C"], r["C"]])
+    return spans
+
+
+def _schedule(spans: list, one_tier: str) -> dict:
+    """A schedule of tiers (`spans`: [draft steps, first C, last C] per tier, from the smallest
+    batches up) as the flags that serve it, the bench arm that measures it, SGLang's own
+    adaptive config, the C to measure between boundaries more than 25% apart, and why
+    (`one_tier` where there is a single tier)."""
     tiers = [s for s, _, _ in spans]
     boundaries = [last for _, _, last in spans[:-1]]
     refine = {}
@@ -408,17 +485,11 @@ def suggest_tiers(m: dict, concurrencies: list[int], arms: dict[int, str] | None
         if len(tiers) > 1
         else None
     )
-    if not tiers:
-        why = "no C at which every configuration was measured"
-    elif len(tiers) == 1:
-        why = (
-            f"{_steps(tiers[0])} is the fastest at every C measured: no tiers"
-            if tiers[0]
-            else "speculation never wins: serve without it"
-        )
-    else:
+    if len(tiers) > 1:
         parts = [f"{_steps(s)} up to C={last}" for s, _, last in spans[:-1]]
         why = ", ".join(parts) + f", {_steps(tiers[-1])} above"
+    else:
+        why = one_tier
     if refine:
         why += (
             "; measure "
@@ -429,15 +500,12 @@ def suggest_tiers(m: dict, concurrencies: list[int], arms: dict[int, str] | None
         )
     threshold, variant = tier_variant(tiers, boundaries)
     return {
-        "arms": present,
-        "rows": rows,
         "tiers": tiers,
         "boundaries": boundaries,
         "flags": flags,
         "threshold": threshold,
         "variant": variant,
         "upstream_adaptive_config": upstream_adaptive_config(tiers, boundaries),
-        "against_the_rule": [r["C"] for r in rows if r["fastest"] > r["tier"]],
         "refine": refine,
         "why": why,
     }
@@ -514,6 +582,16 @@ def tiers_markdown(res: dict) -> str:
     for r in res["rows"]:
         cells = " | ".join(f"{r['tok_s'][s]:.0f}" for s in arms)
         lines.append(f"| {r['C']} | {cells} | {r['fastest']} | {r['tier']} |")
+    return "\n".join(lines) + "\n"
+
+
+def tiers_across_markdown(res: dict) -> str:
+    """The per-C table of `suggest_tiers_across`: the tier chosen and, at each acceptance, its
+    configuration's median over the fastest fixed configuration's there."""
+    accs = res["acceptances"]
+    lines = ["| C | tier | " + " | ".join(f"at acceptance {a:g}" for a in accs) + " |", "|" + "---|" * (len(accs) + 2)]
+    for r in res["rows"]:
+        lines.append(f"| {r['C']} | {r['tier']} | " + " | ".join(f"{r['ratios'][a]:.3f}" for a in accs) + " |")
     return "\n".join(lines) + "\n"
 
 
