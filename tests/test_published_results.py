@@ -76,6 +76,12 @@ def test_the_comparison_with_upstreams_switch_regenerates(load_tool):
     assert tool.same_run_markdown() == (tool.SAME_RUN / "comparison.md").read_text()
 
 
+def test_the_tiers_across_acceptances_regenerate(load_tool):
+    tool = load_tool("compare_upstream")
+    for pair in tool.ACCEPTANCE_PAIRS.values():
+        assert tool.cross_acceptance_markdown(pair) == (pair[2.0] / "cross-acceptance.md").read_text()
+
+
 def test_every_tiers_sweeps_goals_table_regenerates(load_tool):
     tool = load_tool("compare_upstream")
     for folder in tool.TIER_SWEEPS:

@@ -5,12 +5,14 @@ the draft-length tiers (0.5.12, `--suggest-tiers`' TIER arm) against both: each 
 own run's envelope max(no-spec, EAGLE-3 at 3 steps), runs of the same bench on one H200 kind.
 And the tiers against upstream's adaptive steps with the same tiers, measured in one run.
 And each tiers sweep against the goals of the tiers: the tiered arm over the fastest fixed
-configuration, over the envelope, and over upstream's adaptive steps of the same run.
+configuration, over the envelope, and over upstream's adaptive steps of the same run. And the
+tiers derived at one acceptance, run at another (from the fixed configurations' cells).
 
     python tools/compare_upstream.py   # writes comparison.{md,png} beside upstream's runs,
                                        # comparison-tiers.{md,png} beside the tiers sweep,
                                        # comparison.md beside the same-run tiers sweep,
-                                       # goals.md beside every tiers sweep
+                                       # goals.md beside every tiers sweep,
+                                       # cross-acceptance.md beside each acceptance-2.0 one
 """
 
 from pathlib import Path
@@ -25,6 +27,11 @@ CS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 TIERS = ROOT / "results/0.5.12/h200/bench-tiers"
 TIER_CS = [1, 16, 32, 48, 64, 128, 256]
 SAME_RUN = ROOT / "results/0.5.12/h200/bench-tiers-upstream"
+# Each target's tiers sweeps at two acceptances (cross-acceptance.md beside the second).
+ACCEPTANCE_PAIRS = {
+    "8B": {3.0: TIERS, 2.0: ROOT / "results/0.5.12/h200/bench-tiers-acc2"},
+    "MoE": {3.0: ROOT / "results/0.5.12/h200/bench-tiers-moe", 2.0: ROOT / "results/0.5.12/h200/bench-tiers-moe-acc2"},
+}
 # Every tiers sweep (goals.md beside each; tier_goals_markdown reads its arms from it).
 TIER_SWEEPS = [
     TIERS,
@@ -156,6 +163,56 @@ def tier_goals_markdown(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cross_acceptance_markdown(folders: dict) -> str:
+    """Tiers derived at one acceptance, run at another: per C, the fixed configuration the
+    tiers of each folder (acceptance -> folder, its suggested-tiers.json) pick, read from the
+    other folder's medians over the fastest fixed configuration there. A prediction from the
+    fixed configurations' cells, not a measurement of a tiered engine (at their own
+    acceptance the measured tiered arm reads the goals.md ratios). A last line gives the one
+    schedule whose worst ratio over both acceptances is highest (analyze.suggest_tiers_across)."""
+    med, tiers = {}, {}
+    for acc, folder in folders.items():
+        med[acc] = analyze.medians(analyze.read_cells(folder / "cells.jsonl"), acc)
+        sug = analyze.read_json(folder / "suggested-tiers.json")
+        tiers[acc] = (sug["tiers"], sug["boundaries"], {int(k): v for k, v in sug["arms"].items()})
+    arms = next(iter(tiers.values()))[2]
+    every_c = {C for m in med.values() for _, C in m}
+    concurrencies = sorted(C for C in every_c if all((a, C) in m for m in med.values() for a in arms.values()))
+
+    def ratio(acc, C, steps):
+        """Config `steps` at C over the fastest fixed configuration there, at acceptance acc."""
+        speed = {s: med[acc][(a, C)]["median"] for s, a in arms.items()}
+        return speed[steps] / max(speed.values())
+
+    def picks(acc, C):
+        t, bounds, _ = tiers[acc]
+        return t[sum(C > b for b in bounds)]
+
+    accs = sorted(folders, reverse=True)
+    fmt_tiers = lambda acc: f"{','.join(map(str, tiers[acc][0]))} at {','.join(map(str, tiers[acc][1]))}"  # noqa: E731
+    head = ["C"] + [f"fastest at {a}" for a in accs]
+    head += [f"tiers of {a} ({fmt_tiers(a)}) at {b}" for a in accs for b in accs if b != a]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for C in concurrencies:
+        row = [str(C)]
+        for acc in accs:
+            best = max(arms, key=lambda s: med[acc][(arms[s], C)]["median"])
+            row.append(f"{arms[best]} ({best} steps)")
+        for a in accs:
+            for b in accs:
+                if b != a:
+                    steps = picks(a, C)
+                    row.append(f"{ratio(b, C, steps):.3f} ({arms[steps]})")
+        lines.append("| " + " | ".join(row) + " |")
+    across = analyze.suggest_tiers_across(med, concurrencies, arms)
+    worst, C, acc = across["worst"]
+    lines.append(
+        f"\nOne schedule for both acceptances (spectool bench --suggest-tiers over both): "
+        f"{across['flags'] or across['why']}; worst {worst:.3f} (C={C}, acceptance {acc})."
+    )
+    return "\n".join(lines) + "\n"
+
+
 def comparison_markdown(folders: dict = NAMES, concurrencies=CS) -> str:
     """The A2/E table of every folder (name -> folder), then each folder's runs side by side
     with the rank-sum p of the two sets (whether one engine's runs sit apart from the
@@ -186,6 +243,10 @@ if __name__ == "__main__":
     same = same_run_markdown()
     (SAME_RUN / "comparison.md").write_text(same)
     print(same)
+    for pair in ACCEPTANCE_PAIRS.values():
+        cross = cross_acceptance_markdown(pair)
+        (pair[2.0] / "cross-acceptance.md").write_text(cross)
+        print(f"{pair[2.0].relative_to(ROOT)}:\n{cross}")
     for folder in TIER_SWEEPS:
         goals = tier_goals_markdown(folder)
         (folder / "goals.md").write_text(goals)
