@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import textwrap
 import traceback
@@ -27,7 +28,7 @@ def _numbers(option: str, text: str, kind, least, example: str) -> list:
         values = [kind(x) for x in _csv(text)]
     except ValueError:
         values = []
-    if not values or min(values) < least:
+    if not values or min(values) < least or not all(math.isfinite(v) for v in values):
         raise BadInputError(f"{option} {text!r}: expected {example}.")
     return values
 

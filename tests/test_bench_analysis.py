@@ -4,7 +4,9 @@ Every expected value is derived by hand from the cells below."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -315,6 +317,48 @@ def test_one_schedule_for_several_acceptances_has_the_highest_worst_ratio():
     assert [r["C"] for r in analyze.suggest_tiers_across(gap, [1, 16, 64])["rows"]] == [1, 16]
     none = analyze.suggest_tiers_across({3.0: ACROSS[3.0], 2.0: {}}, [1, 16, 64])
     assert none["tiers"] == [] and none["worst"] is None and none["flags"] is None
+    # A configuration measured at one acceptance only is left out, not the whole schedule.
+    no_s2 = {3.0: ACROSS[3.0], 2.0: {k: v for k, v in ACROSS[2.0].items() if k[0] != "S2"}}
+    res = analyze.suggest_tiers_across(no_s2, [1, 16, 64])
+    assert res["arms"] == {3: "A1", 1: "S1", 0: "A0"} and [r["C"] for r in res["rows"]] == [1, 16, 64]
+    # Nothing measured faster than nothing: every configuration at zero reads 1.0, no division.
+    zero = {acc: {k: {"median": 0.0} for k in m} for acc, m in ACROSS.items()}
+    assert analyze.suggest_tiers_across(zero, [1, 16, 64])["worst"] == (1.0, 1, 2.0)
+
+
+def _every_schedule_best(ratios: list[dict]) -> list[int]:
+    """The schedule suggest_tiers_across wants, by trying every one whose steps only fall:
+    the highest lowest ratio, then the highest exact sum, then the longer drafts first."""
+    from fractions import Fraction
+
+    def key(sch):
+        rs = [r for at_c, s in zip(ratios, sch) for r in at_c[s]]
+        return min(rs), sum(map(Fraction, rs)), sch
+
+    steps = sorted(ratios[0])
+    falling = (sch for sch in itertools.product(steps, repeat=len(ratios)) if all(b <= a for a, b in zip(sch, sch[1:])))
+    return list(max(falling, key=key))
+
+
+def test_one_schedule_is_the_best_of_every_schedule():
+    """The dynamic programme picks what trying every schedule picks, ties included (ratios from
+    a few values), for 1-6 C, 1-4 configurations and 1-3 acceptances; and it answers for 40 C
+    and six configurations, where the schedules number over a million: the fastest at each C
+    when the fastest draft only shortens as C grows."""
+    rng = random.Random(7)
+    for trial in range(400):
+        n, steps, accs = rng.randint(1, 6), sorted(rng.sample(range(5), rng.randint(1, 4))), rng.randint(1, 3)
+        pick = (lambda: rng.choice((0.5, 0.8, 1.0))) if trial % 2 else rng.random
+        ratios = [{s: [pick() for _ in range(accs)] for s in steps} for _ in range(n)]
+        assert analyze._most_even_schedule(ratios) == _every_schedule_best(ratios), ratios
+    cs = list(range(1, 41))
+    fastest = {C: 5 - (C - 1) // 8 for C in cs}  # 5 steps at C=1-8, 4 at 9-16, ... 1 at 33-40
+    ms = {
+        acc: {(f"S{s}", C): {"median": 100.0 * C * (2 if s == fastest[C] else acc / 4)} for s in range(6) for C in cs}
+        for acc in (2.0, 3.0)
+    }
+    res = analyze.suggest_tiers_across(ms, cs, {s: f"S{s}" for s in range(6)})
+    assert (res["tiers"], res["boundaries"], res["worst"]) == ([5, 4, 3, 2, 1], [8, 16, 24, 32], (1.0, 1, 2.0))
 
 
 def test_the_band_measured_and_merged_moves_the_threshold(tmp_path):

@@ -247,22 +247,34 @@ def test_bench_suggest_tiers(tmp_path):
     assert r.exit_code == 2 and "holds 1 of the configurations 3=A1,2=S2" in r.output
 
 
-def test_bench_suggest_tiers_over_several_acceptances(tmp_path):
-    """With --acc-len naming several acceptances (a folder acc-N each), --suggest-tiers prints
-    each one's tiers, then the one schedule whose worst ratio over all of them is highest."""
-    speeds = {  # C = 1, 16, 64
-        3.0: {"A0": (100, 100, 100), "S1": (120, 130, 90), "S2": (150, 160, 80), "A1": (200, 150, 70)},
-        2.0: {"A0": (100, 100, 100), "S1": (110, 95, 80), "S2": (120, 90, 70), "A1": (115, 85, 60)},
-    }
+# Each fixed configuration's tok/s per request at C = 1, 16, 64, at two acceptances.
+ACROSS_SPEEDS = {
+    3.0: {"A0": (100, 100, 100), "S1": (120, 130, 90), "S2": (150, 160, 80), "A1": (200, 150, 70)},
+    2.0: {"A0": (100, 100, 100), "S1": (110, 95, 80), "S2": (120, 90, 70), "A1": (115, 85, 60)},
+}
+
+
+def _acceptance_folders(out, speeds=ACROSS_SPEEDS, cs=(1, 16, 64)):
+    """A folder acc-N per acceptance, its cells.jsonl holding `speeds` (acceptance -> arm ->
+    tok/s per request at each of `cs`; None: that cell not measured)."""
     for acc, arms in speeds.items():
-        folder = tmp_path / f"acc-{acc:g}"
-        folder.mkdir()
+        folder = out / f"acc-{acc:g}"
+        folder.mkdir(parents=True)
         cells = [
             {"arm": arm, "C": C, "rep": 0, "acc_len": acc, "output_tok_s": v * C}
             for arm, vs in arms.items()
-            for C, v in zip((1, 16, 64), vs)
+            for C, v in zip(cs, vs)
+            if v is not None
         ]
         (folder / "cells.jsonl").write_text("\n".join(json.dumps(c) for c in cells))
+
+
+def test_bench_suggest_tiers_over_several_acceptances(tmp_path):
+    """With --acc-len naming several acceptances (a folder acc-N each), --suggest-tiers prints
+    each one's tiers, then the one schedule whose worst ratio over all of them is highest;
+    --json gives one document, keyed by acceptance as a measuring run's, the schedule under
+    `across`. One acceptance prints no such schedule."""
+    _acceptance_folders(tmp_path)
     r = run("bench", "--out", tmp_path, "--acc-len", "2.0,3.0", "--suggest-tiers")
     assert r.exit_code == 0, r.output
     assert "acceptance 2:" in r.output and "acceptance 3:" in r.output
@@ -272,6 +284,78 @@ def test_bench_suggest_tiers_over_several_acceptances(tmp_path):
         "--speculative-num-steps-tier-boundaries 1,16" in r.output.split("one schedule")[1]
     )
     assert "its worst: 0.900 of the fastest fixed configuration, at C=16 and acceptance 2" in r.output
+    assert "left out" not in r.output
+    r = run("bench", "--out", tmp_path, "--acc-len", "2.0,3.0", "--suggest-tiers", "--json")
+    doc = json.loads(r.output)
+    assert set(doc) == {"schema_version", "2", "3", "across"}
+    assert (doc["2"]["tiers"], doc["3"]["tiers"], doc["across"]["tiers"]) == ([2, 0], [3, 2, 0], [3, 2, 0])
+    assert doc["across"]["worst"] == [pytest.approx(0.9), 16, 2.0]
+    r = run("bench", "--out", tmp_path, "--acc-len", "2.0,3.0", "--suggest-threshold", "--json")
+    assert r.exit_code == 0 and set(json.loads(r.output)) == {"schema_version", "2", "3"}
+    for acc in ("2", "3"):
+        r = run("bench", "--out", tmp_path / f"acc-{acc}", "--acc-len", acc, "--suggest-tiers")
+        assert r.exit_code == 0 and "every acceptance" not in r.output, r.output
+        r = run("bench", "--out", tmp_path / f"acc-{acc}", "--acc-len", acc, "--suggest-tiers", "--json")
+        assert json.loads(r.output)["tiers"] == doc[acc]["tiers"]
+
+
+def test_one_schedule_leaves_out_what_one_acceptance_lacks(tmp_path):
+    """A configuration, or a C, measured at one acceptance only is left out of the one
+    schedule (and said so), as a folder's tiers leave out what it lacks."""
+    speeds = {3.0: ACROSS_SPEEDS[3.0], 2.0: {a: v for a, v in ACROSS_SPEEDS[2.0].items() if a != "S2"}}
+    speeds[2.0]["S1"] = (110, None, 80)
+    _acceptance_folders(tmp_path, speeds)
+    r = run("bench", "--out", tmp_path, "--acc-len", "2.0,3.0", "--suggest-tiers")
+    assert r.exit_code == 0, r.output
+    across = r.output.split("one schedule:")[1]
+    assert "| 1 | 3 | 1.000 | 1.000 |\n| 64 | 0 | 1.000 | 1.000 |\n" in across
+    assert (
+        "left out: S2 (not measured at every acceptance); C=16 (not every configuration measured there at "
+        "every acceptance)" in across
+    )
+
+
+@pytest.mark.parametrize(
+    "speeds, cs, args, needle",
+    [
+        (  # no C measured at both acceptances
+            ACROSS_SPEEDS,
+            {3.0: (1, 16, 64), 2.0: (2, 8, 32)},
+            [],
+            "none was: all of them were measured at acceptance 2 at C=2,8,32 and at acceptance 3 at C=1,16,64",
+        ),
+        (  # no two configurations measured at both
+            {3.0: {"A1": (200, 150, 70), "S2": (150, 160, 80)}, 2.0: {"S1": (110, 95, 80), "A0": (100, 100, 100)}},
+            None,
+            [],
+            "holds none at every acceptance, and A1, S2, S1, A0 at some only",
+        ),
+        (  # --concurrency naming a C not measured
+            ACROSS_SPEEDS,
+            None,
+            ["--concurrency", "1,5"],
+            "did not measure for every configuration: C=5 lacks A1, S2, S1, A0. It measured all of them at C=1,16,64",
+        ),
+        (  # --concurrency naming a C one configuration lacks
+            {3.0: ACROSS_SPEEDS[3.0], 2.0: {**ACROSS_SPEEDS[2.0], "S1": (110, None, 80)}},
+            None,
+            ["--concurrency", "1,16"],
+            "acc-2 did not measure for every configuration: C=16 lacks S1",
+        ),
+        (ACROSS_SPEEDS, None, ["--acc-len", "2.0,3.0,2.5"], "acc-2.5 has no cells.jsonl"),
+        (ACROSS_SPEEDS, None, ["--acc-len", "2.0,nan"], "--acc-len '2.0,nan': expected numbers"),
+    ],
+    ids=["no-common-C", "no-common-configurations", "C-not-measured", "C-one-lacks", "no-folder", "nan"],
+)
+def test_one_schedule_refuses_acceptances_it_cannot_join(tmp_path, speeds, cs, args, needle):
+    """What one schedule for every acceptance cannot be derived from is refused in a paragraph
+    (exit 2), text and --json alike, never a traceback nor an empty schedule."""
+    for acc, arms in speeds.items():
+        _acceptance_folders(tmp_path, {acc: arms}, (cs or {}).get(acc, (1, 16, 64)))
+    (tmp_path / "acc-2.5").mkdir()
+    for json_flag in ([], ["--json"]):
+        r = run("bench", "--out", tmp_path, "--acc-len", "2.0,3.0", "--suggest-tiers", *args, *json_flag)
+        assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, r.output
 
 
 @pytest.mark.parametrize(

@@ -131,6 +131,59 @@ def _tiers_text(res: dict) -> str:
     return text
 
 
+def _named_concurrencies_measured(option: str, folder: Path, m: dict, cs: list[int], by_steps: dict) -> None:
+    """A one-paragraph error when --concurrency names a C at which `folder` (its medians `m`)
+    lacks one of the configurations it holds (`by_steps`: draft steps -> arm); a suggestion
+    that silently skipped it would answer a question the user did not ask."""
+    held = [a for a in by_steps.values() if any(arm == a for arm, _ in m)]
+    lacking = {C: [a for a in held if (a, C) not in m] for C in cs}
+    lacking = {C: arms for C, arms in lacking.items() if arms}
+    if lacking:
+        every = sorted(C for C in {C for _, C in m} if held and all((a, C) in m for a in held))
+        raise BadInputError(
+            f"{option}: --concurrency names C that {folder} did not measure for every configuration: "
+            + "; ".join(f"C={C} lacks {', '.join(arms)}" for C, arms in lacking.items())
+            + f". It measured all of them at C={','.join(map(str, every)) or 'none'}: name C among those, "
+            "or measure the missing cells there (spectool bench --out with the same folder resumes)."
+        )
+
+
+def _tiers_across_text(res: dict, medians: dict, measured: list[int], by_steps: dict, out_dir) -> str:
+    """The one schedule of analyze.suggest_tiers_across as text, with what it left out; or a
+    one-paragraph error when the acceptances share fewer than two configurations or no C."""
+    from .bench import analyze
+
+    accs = ", ".join(f"{a:g}" for a in res["acceptances"])
+    held = {s: a for s, a in by_steps.items() if any(arm == a for m in medians.values() for arm, _ in m)}
+    partial = {s: a for s, a in held.items() if s not in res["arms"]}
+    if len(res["arms"]) < 2:
+        raise BadInputError(
+            f"--suggest-tiers: one schedule for every acceptance ({accs}) needs at least two configurations "
+            f"measured at each of them; {out_dir} holds {', '.join(res['arms'].values()) or 'none'} at every "
+            f"acceptance, and {', '.join(partial.values()) or 'none'} at some only. Measure the missing "
+            "configurations at the other acceptances (spectool bench with the same --out and --acc-len resumes)."
+        )
+    if not res["rows"]:
+        each = " and ".join(
+            f"at acceptance {a:g} at C="
+            + (",".join(str(C) for C in measured if all((arm, C) in m for arm in res["arms"].values())) or "none")
+            for a, m in sorted(medians.items())
+        )
+        raise BadInputError(
+            f"--suggest-tiers: one schedule for every acceptance ({accs}) needs a C at which every configuration "
+            f"({', '.join(res['arms'].values())}) was measured at each of them, and none was: all of them were "
+            f"measured {each}. Measure the same --concurrency at every acceptance."
+        )
+    text = f"every acceptance ({accs}), one schedule:\n{analyze.tiers_across_markdown(res)}" + _tiers_text(res)
+    worst, C, acc = res["worst"]
+    text += f"\nits worst: {worst:.3f} of the fastest fixed configuration, at C={C} and acceptance {acc:g}"
+    skipped = [C for C in measured if C not in {r["C"] for r in res["rows"]}]
+    left = [f"{', '.join(partial.values())} (not measured at every acceptance)"] if partial else []
+    if skipped:
+        left.append(f"C={','.join(map(str, skipped))} (not every configuration measured there at every acceptance)")
+    return text + (f"\nleft out: {'; '.join(left)}" if left else "")
+
+
 def _tier_arms(text: str) -> dict[int, str]:
     """--tier-arms STEPS=ARM,...: draft steps -> arm, or a one-paragraph error."""
     out = {}
@@ -414,8 +467,8 @@ def bench(
     folders = {a: Path(out_dir) if len(accs) == 1 else Path(out_dir) / f"acc-{a:g}" for a in accs}
     if suggest or suggest_tiers:
         option = "--suggest-tiers" if suggest_tiers else "--suggest-threshold"
-        by_steps = _tier_arms(tier_arms) if suggest_tiers else None
-        medians = {}  # acceptance -> the fixed configurations' medians, for --suggest-tiers
+        by_steps = _tier_arms(tier_arms) if suggest_tiers else {1: "A1", 0: "A0"}
+        medians, texts, docs = {}, [], {}  # per acceptance: its medians, its text, its JSON
         # Every C the folder measured (a merge with finer points included), unless named.
         named = click.get_current_context().get_parameter_source("concurrency") != click.core.ParameterSource.DEFAULT
         for a, folder in folders.items():
@@ -431,7 +484,10 @@ def bench(
                     f"{option}: {folder} has no cells at acceptance {a:g}; it holds "
                     f"{', '.join(f'{x:g}' for x in present) or 'none'} (pass --acc-len)."
                 )
+            if named:
+                _named_concurrencies_measured(option, folder, m, cs, by_steps)
             measured = cs if named else sorted({C for _, C in m})
+            medians[a] = m
             if suggest_tiers:
                 res = analyze.suggest_tiers(m, measured, by_steps)
                 if len(res["arms"]) < 2:
@@ -446,24 +502,20 @@ def bench(
                         f"\nat C={','.join(map(str, res['against_the_rule']))} a longer draft is the fastest "
                         "after a shorter one took over: the tiers keep the shorter (measure again there)"
                     )
-                click.echo(to_json(res) if as_json else text)
-                medians[a] = m
-                continue
-            res = analyze.suggest_threshold(m, measured)
-            if res["threshold"] is None:
-                raise BadInputError(f"--suggest-threshold: {folder}: {res['why']}.")
-            click.echo(
-                to_json(res) if as_json else f"acceptance {a:g}: suggested threshold {res['threshold']} ({res['why']})"
-            )
-        if len(medians) > 1:
+            else:
+                res = analyze.suggest_threshold(m, measured)
+                if res["threshold"] is None:
+                    raise BadInputError(f"--suggest-threshold: {folder}: {res['why']}.")
+                text = f"acceptance {a:g}: suggested threshold {res['threshold']} ({res['why']})"
+            texts.append(text)
+            docs[f"{a:g}"] = res
+        if suggest_tiers and len(medians) > 1:
             measured = cs if named else sorted({C for m in medians.values() for _, C in m})
             res = analyze.suggest_tiers_across(medians, measured, by_steps)
-            names = ", ".join(f"{a:g}" for a in res["acceptances"])
-            text = f"every acceptance ({names}), one schedule:\n{analyze.tiers_across_markdown(res)}" + _tiers_text(res)
-            if res["worst"]:
-                worst, C, acc = res["worst"]
-                text += f"\nits worst: {worst:.3f} of the fastest fixed configuration, at C={C} and acceptance {acc:g}"
-            click.echo(to_json(res) if as_json else text)
+            texts.append(_tiers_across_text(res, medians, measured, by_steps, out_dir))
+            docs["across"] = res
+        # One JSON document, as a measuring run's: several acceptances key theirs by acceptance.
+        click.echo(to_json(next(iter(docs.values())) if len(docs) == 1 else docs) if as_json else "\n".join(texts))
         return
     if merge_from:
         report = merge(Path(out_dir), [Path(m) for m in merge_from], accs[0])

@@ -8,6 +8,7 @@ import math
 import statistics
 import textwrap
 from collections import defaultdict
+from fractions import Fraction
 from pathlib import Path
 
 from ...errors import BadInputError
@@ -412,16 +413,16 @@ def suggest_tiers_across(ms: dict, concurrencies: list[int], arms: dict[int, str
     """One draft length per batch size for several acceptances (`ms`: acceptance -> medians of
     the fixed configurations measured at it): among the schedules --suggest-tiers' rule allows
     (the step count only falls as C grows), the one whose worst ratio to the fastest fixed
-    configuration, over every C and acceptance, is highest (then the highest mean). Tiers
-    derived at one acceptance can lose far more at another than any tie costs, and a server
-    sees its traffic's acceptance move. Only the C at which every configuration was measured
-    at every acceptance count. `rows` gives each C's tier and its ratio at each acceptance;
-    `worst` the lowest (ratio, C, acceptance)."""
+    configuration, over every C and acceptance, is highest (then the highest mean, then the
+    longer drafts). Tiers derived at one acceptance can lose far more at another than any tie
+    costs, and a server sees its traffic's acceptance move. Only the configurations measured
+    at every acceptance, and the C at which all of them were, count. `rows` gives each C's
+    tier and its ratio at each acceptance; `worst` the lowest (ratio, C, acceptance)."""
     arms = TIER_ARMS if arms is None else arms
     present = {
         s: a
         for s, a in sorted(arms.items(), reverse=True)
-        if any((a, C) in m for m in ms.values() for C in concurrencies)
+        if all(any((a, C) in m for C in concurrencies) for m in ms.values())
     }
     measured = sorted(
         C for C in set(concurrencies) if present and all((a, C) in m for m in ms.values() for a in present.values())
@@ -429,18 +430,12 @@ def suggest_tiers_across(ms: dict, concurrencies: list[int], arms: dict[int, str
 
     def ratio(acc, C, steps):
         speed = {s: ms[acc][(a, C)]["median"] for s, a in present.items()}
-        return speed[steps] / max(speed.values())
+        fastest = max(speed.values())
+        return speed[steps] / fastest if fastest > 0 else 1.0  # nothing measured faster than none
 
-    schedules = [[]]
-    for _ in measured:
-        schedules = [sch + [k] for sch in schedules for k in sorted(present) if not sch or k <= sch[-1]]
-    best, best_key = [], None
-    for sch in schedules if measured else []:
-        rs = [(ratio(acc, C, k), C, acc) for C, k in zip(measured, sch) for acc in ms]
-        key = (min(rs)[0], sum(r for r, _, _ in rs) / len(rs), sch)
-        if best_key is None or key > best_key:
-            best, best_key = sch, key
-    rows = [{"C": C, "tier": k, "ratios": {acc: ratio(acc, C, k) for acc in ms}} for C, k in zip(measured, best)]
+    ratios = [{s: {acc: ratio(acc, C, s) for acc in ms} for s in present} for C in measured]
+    best = _most_even_schedule([{s: list(by_acc.values()) for s, by_acc in at_c.items()} for at_c in ratios])
+    rows = [{"C": C, "tier": k, "ratios": at_c[k]} for C, k, at_c in zip(measured, best, ratios)]
     spans = _spans(rows)
     worst = min(((r["ratios"][acc], r["C"], acc) for r in rows for acc in ms), default=None)
     return {
@@ -455,6 +450,37 @@ def suggest_tiers_across(ms: dict, concurrencies: list[int], arms: dict[int, str
             else "no C at which every configuration was measured at every acceptance",
         ),
     }
+
+
+def _most_even_schedule(ratios: list[dict[int, list[float]]]) -> list[int]:
+    """The draft steps per C (`ratios`: per C, draft steps -> its ratios to the fastest fixed
+    configuration, one per acceptance) whose lowest ratio is highest, among the schedules whose
+    step count only falls as C grows; of those, the highest sum of ratios (exact), then the
+    longer drafts first. Two dynamic programmes over (C, steps), not the schedules themselves,
+    whose number grows as C to the power of the configurations."""
+    if not ratios:
+        return []
+    steps = sorted(ratios[0])
+    low = [{s: min(rs) for s, rs in at_c.items()} for at_c in ratios]
+    # The highest worst ratio of a schedule, by the steps it ends on at each C.
+    reach = dict(low[0])
+    for at_c in low[1:]:
+        reach = {s: min(at_c[s], max(reach[t] for t in steps if t >= s)) for s in steps}
+    floor = max(reach.values())
+    # From the last C down: the best (sum, schedule) of what follows each step count, among
+    # the schedules with no ratio below the floor.
+    after: dict[int, tuple] = {}
+    for i in reversed(range(len(ratios))):
+        here = {}
+        for s in steps:
+            if low[i][s] < floor:
+                continue
+            nexts = [after[t] for t in steps if t <= s and t in after] if i + 1 < len(ratios) else [(0, [])]
+            if nexts:
+                total, rest = max(nexts)
+                here[s] = (sum(map(Fraction, ratios[i][s])) + total, [s, *rest])
+        after = here
+    return max(after.values())[1]
 
 
 def _spans(rows: list[dict]) -> list[list]:
