@@ -184,6 +184,62 @@ def _tiers_across_text(res: dict, medians: dict, measured: list[int], by_steps: 
     return text + (f"\nleft out: {'; '.join(left)}" if left else "")
 
 
+def _suggest(folders: dict, tiers: bool, tier_arms: str, cs: list[int] | None, out_dir, as_json: bool) -> None:
+    """--suggest-tiers (`tiers`) or --suggest-threshold: each acceptance's suggestion from the
+    cells its folder (`folders`: acceptance -> folder) recorded, at the named C (`cs`; None:
+    every C it measured), and with several acceptances the one schedule for all of them."""
+    from .bench import analyze
+
+    option = "--suggest-tiers" if tiers else "--suggest-threshold"
+    by_steps = _tier_arms(tier_arms) if tiers else {1: "A1", 0: "A0"}
+    medians, texts, docs = {}, [], {}  # per acceptance: its medians, its text, its JSON
+    for a, folder in folders.items():
+        if not (folder / "cells.jsonl").exists():
+            raise BadInputError(
+                f"{option}: {folder} has no cells.jsonl; measure there first "
+                "(spectool bench --out with the same folder)."
+            )
+        m = analyze.load_medians(folder, a)
+        if not m:
+            present = sorted({c.get("acc_len") for c in analyze.read_cells(folder / "cells.jsonl")} - {None})
+            raise BadInputError(
+                f"{option}: {folder} has no cells at acceptance {a:g}; it holds "
+                f"{', '.join(f'{x:g}' for x in present) or 'none'} (pass --acc-len)."
+            )
+        if cs is not None:
+            _named_concurrencies_measured(option, folder, m, cs, by_steps)
+        measured = cs or sorted({C for _, C in m})
+        medians[a] = m
+        if tiers:
+            res = analyze.suggest_tiers(m, measured, by_steps)
+            if len(res["arms"]) < 2:
+                raise BadInputError(
+                    f"--suggest-tiers: {folder} holds {len(res['arms'])} of the configurations "
+                    f"{tier_arms}; measure at least two, e.g. --arms A0,A1 --variant "
+                    "'S1=A1:speculative_num_steps=1;speculative_num_draft_tokens=2'."
+                )
+            text = f"acceptance {a:g}:\n{analyze.tiers_markdown(res)}" + _tiers_text(res)
+            if res["against_the_rule"]:
+                text += (
+                    f"\nat C={','.join(map(str, res['against_the_rule']))} a longer draft is the fastest "
+                    "after a shorter one took over: the tiers keep the shorter (measure again there)"
+                )
+        else:
+            res = analyze.suggest_threshold(m, measured)
+            if res["threshold"] is None:
+                raise BadInputError(f"--suggest-threshold: {folder}: {res['why']}.")
+            text = f"acceptance {a:g}: suggested threshold {res['threshold']} ({res['why']})"
+        texts.append(text)
+        docs[f"{a:g}"] = res
+    if tiers and len(medians) > 1:
+        measured = cs or sorted({C for m in medians.values() for _, C in m})
+        res = analyze.suggest_tiers_across(medians, measured, by_steps)
+        texts.append(_tiers_across_text(res, medians, measured, by_steps, out_dir))
+        docs["across"] = res
+    # One JSON document, as a measuring run's: several acceptances key theirs by acceptance.
+    click.echo(to_json(next(iter(docs.values())) if len(docs) == 1 else docs) if as_json else "\n".join(texts))
+
+
 def _tier_arms(text: str) -> dict[int, str]:
     """--tier-arms STEPS=ARM,...: draft steps -> arm, or a one-paragraph error."""
     out = {}
@@ -456,7 +512,6 @@ def bench(
     as_json,
 ):
     """Throughput sweep (GPU): no-spec, EAGLE-3, and the patched fallback, per concurrency."""
-    from .bench import analyze
     from .bench.results import merge
     from .bench.sweep import run
 
@@ -466,56 +521,9 @@ def bench(
     arm_trees = _arm_trees(arm_sglang_dirs)
     folders = {a: Path(out_dir) if len(accs) == 1 else Path(out_dir) / f"acc-{a:g}" for a in accs}
     if suggest or suggest_tiers:
-        option = "--suggest-tiers" if suggest_tiers else "--suggest-threshold"
-        by_steps = _tier_arms(tier_arms) if suggest_tiers else {1: "A1", 0: "A0"}
-        medians, texts, docs = {}, [], {}  # per acceptance: its medians, its text, its JSON
         # Every C the folder measured (a merge with finer points included), unless named.
         named = click.get_current_context().get_parameter_source("concurrency") != click.core.ParameterSource.DEFAULT
-        for a, folder in folders.items():
-            if not (folder / "cells.jsonl").exists():
-                raise BadInputError(
-                    f"{option}: {folder} has no cells.jsonl; measure there first "
-                    "(spectool bench --out with the same folder)."
-                )
-            m = analyze.load_medians(folder, a)
-            if not m:
-                present = sorted({c.get("acc_len") for c in analyze.read_cells(folder / "cells.jsonl")} - {None})
-                raise BadInputError(
-                    f"{option}: {folder} has no cells at acceptance {a:g}; it holds "
-                    f"{', '.join(f'{x:g}' for x in present) or 'none'} (pass --acc-len)."
-                )
-            if named:
-                _named_concurrencies_measured(option, folder, m, cs, by_steps)
-            measured = cs if named else sorted({C for _, C in m})
-            medians[a] = m
-            if suggest_tiers:
-                res = analyze.suggest_tiers(m, measured, by_steps)
-                if len(res["arms"]) < 2:
-                    raise BadInputError(
-                        f"--suggest-tiers: {folder} holds {len(res['arms'])} of the configurations "
-                        f"{tier_arms}; measure at least two, e.g. --arms A0,A1 --variant "
-                        "'S1=A1:speculative_num_steps=1;speculative_num_draft_tokens=2'."
-                    )
-                text = f"acceptance {a:g}:\n{analyze.tiers_markdown(res)}" + _tiers_text(res)
-                if res["against_the_rule"]:
-                    text += (
-                        f"\nat C={','.join(map(str, res['against_the_rule']))} a longer draft is the fastest "
-                        "after a shorter one took over: the tiers keep the shorter (measure again there)"
-                    )
-            else:
-                res = analyze.suggest_threshold(m, measured)
-                if res["threshold"] is None:
-                    raise BadInputError(f"--suggest-threshold: {folder}: {res['why']}.")
-                text = f"acceptance {a:g}: suggested threshold {res['threshold']} ({res['why']})"
-            texts.append(text)
-            docs[f"{a:g}"] = res
-        if suggest_tiers and len(medians) > 1:
-            measured = cs if named else sorted({C for m in medians.values() for _, C in m})
-            res = analyze.suggest_tiers_across(medians, measured, by_steps)
-            texts.append(_tiers_across_text(res, medians, measured, by_steps, out_dir))
-            docs["across"] = res
-        # One JSON document, as a measuring run's: several acceptances key theirs by acceptance.
-        click.echo(to_json(next(iter(docs.values())) if len(docs) == 1 else docs) if as_json else "\n".join(texts))
+        _suggest(folders, suggest_tiers, tier_arms, cs if named else None, out_dir, as_json)
         return
     if merge_from:
         report = merge(Path(out_dir), [Path(m) for m in merge_from], accs[0])
