@@ -179,11 +179,6 @@ def cross_acceptance_markdown(folders: dict) -> str:
     every_c = {C for m in med.values() for _, C in m}
     concurrencies = sorted(C for C in every_c if all((a, C) in m for m in med.values() for a in arms.values()))
 
-    def ratio(acc, C, steps):
-        """Config `steps` at C over the fastest fixed configuration there, at acceptance acc."""
-        speed = {s: med[acc][(a, C)]["median"] for s, a in arms.items()}
-        return speed[steps] / max(speed.values())
-
     def picks(acc, C):
         t, bounds, _ = tiers[acc]
         return t[sum(C > b for b in bounds)]
@@ -195,14 +190,15 @@ def cross_acceptance_markdown(folders: dict) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for C in concurrencies:
         row = [str(C)]
+        to_fastest = {acc: analyze.ratios_to_fastest(med[acc], arms, C) for acc in accs}
         for acc in accs:
-            best = max(arms, key=lambda s: med[acc][(arms[s], C)]["median"])
+            best = max(to_fastest[acc], key=to_fastest[acc].get)
             row.append(f"{arms[best]} ({best} steps)")
         for a in accs:
             for b in accs:
                 if b != a:
                     steps = picks(a, C)
-                    row.append(f"{ratio(b, C, steps):.3f} ({arms[steps]})")
+                    row.append(f"{to_fastest[b][steps]:.3f} ({arms[steps]})")
         lines.append("| " + " | ".join(row) + " |")
     across = analyze.suggest_tiers_across(med, concurrencies, arms)
     worst, C, acc = across["worst"]

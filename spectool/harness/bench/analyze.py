@@ -428,12 +428,8 @@ def suggest_tiers_across(ms: dict, concurrencies: list[int], arms: dict[int, str
         C for C in set(concurrencies) if present and all((a, C) in m for m in ms.values() for a in present.values())
     )
 
-    def ratio(acc, C, steps):
-        speed = {s: ms[acc][(a, C)]["median"] for s, a in present.items()}
-        fastest = max(speed.values())
-        return speed[steps] / fastest if fastest > 0 else 1.0  # nothing measured faster than none
-
-    ratios = [{s: {acc: ratio(acc, C, s) for acc in ms} for s in present} for C in measured]
+    to_fastest = {(acc, C): ratios_to_fastest(m, present, C) for acc, m in ms.items() for C in measured}
+    ratios = [{s: {acc: to_fastest[(acc, C)][s] for acc in ms} for s in present} for C in measured]
     best = _most_even_schedule([{s: list(by_acc.values()) for s, by_acc in at_c.items()} for at_c in ratios])
     rows = [{"C": C, "tier": k, "ratios": at_c[k]} for C, k, at_c in zip(measured, best, ratios)]
     spans = _spans(rows)
@@ -450,6 +446,14 @@ def suggest_tiers_across(ms: dict, concurrencies: list[int], arms: dict[int, str
             else "no C at which every configuration was measured at every acceptance",
         ),
     }
+
+
+def ratios_to_fastest(m: dict, arms: dict[int, str], C: int) -> dict[int, float]:
+    """Draft steps -> its configuration's median at C over the fastest one's (`arms`: draft
+    steps -> arm, each measured at C in medians `m`); 1.0 for all where none made progress."""
+    speed = {s: m[(a, C)]["median"] for s, a in arms.items()}
+    fastest = max(speed.values())
+    return {s: v / fastest if fastest > 0 else 1.0 for s, v in speed.items()}
 
 
 def _most_even_schedule(ratios: list[dict[int, list[float]]]) -> list[int]:
@@ -674,15 +678,22 @@ def latency_markdown(m: dict, concurrencies: list[int], arms: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _phases(rows: list[dict]):
+    """(round, phase, row) of one transition's rows (results._transition_summary): phases are
+    numbered from 1 within each round, rows of a one-round transition being round 1."""
+    for number, group in itertools.groupby(rows, key=lambda r: r.get("round", 1)):
+        for phase, r in enumerate(group, 1):
+            yield number, phase, r
+
+
 def lowest_phase_ratios(summary: dict) -> dict:
     """Per transition of `summary` (bench-results.json's "transition"), its lowest
     phase/steady, each phase read as the median of its rounds: the transition goal's figure."""
     phase_ratios = {}  # arm -> phase -> its ratios, one per round
     for arm, rows in summary.items():
-        for _, group in itertools.groupby(rows, key=lambda r: r.get("round", 1)):
-            for i, r in enumerate(group, 1):
-                if r.get("ratio") is not None:
-                    phase_ratios.setdefault(arm, {}).setdefault(i, []).append(r["ratio"])
+        for _, i, r in _phases(rows):
+            if r.get("ratio") is not None:
+                phase_ratios.setdefault(arm, {}).setdefault(i, []).append(r["ratio"])
     return {arm: min(statistics.median(v) for v in phases.values()) for arm, phases in phase_ratios.items()}
 
 
@@ -705,20 +716,19 @@ def transition_markdown(summary: dict) -> str:
         return " / ".join("-" if x is None else f"{x:.{digits}f}" for x in (a, b))
 
     for arm, rows in summary.items():
-        for number, group in itertools.groupby(rows, key=lambda r: r.get("round", 1)):
-            for i, r in enumerate(group, 1):
-                runs = r.get("reference_runs")
-                steady = "-" if r.get("steady") is None else f"{r['steady']:.0f}"
-                if runs:
-                    steady += " (" + " / ".join(f"{x:.0f}" for x in runs) + ")"
-                ratio = "-" if r.get("ratio") is None else f"{r['ratio']:.3f}"
-                lines.append(
-                    f"| {arm} |"
-                    + (f" {number} |" if rounds else "")
-                    + f" {i} | {r['C']} | {r['tok_s']:.0f} | {steady} | {ratio} "
-                    f"| {pair(r, 'ttft_ms', 0)} | {pair(r, 'tpot_ms', 2)} |"
-                    + (f" {pair(r, 'host_busy_cpus', 1)} |" if host else "")
-                )
+        for number, i, r in _phases(rows):
+            runs = r.get("reference_runs")
+            steady = "-" if r.get("steady") is None else f"{r['steady']:.0f}"
+            if runs:
+                steady += " (" + " / ".join(f"{x:.0f}" for x in runs) + ")"
+            ratio = "-" if r.get("ratio") is None else f"{r['ratio']:.3f}"
+            lines.append(
+                f"| {arm} |"
+                + (f" {number} |" if rounds else "")
+                + f" {i} | {r['C']} | {r['tok_s']:.0f} | {steady} | {ratio} "
+                f"| {pair(r, 'ttft_ms', 0)} | {pair(r, 'tpot_ms', 2)} |"
+                + (f" {pair(r, 'host_busy_cpus', 1)} |" if host else "")
+            )
     lowest = lowest_phase_ratios(summary)
     if lowest:
         what = "phase/steady, each phase the median of its rounds" if rounds else "phase/steady"
