@@ -484,7 +484,7 @@ def test_transition_reference_brackets_the_schedule(tmp_path, monkeypatch):
         }
 
     monkeypatch.setattr(engines, "command", command)
-    [res] = sweep._transition(None, "A2", tmp_path, 128, 128)
+    [res] = list(sweep._transition(None, "A2", tmp_path, 128, 128))
     assert [c["kind"] for c in sent] == ["point", "point", "phases", "point", "point"]
     assert [c["C"] for c in sent if c["kind"] == "point"] == [4, 192, 4, 192]
     assert all(c["n"] == {4: 128, 192: 384}[c["C"]] for c in sent if c["kind"] == "point")
@@ -525,7 +525,7 @@ def test_transition_rounds_share_the_references_between_them(tmp_path, monkeypat
         return {"output_tok_s": 1000.0 + len(sent)}  # each reference run reads its own
 
     monkeypatch.setattr(engines, "command", command)
-    res = sweep._transition(None, "A2", tmp_path, 128, 128, rounds=range(3))
+    res = list(sweep._transition(None, "A2", tmp_path, 128, 128, rounds=range(3)))
     assert [c["kind"] for c in sent] == ["point", "point"] + ["phases", "point", "point"] * 3
     assert len(res) == 3
     refs = [[r["output_tok_s"] for r in rnd["reference_records"]["4"]] for rnd in res]
@@ -537,13 +537,60 @@ def test_transition_rounds_share_the_references_between_them(tmp_path, monkeypat
     # later call's rounds (numbered on) have prompts of their own, references of their own first.
     sent.clear()
     checks = iter([False, True])
-    assert len(sweep._transition(None, "A2", tmp_path, 128, 128, range(3), over_budget=lambda: next(checks))) == 2
+    assert len(list(sweep._transition(None, "A2", tmp_path, 128, 128, range(3), over_budget=lambda: next(checks)))) == 2
     first_call = {c["seed"] + i for c in sent for i in (range(len(c["schedule"])) if c["kind"] == "phases" else [0])}
     sent.clear()
-    [later] = sweep._transition(None, "A2", tmp_path, 128, 128, range(2, 3))
+    [later] = list(sweep._transition(None, "A2", tmp_path, 128, 128, range(2, 3)))
     assert [c["kind"] for c in sent] == ["point", "point", "phases", "point", "point"]
     seeds = [c["seed"] + i for c in sent for i in (range(len(c["schedule"])) if c["kind"] == "phases" else [0])]
     assert not set(seeds) & first_call
+
+
+def test_every_high_phase_of_the_transition_crosses_the_engines_switch_point(tmp_path, monkeypatch):
+    """The high load is 192 while the engine switches below it; an engine whose threshold or
+    highest tier boundary is 192 or more gets twice that, up to its batch (at C=192 an engine
+    switching above 192 requests would never switch); one that cannot switch within its batch
+    is a control and keeps C=192. The references run each load of the schedule it runs."""
+    from spectool.harness.bench import engines, sweep
+    from spectool.harness.bench.arms import arms, variant
+
+    fields = {
+        "speculative_num_steps_tiers": "Optional[List[int]]",
+        "speculative_num_steps_tier_boundaries": "Optional[List[int]]",
+    }
+
+    def high(threshold, spec=None, max_bs=256):
+        every = arms(threshold, max_bs)
+        arm = variant(spec, every, fields) if spec else every[2]  # A2
+        return sweep.transition_schedule(arm, max_bs)[1]["C"]
+
+    assert high(48) == 192 and high(191) == 192
+    assert (
+        high(192) == 256
+        and high(100, "T=A2:speculative_num_steps_tiers=3,2,0;speculative_num_steps_tier_boundaries=64,192") == 256
+    )
+    assert high(120, max_bs=512) == 192 and high(160, max_bs=512) == 192 and high(200, max_bs=512) == 400
+    a3 = arms(48, 256)[3]
+    assert sweep.transition_schedule(a3, 256) == sweep.TRANSITION, "A3 never switches: a control"
+    assert sweep.transition_schedule(arms(48)[1], 256) == sweep.TRANSITION, "A1 never switches"
+    schedule = sweep.transition_schedule(arms(192, 256)[2], 256)
+    assert [ph["C"] for ph in schedule] == [4, 256, 4, 256, 4] and schedule[1]["n"] == 512
+
+    sent = []
+
+    def command(proc, arm, out, cmd):
+        sent.append(cmd)
+        if cmd["kind"] == "phases":
+            return {"phases": [{"C": ph["C"], "output_tok_s": 1000.0} for ph in cmd["schedule"]]}
+        return {"output_tok_s": 1000.0}
+
+    monkeypatch.setattr(engines, "command", command)
+    [res] = list(sweep._transition(None, "A2", tmp_path, 128, 128, phases=schedule))
+    assert [(c["C"], c["n"]) for c in sent if c["kind"] == "point"] == [(4, 128), (256, 512)] * 2
+    assert sorted(res["reference_records"]) == ["256", "4"]
+    rows = summarize(tmp_path, _sweep(), DEFAULT_C, 192, 3.0, {"A2": res}, {})["transition"]["A2"]
+    assert [r["C"] for r in rows] == [4, 256, 4, 256, 4] and all(r["ratio"] == 1.0 for r in rows)
+    assert "Transition workload (alternating C=4 and C=256, closed loop)" in (tmp_path / "bench-table.md").read_text()
 
 
 def test_a_transition_of_several_rounds_reads_each_phase_as_the_median_of_its_rounds(tmp_path):

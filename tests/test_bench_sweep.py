@@ -223,6 +223,35 @@ def test_the_transition_resumes_the_rounds_it_lacks(tmp_path, stub_engines):
     assert len(stub_engines.read_text().splitlines()) == 2, "nothing left to measure: no engine"
 
 
+def test_a_transition_cut_off_keeps_the_rounds_it_finished(tmp_path, stub_engines, monkeypatch):
+    """A call stopped half-way through its rounds (the device's time limit ends the process)
+    keeps every round it finished in transition.json, as it keeps its cells; the same command
+    then measures only the rounds still lacking."""
+
+    class CutOff(Exception):
+        pass
+
+    finish_rounds = sweep._transition
+
+    def cut_after_one_round(*args, **kw):
+        rounds = finish_rounds(*args, **kw)
+        yield next(rounds)
+        raise CutOff
+
+    out = tmp_path / "bench"
+    kw = dict(TINY, concurrencies=(1,), arm_names=["A2"], port_base=27600, transition=True)
+    monkeypatch.setattr(sweep, "_transition", cut_after_one_round)
+    with pytest.raises(CutOff):
+        sweep.run(out, reps=0, transition_rounds=3, **kw)
+    first = json.loads((out / "transition.json").read_text())["A2"]
+    assert "phases" in first, "the finished round is on disk"
+
+    monkeypatch.setattr(sweep, "_transition", finish_rounds)
+    sweep.run(out, reps=0, transition_rounds=3, **kw)
+    rounds = json.loads((out / "transition.json").read_text())["A2"]["rounds"]
+    assert len(rounds) == 3 and rounds[0] == first
+
+
 def test_the_transition_runs_its_rounds_on_the_engine_and_tables_them(tmp_path, stub_engines):
     """--transition-rounds 2 through the real worker: the schedule twice on the A2 engine, each
     round with the references that bracket it, and the table's round column and goal line."""

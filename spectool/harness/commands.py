@@ -317,7 +317,7 @@ def _arm_trees(items) -> dict[str, str]:
 @click.option(
     "--no-transition",
     is_flag=True,
-    help="Skip the transition workload (alternating C=4 and C=192 on A2 and its variants).",
+    help="Skip the transition workload (alternating C=4 and a load above the engine's threshold and tier boundaries, C=192 or twice the highest, on A2 and its variants).",
 )
 @click.option(
     "--transition-arms",

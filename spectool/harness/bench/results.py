@@ -160,7 +160,7 @@ def summarize(
         parts.append(analyze.per_run_markdown(per_run, concurrencies))
     if report["transition"]:
         parts.append(
-            "Transition workload (alternating C=4 and C=192, closed loop):\n\n"
+            f"Transition workload ({_transition_loads(report['transition'])}, closed loop):\n\n"
             + analyze.transition_markdown(report["transition"])
         )
     (out / "bench-table.md").write_text("\n".join(parts))
@@ -249,6 +249,14 @@ def transition_rounds_of(res: dict | None) -> list[dict]:
 def as_transition(rounds: list[dict]) -> dict:
     """transition.json's record of one engine's rounds (see transition_rounds_of)."""
     return rounds[0] if len(rounds) == 1 else {"rounds": rounds}
+
+
+def _transition_loads(rows_by_arm: dict) -> str:
+    """The table's title for the loads the transitions alternate: "alternating C=4 and C=192",
+    with each high load an arm ran where they differ (sweep.transition_schedule)."""
+    loads = sorted({row["C"] for rows in rows_by_arm.values() for row in rows})
+    low, high = loads[0], loads[1:] or loads
+    return f"alternating C={low} and C={' or '.join(map(str, high))}"
 
 
 def _transition_summary(trans, m):

@@ -9,6 +9,7 @@ import gzip
 import json
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ...errors import BadInputError
@@ -30,6 +31,29 @@ DEFAULT_C = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 # other engines on the same GPU disturb them: a clean run has the GPU to itself.
 LOW, HIGH = {"C": 4, "n": 128}, {"C": 192, "n": 384}
 TRANSITION = [LOW, HIGH, LOW, HIGH, LOW]
+
+
+def switch_point(arm) -> int | None:
+    """The largest batch an arm's engine still speculates at: its threshold, or its highest
+    tier boundary where that is higher; None for an engine that never switches."""
+    threshold = arm.extra.get("speculative_disable_batch_size_threshold", arm.threshold)
+    bounds = arm.extra.get("speculative_num_steps_tier_boundaries") or ()
+    points = [b for b in (threshold, *bounds) if b is not None]
+    return max(points) if points else None
+
+
+def transition_schedule(arm, max_bs: int) -> list[dict]:
+    """The transition workload of one engine: C=4 and C=192 (TRANSITION), the high load raised
+    to twice the arm's switch point where 192 would not be above it, within the engine's
+    max_bs, so that every high phase crosses it (one at or below it would measure no switch).
+    An engine that cannot switch below max_bs (A3, a control) keeps TRANSITION. The high
+    load's n is two waves, as at 192."""
+    point = switch_point(arm)
+    if point is None or point < HIGH["C"] or point >= max_bs:
+        return TRANSITION
+    high = min(max_bs, 2 * point)
+    return [LOW, {"C": high, "n": 2 * high}, LOW, {"C": high, "n": 2 * high}, LOW]
+
 
 # The comparisons the goals are about share a wave when the arms must be split: A2 and A4
 # against A0 and A1 first, then the controls.
@@ -208,9 +232,11 @@ def run(
                     if step is None:  # A2 and its variants (and any control), each on its own engine
                         trans = dict(trans or {})  # an earlier wave's transitions (arms beyond --max-engines) kept
                         for a in wave:
-                            held = results.transition_rounds_of(trans.get(a.name))
+                            held = list(results.transition_rounds_of(trans.get(a.name)))
                             if a.name in pending and a.name in procs:
-                                new = _transition(
+                                # Written after every round: a call cut off at its time
+                                # limit keeps the rounds it finished, as it keeps its cells.
+                                for rnd in _transition(
                                     procs[a.name],
                                     a.name,
                                     out,
@@ -218,9 +244,11 @@ def run(
                                     out_len,
                                     rounds=range(len(held), transition_rounds),
                                     over_budget=over_budget,
-                                )
-                                trans[a.name] = results.as_transition(held + new)
-                                tpath.write_text(json.dumps(trans, indent=1))
+                                    phases=transition_schedule(a, max_bs),
+                                ):
+                                    held.append(rnd)
+                                    trans[a.name] = results.as_transition(held)
+                                    tpath.write_text(json.dumps(trans, indent=1))
                         continue
                     rep, C, arm = step
                     if arm not in procs:
@@ -378,13 +406,20 @@ def plan_waves(arm_list, max_engines: int = MAX_ENGINES) -> list[list]:
 
 
 def _transition(
-    proc, arm: str, out: Path, prompt_len: int, out_len: int, rounds=range(1), over_budget=lambda: False
-) -> list[dict]:
-    """The alternating schedule on one engine, once per round in `rounds` (their numbers, which
+    proc,
+    arm: str,
+    out: Path,
+    prompt_len: int,
+    out_len: int,
+    rounds=range(1),
+    over_budget=lambda: False,
+    phases=TRANSITION,
+) -> Iterator[dict]:
+    """The alternating schedule `phases` on one engine (transition_schedule), once per round in `rounds` (their numbers, which
     seed their prompts), bracketed by standalone runs of each distinct phase (same C and n)
     before and after it: its steady-state reference is their mean, the references between two
     rounds serving both. Every run has prompts of its own (seeds), so none finds another's in
-    the radix cache. A round starts only within the budget; the rounds run are returned, each
+    the radix cache. A round starts only within the budget; each round is yielded as it ends,
     with its references' whole records. Several rounds let each phase be read as the median
     of its rounds: one phase of one round moves by several points between identical engines."""
 
@@ -403,16 +438,15 @@ def _transition(
                     "seed": seed + ph["C"],
                 },
             )
-            for ph in (LOW, HIGH)
+            for ph in {ph["C"]: ph for ph in phases}.values()
         }
 
     # Round r's seeds are r * 100000 above the first round's: above any sweep cell's
     # (1000 * rep + C) from the second round on, so no round's prompts are another run's.
-    schedule = {"kind": "phases", "schedule": TRANSITION, "prompt_len": prompt_len, "out_len": out_len}
-    done = []
+    schedule = {"kind": "phases", "schedule": phases, "prompt_len": prompt_len, "out_len": out_len}
     before = None
     for r in rounds:
-        if done and over_budget():
+        if before is not None and over_budget():
             break
         before = before or references(1077 + 100000 * r)
         res = engines.command(proc, arm, out, {**schedule, "seed": 77 + 100000 * r})
@@ -420,9 +454,8 @@ def _transition(
         # The references' whole records (TTFT, TPOT, window): the steady state and its runs are
         # read from them (results._reference), and a phase that reads slow can be told apart as
         # slower steps or as a longer wait for the first token.
-        done.append({**res, "reference_records": {C: [before[C], after[C]] for C in before}})
+        yield {**res, "reference_records": {C: [before[C], after[C]] for C in before}}
         before = after
-    return done
 
 
 def select_arms(
