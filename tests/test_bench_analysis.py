@@ -536,8 +536,17 @@ def test_transition_rounds_share_the_references_between_them(tmp_path, monkeypat
     # A round starts only within the budget (the first always: the sweep checked it), and a
     # later call's rounds (numbered on) have prompts of their own, references of their own first.
     sent.clear()
-    checks = iter([False, True])
-    assert len(list(sweep._transition(None, "A2", tmp_path, 128, 128, range(3), over_budget=lambda: next(checks)))) == 2
+    # A later round starts only if what the round before took is left: each check is asked
+    # with that time (a clock that moves 40 s between two readings).
+    checks, asked, clock = iter([False, True]), [], iter(range(0, 10**6, 40))
+
+    def over_budget(needed_s):
+        asked.append(needed_s)
+        return next(checks)
+
+    monkeypatch.setattr(sweep, "time", type("Clock", (), {"monotonic": staticmethod(lambda: next(clock))}))
+    assert len(list(sweep._transition(None, "A2", tmp_path, 128, 128, range(3), over_budget=over_budget))) == 2
+    assert asked == [40, 40]
     first_call = {c["seed"] + i for c in sent for i in (range(len(c["schedule"])) if c["kind"] == "phases" else [0])}
     sent.clear()
     [later] = list(sweep._transition(None, "A2", tmp_path, 128, 128, range(2, 3)))

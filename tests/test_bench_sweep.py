@@ -252,6 +252,26 @@ def test_a_transition_cut_off_keeps_the_rounds_it_finished(tmp_path, stub_engine
     assert len(rounds) == 3 and rounds[0] == first
 
 
+def test_a_transition_round_that_would_outlast_the_budget_does_not_start(tmp_path, stub_engines, capsys, monkeypatch):
+    """A later round starts only if the budget left holds what the round before took: with
+    rounds that take 200 s on the sweep's clock and a budget of 120 s, one round is measured
+    and kept, and the run says why it stopped."""
+    import time as real_time
+
+    class RoundClock:
+        readings = iter(range(0, 10**6, 200))
+        time = staticmethod(real_time.time)
+        monotonic = staticmethod(lambda: next(RoundClock.readings))
+
+    out = tmp_path / "bench"
+    kw = dict(TINY, concurrencies=(1,), arm_names=["A2"], port_base=27700, transition=True)
+    monkeypatch.setattr(sweep, "time", RoundClock)
+    sweep.run(out, reps=0, transition_rounds=3, **kw)
+    assert "phases" in json.loads((out / "transition.json").read_text())["A2"], "one round"
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "less than a transition round took (200 s); rerun to resume" in printed
+
+
 def test_the_transition_runs_its_rounds_on_the_engine_and_tables_them(tmp_path, stub_engines):
     """--transition-rounds 2 through the real worker: the schedule twice on the A2 engine, each
     round with the references that bracket it, and the table's round column and goal line."""

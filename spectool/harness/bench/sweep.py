@@ -187,10 +187,14 @@ def run(
     ) as bar:
         task = bar.add_task("cells", total=sum(1 for _, steps in plan for t in steps if t is not None))
 
-        def over_budget() -> bool:
-            if time.time() - t_start <= budget_s:
+        def over_budget(needed_s: float = 0.0) -> bool:
+            """Whether the budget is spent, or too little of it is left for work that takes
+            `needed_s` (a transition round, timed by the one before it)."""
+            left = budget_s - (time.time() - t_start)
+            if left >= needed_s and left > 0:
                 return False
-            bar.console.print("time budget reached: stopping; rerun to resume")
+            why = f"{left:.0f} s left, less than a transition round took ({needed_s:.0f} s)" if needed_s else "stopping"
+            bar.console.print(f"time budget reached: {why}; rerun to resume")
             return True
 
         stopped, failed = False, {}  # failed: arm -> why its engine could not run (engines.start)
@@ -412,14 +416,15 @@ def _transition(
     prompt_len: int,
     out_len: int,
     rounds=range(1),
-    over_budget=lambda: False,
+    over_budget=lambda needed_s=0.0: False,
     phases=TRANSITION,
 ) -> Iterator[dict]:
     """The alternating schedule `phases` on one engine (transition_schedule), once per round in `rounds` (their numbers, which
     seed their prompts), bracketed by standalone runs of each distinct phase (same C and n)
     before and after it: its steady-state reference is their mean, the references between two
     rounds serving both. Every run has prompts of its own (seeds), so none finds another's in
-    the radix cache. A round starts only within the budget; each round is yielded as it ends,
+    the radix cache. A later round starts only if the budget left holds what the round before
+    it took (a call's time limit would cut it off half-way); each round is yielded as it ends,
     with its references' whole records. Several rounds let each phase be read as the median
     of its rounds: one phase of one round moves by several points between identical engines."""
 
@@ -444,10 +449,11 @@ def _transition(
     # Round r's seeds are r * 100000 above the first round's: above any sweep cell's
     # (1000 * rep + C) from the second round on, so no round's prompts are another run's.
     schedule = {"kind": "phases", "schedule": phases, "prompt_len": prompt_len, "out_len": out_len}
-    before = None
+    before, took = None, 0.0
     for r in rounds:
-        if before is not None and over_budget():
+        if before is not None and over_budget(took):
             break
+        tic = time.monotonic()
         before = before or references(1077 + 100000 * r)
         res = engines.command(proc, arm, out, {**schedule, "seed": 77 + 100000 * r})
         after = references(2077 + 100000 * r)
@@ -455,7 +461,7 @@ def _transition(
         # read from them (results._reference), and a phase that reads slow can be told apart as
         # slower steps or as a longer wait for the first token.
         yield {**res, "reference_records": {C: [before[C], after[C]] for C in before}}
-        before = after
+        before, took = after, time.monotonic() - tic
 
 
 def select_arms(
