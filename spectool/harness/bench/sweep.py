@@ -419,9 +419,9 @@ def _transition(
     over_budget=lambda needed_s=0.0: False,
     phases=TRANSITION,
 ) -> Iterator[dict]:
-    """The alternating schedule `phases` on one engine (transition_schedule), once per round in `rounds` (their numbers, which
-    seed their prompts), bracketed by standalone runs of each distinct phase (same C and n)
-    before and after it: its steady-state reference is their mean, the references between two
+    """The alternating schedule `phases` (transition_schedule) on one engine, once per round in
+    `rounds` (their numbers, which seed their prompts), bracketed by standalone runs of each
+    distinct phase (same C and n) before and after it: its steady-state reference is their mean, the references between two
     rounds serving both. Every run has prompts of its own (seeds), so none finds another's in
     the radix cache. A later round starts only if the budget left holds what the round before
     it took (a call's time limit would cut it off half-way); each round is yielded as it ends,
@@ -453,8 +453,8 @@ def _transition(
     for r in rounds:
         if before is not None and over_budget(took):
             break
-        tic = time.monotonic()
         before = before or references(1077 + 100000 * r)
+        tic = time.monotonic()  # a later round runs the schedule and the references after it
         res = engines.command(proc, arm, out, {**schedule, "seed": 77 + 100000 * r})
         after = references(2077 + 100000 * r)
         # The references' whole records (TTFT, TPOT, window): the steady state and its runs are
