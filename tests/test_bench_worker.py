@@ -135,16 +135,19 @@ def test_the_ttft_spread_shows_a_wave_served_in_two_pieces():
     assert res["ttft_p10_ms"] == pytest.approx(res["ttft_p90_ms"]) == pytest.approx(10.0), res
 
 
-def test_first_visit_of_a_concurrency_is_warmed_up_unmeasured(tmp_path):
-    """The warm-up wave runs before the counters are read, and the counters are read from
-    writes of the stats file made after each point (the engine rewrites it periodically,
-    with the time of the write: a writer thread stands in for it here)."""
+def test_every_load_follows_an_unmeasured_wave_on_every_engine_alike(tmp_path, monkeypatch):
+    """The counters are read first (from writes of the stats file made after the read: the
+    engine rewrites it periodically with the time of the write, a writer thread stands in for
+    it here), then a wave of C short requests runs right before the load, so an engine whose
+    counters take a second to settle meets the load as busy as one without counters. With no
+    stats file the same wave runs. A transition's wave runs at its first phase's C."""
     import threading
     import time
 
     eng = TimedEngine(tpot=0.0005, ttft=0.001)
     stats = tmp_path / "stats.json"
     done = threading.Event()
+    reads = []
 
     def write_stats():
         tmp = tmp_path / "stats.tmp"
@@ -155,30 +158,37 @@ def test_first_visit_of_a_concurrency_is_warmed_up_unmeasured(tmp_path):
         while not done.wait(0.01):
             write_stats()
 
+    real_settled = worker.settled_stats
+
+    def settled(path):
+        reads.append(len(eng.requests))  # requests sent when the counters were read
+        return real_settled(path)
+
+    monkeypatch.setattr(worker, "settled_stats", settled)
+
     write_stats()  # as the engine does before it is ready
     writer = threading.Thread(target=keep_writing)
     writer.start()
-    job = {"stats_path": str(stats)}
     loop = _loop()
-    warmed: set = set()
+    point = {"kind": "point", "C": 4, "n": 8, "prompt_len": 8, "out_len": 32, "seed": 1}
     try:
-        point = {"kind": "point", "C": 4, "n": 8, "prompt_len": 8, "out_len": 32, "seed": 1}
-        first = worker.handle(eng, point, job, loop, 1000, warmed)
-        warm = [r for r in eng.requests if r[1] == worker.WARMUP_OUT_LEN]
-        assert len(warm) == 4 and eng.requests[:4] == warm, "one unmeasured wave of C short requests first"
-        assert len(eng.requests) == 4 + 8
+        first = worker.handle(eng, point, {"stats_path": str(stats)}, loop, 1000)
+        assert reads == [0, 12], "read before the wave and after the load"
+        assert [r[1] for r in eng.requests] == [worker.WARMUP_OUT_LEN] * 4 + [32] * 8
         assert first["n"] == 8 and first["spec_fraction"] is None  # the counters did not move
         eng.requests.clear()
-        worker.handle(eng, {**point, "seed": 2}, job, loop, 1000, warmed)
-        assert not [r for r in eng.requests if r[1] == worker.WARMUP_OUT_LEN], "no warm-up at a visited C"
+        worker.handle(eng, {**point, "seed": 2}, {}, loop, 1000)  # no stats file: the same wave
+        assert [r[1] for r in eng.requests] == [worker.WARMUP_OUT_LEN] * 4 + [32] * 8
         eng.requests.clear()
-        worker.handle(eng, {**point, "C": 2, "n": 4}, job, loop, 1000, warmed)
-        assert len([r for r in eng.requests if r[1] == worker.WARMUP_OUT_LEN]) == 2
+        schedule = [{"C": 2, "n": 4}, {"C": 4, "n": 8}]
+        worker.handle(
+            eng, {"kind": "phases", "schedule": schedule, "prompt_len": 8, "out_len": 32, "seed": 3}, {}, loop, 1000
+        )
+        assert [r[1] for r in eng.requests[:3]] == [worker.WARMUP_OUT_LEN] * 2 + [32]
     finally:
         loop.close()
         done.set()
         writer.join()
-    assert warmed == {2, 4}
 
 
 class BatchEngine:

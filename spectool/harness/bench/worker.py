@@ -205,18 +205,25 @@ async def profiled(
 # An engine's first load at a concurrency often runs slower: on the H200, A1's rep 0 was
 # 0.64-0.92 of its reps 1-2 at every C up to 64, with TTFTs up to 1.8x; a short unmeasured wave absorbs it.
 WARMUP_OUT_LEN = 16
+# Warm-up waves draw their prompts from seeds above every measured load's (sweep._requests_for,
+# the transition's rounds), so none puts a measured prompt in the radix cache.
+WARMUP_SEEDS = 10**9
 
 
-def handle(engine, cmd: dict, job: dict, loop, vocab: int, warmed: set) -> dict:
-    """One load command: an unmeasured short wave at a concurrency this engine has not served
-    yet, the measurement, and the fallback counters' difference over it (each read once the
-    engine's steps before it are all in the stats file)."""
-    if cmd["kind"] == "point" and cmd["C"] not in warmed:
-        loop.run_until_complete(
-            closed_loop(engine, cmd["C"], cmd["C"], cmd["prompt_len"], WARMUP_OUT_LEN, cmd["seed"] + 7919, vocab)
-        )
-        warmed.add(cmd["C"])
+def handle(engine, cmd: dict, job: dict, loop, vocab: int) -> dict:
+    """One load command: the fallback counters read (once the engine's steps before are all in
+    the stats file), an unmeasured short wave at the load's first concurrency, the
+    measurement, and the counters' difference over both.
+
+    The wave runs right before every load, after the counters are read: reading them waits up
+    to a second on engines with a stats file (the arms with a threshold) and on no other, so
+    without it those engines alone would meet each load idle. The counters include the
+    wave's steps, which run at the load's concurrency."""
     before = settled_stats(job.get("stats_path"))
+    C = cmd["C"] if "C" in cmd else cmd["schedule"][0]["C"]
+    loop.run_until_complete(
+        closed_loop(engine, C, C, cmd["prompt_len"], WARMUP_OUT_LEN, WARMUP_SEEDS + cmd["seed"], vocab)
+    )
     if cmd["kind"] == "profile":
         res = loop.run_until_complete(
             profiled(
@@ -281,12 +288,11 @@ def main() -> int:
     os.replace(partial, job["ready_path"])
     loop = asyncio.get_event_loop()
     vocab = job.get("vocab", 128256)
-    warmed: set = set()
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd.get("quit"):
             break
-        res = handle(engine, cmd, job, loop, vocab, warmed)
+        res = handle(engine, cmd, job, loop, vocab)
         tmp = cmd["result_path"] + ".tmp"
         with open(tmp, "w") as f:
             json.dump(res, f)
