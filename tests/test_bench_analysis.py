@@ -545,8 +545,13 @@ def test_transition_rounds_share_the_references_between_them(tmp_path, monkeypat
         return next(checks)
 
     monkeypatch.setattr(sweep, "time", type("Clock", (), {"monotonic": staticmethod(lambda: next(clock))}))
-    assert len(list(sweep._transition(None, "A2", tmp_path, 128, 128, range(3), over_budget=over_budget))) == 2
-    assert asked == [40, 40]
+    rounds = list(sweep._transition(None, "A2", tmp_path, 128, 128, range(3), over_budget=over_budget))
+    assert len(rounds) == 2 and asked == [40, 40] and [r["round_s"] for r in rounds] == [40, 40]
+    # Another engine's first round is checked against the last round any engine ran.
+    asked.clear()
+    checks = iter([True])
+    assert list(sweep._transition(None, "A2X", tmp_path, 128, 128, range(3), over_budget, expect_s=40)) == []
+    assert asked == [40]
     first_call = {c["seed"] + i for c in sent for i in (range(len(c["schedule"])) if c["kind"] == "phases" else [0])}
     sent.clear()
     [later] = list(sweep._transition(None, "A2", tmp_path, 128, 128, range(2, 3)))
@@ -556,10 +561,11 @@ def test_transition_rounds_share_the_references_between_them(tmp_path, monkeypat
 
 
 def test_every_high_phase_of_the_transition_crosses_the_engines_switch_point(tmp_path, monkeypatch):
-    """The high load is 192 while the engine switches below it; an engine whose threshold or
-    highest tier boundary is 192 or more gets twice that, up to its batch (at C=192 an engine
-    switching above 192 requests would never switch); one that cannot switch within its batch
-    is a control and keeps C=192. The references run each load of the schedule it runs."""
+    """The high load is 192 while every engine switches below it; where a threshold or a
+    highest tier boundary is 192 or more it is twice the highest, up to the engines' batch (at
+    C=192 an engine switching above 192 requests would never switch). Controls (A1, A3: no
+    switch within the batch) set nothing and run the same schedule. The references run each
+    load of the schedule."""
     from spectool.harness.bench import engines, sweep
     from spectool.harness.bench.arms import arms, variant
 
@@ -568,21 +574,18 @@ def test_every_high_phase_of_the_transition_crosses_the_engines_switch_point(tmp
         "speculative_num_steps_tier_boundaries": "Optional[List[int]]",
     }
 
-    def high(threshold, spec=None, max_bs=256):
+    def high(threshold, spec=None, max_bs=256, controls=()):
         every = arms(threshold, max_bs)
         arm = variant(spec, every, fields) if spec else every[2]  # A2
-        return sweep.transition_schedule(arm, max_bs)[1]["C"]
+        return sweep.transition_schedule([arm, *(every[i] for i in controls)], max_bs)[1]["C"]
 
     assert high(48) == 192 and high(191) == 192
-    assert (
-        high(192) == 256
-        and high(100, "T=A2:speculative_num_steps_tiers=3,2,0;speculative_num_steps_tier_boundaries=64,192") == 256
-    )
+    assert high(192) == 256 and high(192, controls=(1, 3)) == 256, "A1 and A3 beside it run the same load"
+    tiered = "T=A1:speculative_num_steps_tiers=3,2,1;speculative_num_steps_tier_boundaries=64,192"
+    assert high(48, tiered) == 256, "the highest boundary counts"
     assert high(120, max_bs=512) == 192 and high(160, max_bs=512) == 192 and high(200, max_bs=512) == 400
-    a3 = arms(48, 256)[3]
-    assert sweep.transition_schedule(a3, 256) == sweep.TRANSITION, "A3 never switches: a control"
-    assert sweep.transition_schedule(arms(48)[1], 256) == sweep.TRANSITION, "A1 never switches"
-    schedule = sweep.transition_schedule(arms(192, 256)[2], 256)
+    assert sweep.transition_schedule([arms(48)[1], arms(48)[3]], 256) == sweep.TRANSITION, "controls alone"
+    schedule = sweep.transition_schedule([arms(192, 256)[2]], 256)
     assert [ph["C"] for ph in schedule] == [4, 256, 4, 256, 4] and schedule[1]["n"] == 512
 
     sent = []
@@ -936,6 +939,10 @@ def test_merge_refuses_runs_of_another_setup(tmp_path):
         (["--merge", str(high), "--merge", str(high)], "named more than once"),
         (["--merge", str(tmp_path)], "has no cells.jsonl or transition.json"),
     ]
+    # Cells whose warm-up wave ran only at an engine's first visit of a C (no `warmup` field)
+    # and cells whose wave ran before every load do not pool.
+    every_load = _folder(tmp_path / "every", [dict(c, warmup="before every load") for c in _sweep([64])])
+    cases.append((["--merge", str(high), "--merge", str(every_load)], "warm-up"))
     for i, (args, needle) in enumerate(cases):
         out = tmp_path / f"m{i}"
         r = CliRunner().invoke(main, ["bench", "--out", str(out), *args])

@@ -269,7 +269,47 @@ def test_a_transition_round_that_would_outlast_the_budget_does_not_start(tmp_pat
     sweep.run(out, reps=0, transition_rounds=3, **kw)
     assert "phases" in json.loads((out / "transition.json").read_text())["A2"], "one round"
     printed = " ".join(capsys.readouterr().out.split())
-    assert "less than a transition round took (200 s); rerun to resume" in printed
+    assert "time budget reached for the transition: " in printed
+    assert "less than a round took (200 s); the rounds left are skipped, rerun to run them" in printed
+
+
+def test_cells_of_the_other_warm_up_take_no_new_cells_but_a_transition_may_join(tmp_path, stub_engines):
+    """A folder whose cells ran the warm-up wave only at an engine's first visit of a C (no
+    `warmup` field) takes no new cells: refused before any engine starts. A run that adds
+    only transition rounds (--reps 0) may run over it."""
+    from spectool.errors import BadInputError
+
+    out = tmp_path / "bench"
+    kw = dict(TINY, concurrencies=(1,), arm_names=["A2"], port_base=27900)
+    sweep.run(out, reps=1, **kw)
+    cells = [json.loads(line) for line in (out / "cells.jsonl").read_text().splitlines()]
+    assert {c["warmup"] for c in cells} == {"before every load"}
+    (out / "cells.jsonl").write_text(
+        "".join(json.dumps({k: v for k, v in c.items() if k != "warmup"}) + "\n" for c in cells)
+    )
+    with pytest.raises(
+        BadInputError, match="warm-up wave at an engine's first visit of a C, and this bench runs it before every load"
+    ):
+        sweep.run(out, reps=2, **kw)
+    assert len(stub_engines.read_text().splitlines()) == 1, "no engine started"
+    sweep.run(out, reps=0, **{**kw, "transition": True})
+    assert "phases" in json.loads((out / "transition.json").read_text())["A2"]
+
+
+def test_a_resumed_transition_refuses_rounds_of_another_schedule(tmp_path, stub_engines):
+    """Rounds are read phase by phase beside the folder's: a rerun whose schedule differs (here
+    a threshold of 200, whose high load is 256 at --max-batch 256) is refused before any engine
+    starts, naming both schedules."""
+    from spectool.errors import BadInputError
+
+    out = tmp_path / "bench"
+    kw = dict(TINY, concurrencies=(1,), arm_names=["A2"], port_base=27800, transition=True)
+    sweep.run(out, reps=0, **kw)
+    with pytest.raises(
+        BadInputError, match=r"at C = 4, 192, 4, 192, 4, and this run's schedule is C = 4, 256, 4, 256, 4"
+    ):
+        sweep.run(out, reps=0, transition_rounds=2, **{**kw, "threshold": 200, "max_batch": 256})
+    assert len(stub_engines.read_text().splitlines()) == 1, "no engine started"
 
 
 def test_the_transition_runs_its_rounds_on_the_engine_and_tables_them(tmp_path, stub_engines):

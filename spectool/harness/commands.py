@@ -323,7 +323,8 @@ def _arm_trees(items) -> dict[str, str]:
     "--transition-arms",
     default="",
     help="Arms whose engines (with their variants) run the transition workload (default A2); A1 or A0 beside A2 is a "
-    "control that never switches, so what a phase loses to the engine's own state shows there too.",
+    "control that never switches, so what a phase loses to the engine's own state shows there too. Every engine runs "
+    "the same schedule.",
 )
 @click.option(
     "--transition-rounds",

@@ -29,12 +29,24 @@ def cell_target(cell: dict) -> str:
     return cell.get("target", DEFAULT_TARGET)
 
 
+# Where the unmeasured wave runs (worker.handle): before every load, on every engine alike.
+WARMUP = "before every load"
+
+
+def cell_warmup(cell: dict) -> str:
+    """Where the unmeasured wave ran before a recorded cell (cells without `warmup`: only at the
+    engine's first visit of a C, before engines with a threshold waited for their counters)."""
+    return cell.get("warmup", "at an engine's first visit of a C")
+
+
 # What cells must share to make one table, resumed (load_cells) or merged (merge): the option,
-# how a cell records it, and how an error names the values found.
+# how a cell records it, and how an error names the values found. The warm-up is no option:
+# a folder of cells measured otherwise takes no new cells (refuse_other_warmup).
 CELL_SETUP = (
     ("load", cell_load, lambda vs: f"the {' and '.join(vs)} load"),
     ("tp", cell_tp, lambda vs: f"--tp {' and '.join(map(str, vs))}"),
     ("target", cell_target, lambda vs: f"--target {' and '.join(vs)}"),
+    ("warm-up", cell_warmup, lambda vs: f"the warm-up wave {' and '.join(vs)}"),
 )
 
 
@@ -50,6 +62,8 @@ def load_cells(
     done = {(c["arm"], c["C"], c["rep"], c.get("acc_len", acc_len)) for c in cells}
     asked = {"load": load, "tp": tp, "target": target}
     for name, read, describe in CELL_SETUP:
+        if name not in asked:
+            continue
         held = sorted({read(c) for c in cells})
         if set(held) - {asked[name]}:
             fix = f"Rerun with --{name} {held[0]}, or" if len(held) == 1 else "It cannot be resumed;"
@@ -58,6 +72,19 @@ def load_cells(
                 f"such cells must not share a table. {fix} measure into a new --out folder."
             )
     return cells, done
+
+
+def refuse_other_warmup(cells: list, cells_path: Path) -> None:
+    """A run that adds cells to a folder whose cells ran their warm-up wave elsewhere than
+    WARMUP is refused (a one-paragraph error): the engines with a threshold met those loads
+    idle and the others did not, so the two kinds of cell must not share a table. A run that
+    adds only transition rounds may: each round is read against its own references."""
+    held = sorted({cell_warmup(c) for c in cells} - {WARMUP})
+    if held:
+        raise BadInputError(
+            f"{cells_path} holds cells measured with the warm-up wave {' and '.join(held)}, and this bench "
+            f"runs it {WARMUP}; such cells must not share a table. Measure into a new --out folder."
+        )
 
 
 def earlier_startup(report: Path) -> dict:

@@ -34,25 +34,44 @@ TRANSITION = [LOW, HIGH, LOW, HIGH, LOW]
 
 
 def switch_point(arm) -> int | None:
-    """The largest batch an arm's engine still speculates at: its threshold, or its highest
-    tier boundary where that is higher; None for an engine that never switches."""
+    """The largest batch at which an arm's engine still runs what it runs at small batches:
+    its threshold, or its highest tier boundary where that is higher (above it the engine
+    falls back, or drafts fewer steps); None for an engine that never switches."""
     threshold = arm.extra.get("speculative_disable_batch_size_threshold", arm.threshold)
     bounds = arm.extra.get("speculative_num_steps_tier_boundaries") or ()
     points = [b for b in (threshold, *bounds) if b is not None]
     return max(points) if points else None
 
 
-def transition_schedule(arm, max_bs: int) -> list[dict]:
-    """The transition workload of one engine: C=4 and C=192 (TRANSITION), the high load raised
-    to twice the arm's switch point where 192 would not be above it, within the engine's
-    max_bs, so that every high phase crosses it (one at or below it would measure no switch).
-    An engine that cannot switch below max_bs (A3, a control) keeps TRANSITION. The high
-    load's n is two waves, as at 192."""
-    point = switch_point(arm)
-    if point is None or point < HIGH["C"] or point >= max_bs:
+def transition_schedule(arms, max_bs: int) -> list[dict]:
+    """The transition workload of a run, the same on every engine that runs it (a control runs
+    the load it controls): C=4 and C=192 (TRANSITION), the high load raised to twice the
+    highest switch point of `arms` where 192 is not above it, at most the engines' batch
+    max_bs, so that every high phase crosses every switch point (one at or below it would
+    measure no switch). Engines that cannot switch within max_bs (A1, A3: controls) set
+    nothing. The high load's n is two waves, as at 192."""
+    points = [p for a in arms if (p := switch_point(a)) is not None and HIGH["C"] <= p < max_bs]
+    if not points:
         return TRANSITION
-    high = min(max_bs, 2 * point)
+    high = min(max_bs, 2 * max(points))
     return [LOW, {"C": high, "n": 2 * high}, LOW, {"C": high, "n": 2 * high}, LOW]
+
+
+def refuse_other_schedules(trans: dict | None, pending, schedule: list[dict], tpath: Path) -> None:
+    """Rounds a run adds are read beside the rounds the folder holds, phase by phase: refused
+    (a one-paragraph error) where those were measured at other loads (another --max-batch,
+    threshold or tiers)."""
+    want = [ph["C"] for ph in schedule]
+    for arm in pending:
+        for rnd in results.transition_rounds_of((trans or {}).get(arm)):
+            held = [ph["C"] for ph in rnd["phases"]]
+            if held != want:
+                raise BadInputError(
+                    f"{tpath} holds transition rounds of {arm} at C = {', '.join(map(str, held))}, and this "
+                    f"run's schedule is C = {', '.join(map(str, want))} (its engines' switch points and "
+                    "--max-batch); rounds of two schedules must not share a table. Rerun with the settings "
+                    "that measured them, or measure into a new --out folder."
+                )
 
 
 # The comparisons the goals are about share a wave when the arms must be split: A2 and A4
@@ -167,6 +186,9 @@ def run(
         if a.runs_transition(transition_arms)
         and len(results.transition_rounds_of((trans or {}).get(a.name))) < transition_rounds
     )
+    schedule = transition_schedule([a for a in arm_list if a.runs_transition(transition_arms)], max_bs)
+    if transition:
+        refuse_other_schedules(trans, pending, schedule, tpath)
     plan = plan_steps(
         arm_list,
         concurrencies,
@@ -178,6 +200,8 @@ def run(
         pending,
         fresh_engines,
     )
+    if any(t is not None for _, steps in plan for t in steps):  # cells to add
+        results.refuse_other_warmup(cells, cells_path)
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -188,16 +212,22 @@ def run(
         task = bar.add_task("cells", total=sum(1 for _, steps in plan for t in steps if t is not None))
 
         def over_budget(needed_s: float = 0.0) -> bool:
-            """Whether the budget is spent, or too little of it is left for work that takes
-            `needed_s` (a transition round, timed by the one before it)."""
+            """Whether the budget is spent, or too little of it is left for a transition round
+            that takes `needed_s` (as the round before it took); the cells go on then."""
             left = budget_s - (time.time() - t_start)
             if left >= needed_s and left > 0:
                 return False
-            why = f"{left:.0f} s left, less than a transition round took ({needed_s:.0f} s)" if needed_s else "stopping"
-            bar.console.print(f"time budget reached: {why}; rerun to resume")
+            if needed_s:
+                bar.console.print(
+                    f"time budget reached for the transition: {left:.0f} s left, less than a round "
+                    f"took ({needed_s:.0f} s); the rounds left are skipped, rerun to run them"
+                )
+            else:
+                bar.console.print("time budget reached: stopping; rerun to resume")
             return True
 
         stopped, failed = False, {}  # failed: arm -> why its engine could not run (engines.start)
+        round_s = 0.0  # what the last transition round took, on any engine
         for wave, steps in plan:
             if over_budget():  # before starting engines that would measure nothing
                 break
@@ -248,9 +278,11 @@ def run(
                                     out_len,
                                     rounds=range(len(held), transition_rounds),
                                     over_budget=over_budget,
-                                    phases=transition_schedule(a, max_bs),
+                                    phases=schedule,
+                                    expect_s=round_s,
                                 ):
                                     held.append(rnd)
+                                    round_s = rnd["round_s"]
                                     trans[a.name] = results.as_transition(held)
                                     tpath.write_text(json.dumps(trans, indent=1))
                         continue
@@ -278,6 +310,7 @@ def run(
                         "acc_len": acc_len,
                         **res,
                         "max_batch": max_bs,
+                        "warmup": results.WARMUP,
                         **({"engines": f"rep{rep}"} if fresh_engines else {}),
                         **({"tp": tp} if tp > 1 else {}),
                         **({"target": target} if target != DEFAULT_TARGET else {}),
@@ -418,15 +451,18 @@ def _transition(
     rounds=range(1),
     over_budget=lambda needed_s=0.0: False,
     phases=TRANSITION,
+    expect_s: float = 0.0,
 ) -> Iterator[dict]:
     """The alternating schedule `phases` (transition_schedule) on one engine, once per round in
     `rounds` (their numbers, which seed their prompts), bracketed by standalone runs of each
-    distinct phase (same C and n) before and after it: its steady-state reference is their mean, the references between two
-    rounds serving both. Every run has prompts of its own (seeds), so none finds another's in
-    the radix cache. A later round starts only if the budget left holds what the round before
-    it took (a call's time limit would cut it off half-way); each round is yielded as it ends,
-    with its references' whole records. Several rounds let each phase be read as the median
-    of its rounds: one phase of one round moves by several points between identical engines."""
+    distinct phase (same C and n) before and after it: its steady-state reference is their
+    mean, the references between two rounds serving both. Every run has prompts of its own
+    (seeds), so none finds another's in the radix cache. A round starts only if the budget
+    left holds what the round before it took (`expect_s`: another engine's, for the first; a
+    call's time limit would cut it off half-way). Each round is yielded as it ends, with its
+    references' whole records and its time (`round_s`: the schedule and the references after
+    it, what a later round runs). Several rounds let each phase be read as the median of its
+    rounds: one phase of one round moves by several points between identical engines."""
 
     def references(seed):
         return {
@@ -449,9 +485,9 @@ def _transition(
     # Round r's seeds are r * 100000 above the first round's: above any sweep cell's
     # (1000 * rep + C) from the second round on, so no round's prompts are another run's.
     schedule = {"kind": "phases", "schedule": phases, "prompt_len": prompt_len, "out_len": out_len}
-    before, took = None, 0.0
+    before, took = None, expect_s
     for r in rounds:
-        if before is not None and over_budget(took):
+        if took and over_budget(took):
             break
         before = before or references(1077 + 100000 * r)
         tic = time.monotonic()  # a later round runs the schedule and the references after it
@@ -460,8 +496,9 @@ def _transition(
         # The references' whole records (TTFT, TPOT, window): the steady state and its runs are
         # read from them (results._reference), and a phase that reads slow can be told apart as
         # slower steps or as a longer wait for the first token.
-        yield {**res, "reference_records": {C: [before[C], after[C]] for C in before}}
-        before, took = after, time.monotonic() - tic
+        took = time.monotonic() - tic
+        yield {**res, "reference_records": {C: [before[C], after[C]] for C in before}, "round_s": round(took, 1)}
+        before = after
 
 
 def select_arms(
