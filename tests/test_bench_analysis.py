@@ -627,6 +627,25 @@ def test_a_transition_of_several_rounds_reads_each_phase_as_the_median_of_its_ro
     assert lowest_phase_ratios(rep["transition"]) == {"A2": pytest.approx(0.96, abs=1e-3)}
 
 
+def test_a_transition_that_never_switched_its_engine_gives_no_figure(tmp_path):
+    """Rounds whose engine counted its switches list them under the table; an engine that
+    counted none in every round (the schedule never crossed its switch point) gets no goal
+    figure, and the table says so. Rounds without counters read as before."""
+    switched = [dict(_transition([1.0, 0.96, 1.0, 0.99, 1.0]), switches={"fallback": 4, "tiers": 4})] * 3
+    idle = [dict(_transition([1.0, 0.89, 1.0, 1.1, 1.0]), switches={"fallback": 0, "tiers": 0})] * 3
+    trans = {"A2": {"rounds": switched}, "TIER": {"rounds": idle}, "OLD": _transition([0.97] * 5)}
+    rep = summarize(tmp_path, [], DEFAULT_C, 32, 3.0, trans, {})
+    from spectool.harness.bench.analyze import lowest_phase_ratios, never_switched
+
+    assert not never_switched(rep["transition"]["A2"]) and never_switched(rep["transition"]["TIER"])
+    assert not never_switched(rep["transition"]["OLD"]), "no counters: nothing known"
+    assert set(lowest_phase_ratios(rep["transition"])) == {"A2", "OLD"}
+    table = (tmp_path / "bench-table.md").read_text()
+    assert "per round (fallback in and out / between tiers): A2 4 / 4, 4 / 4, 4 / 4; TIER 0 / 0, 0 / 0, 0 / 0." in table
+    assert "TIER never switched: the schedule did not cross its switch point" in table
+    assert "Per transition: A2 0.960, OLD 0.970." in table
+
+
 def test_a_median_ratio_has_an_interval_only_over_enough_repetitions():
     """The bootstrap interval of median(a) / median(b) for two arms `ratios` does not pair:
     None below three reps a side; around the ratio of the medians, narrower for tight reps

@@ -181,10 +181,12 @@ def test_every_load_follows_an_unmeasured_wave_on_every_engine_alike(tmp_path, m
         assert [r[1] for r in eng.requests] == [worker.WARMUP_OUT_LEN] * 4 + [32] * 8
         eng.requests.clear()
         schedule = [{"C": 2, "n": 4}, {"C": 4, "n": 8}]
-        worker.handle(
-            eng, {"kind": "phases", "schedule": schedule, "prompt_len": 8, "out_len": 32, "seed": 3}, {}, loop, 1000
-        )
+        phases = {"kind": "phases", "schedule": schedule, "prompt_len": 8, "out_len": 32, "seed": 3}
+        worker.handle(eng, phases, {}, loop, 1000)
         assert [r[1] for r in eng.requests[:3]] == [worker.WARMUP_OUT_LEN] * 2 + [32]
+        # With counters, a schedule records the switches the engine counted over it.
+        res = worker.handle(eng, phases, {"stats_path": str(stats)}, loop, 1000)
+        assert res["switches"] == {"fallback": 0, "tiers": 0}
     finally:
         loop.close()
         done.set()

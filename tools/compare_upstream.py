@@ -160,6 +160,9 @@ def tier_goals_markdown(folder: Path) -> str:
         rounds = max((r.get("round", 1) for r in report["transition"][arm]), default=1)
         each = f"each phase the median of {rounds} rounds" if rounds > 1 else "one round"
         lines.append(f"\nTransition workload on {arm}: lowest phase/steady {lowest:.3f} ({each}).")
+    for arm, rows in (report.get("transition") or {}).items():
+        if analyze.never_switched(rows):
+            lines.append(f"\nTransition workload on {arm}: no figure, the engine never switched in it.")
     return "\n".join(lines) + "\n"
 
 

@@ -686,11 +686,28 @@ def _phases(rows: list[dict]):
             yield number, phase, r
 
 
+def switches_by_round(rows: list[dict]) -> list[dict] | None:
+    """One transition's switches per round as its engine counted them ({"fallback": in and
+    out, "tiers": between tiers}); None where its rounds recorded no counters."""
+    counted = {number: r["round_switches"] for number, _, r in _phases(rows) if "round_switches" in r}
+    return [counted[n] for n in sorted(counted)] or None
+
+
+def never_switched(rows: list[dict]) -> bool:
+    """Whether an engine's counters recorded every round of its transition without a switch:
+    the schedule never crossed its switch point, so its phases measure no transition."""
+    counted = switches_by_round(rows)
+    return counted is not None and not any(c["fallback"] or c["tiers"] for c in counted)
+
+
 def lowest_phase_ratios(summary: dict) -> dict:
     """Per transition of `summary` (bench-results.json's "transition"), its lowest
-    phase/steady, each phase read as the median of its rounds: the transition goal's figure."""
+    phase/steady, each phase read as the median of its rounds: the transition goal's figure.
+    A transition whose engine never switched has none."""
     phase_ratios = {}  # arm -> phase -> its ratios, one per round
     for arm, rows in summary.items():
+        if never_switched(rows):
+            continue
         for _, i, r in _phases(rows):
             if r.get("ratio") is not None:
                 phase_ratios.setdefault(arm, {}).setdefault(i, []).append(r["ratio"])
@@ -728,6 +745,21 @@ def transition_markdown(summary: dict) -> str:
                 + f" {i} | {r['C']} | {r['tok_s']:.0f} | {steady} | {ratio} "
                 f"| {pair(r, 'ttft_ms', 0)} | {pair(r, 'tpot_ms', 2)} |"
                 + (f" {pair(r, 'host_busy_cpus', 1)} |" if host else "")
+            )
+    counted = {arm: c for arm, rows in summary.items() if (c := switches_by_round(rows))}
+    if counted:
+        lines.append(
+            "\nSwitches the engine counted per round (fallback in and out / between tiers): "
+            + "; ".join(
+                f"{arm} " + ", ".join(f"{c['fallback']} / {c['tiers']}" for c in rounds_)
+                for arm, rounds_ in counted.items()
+            )
+            + "."
+        )
+    for arm, rows in summary.items():
+        if never_switched(rows):
+            lines.append(
+                f"{arm} never switched: the schedule did not cross its switch point, so it measures no transition."
             )
     lowest = lowest_phase_ratios(summary)
     if lowest:

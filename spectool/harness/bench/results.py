@@ -313,6 +313,8 @@ def _transition_summary(trans, m):
                         "steady_tpot_ms": _mean(r.get("tpot_ms") for r in records),
                         "host_busy_cpus": ph.get("host_busy_cpus"),
                         "steady_host_busy_cpus": _mean(r.get("host_busy_cpus") for r in records),
+                        # The engine's switches over the round, where its counters recorded them.
+                        **({"round_switches": rnd["switches"]} if "switches" in rnd else {}),
                     }
                 )
         out[label] = rows

@@ -264,6 +264,11 @@ def handle(engine, cmd: dict, job: dict, loop, vocab: int) -> dict:
         fb, sp = window["fallback_steps"], window["spec_steps"]
         res["fallback_steps"], res["spec_steps"] = fb, sp
         res["spec_fraction"] = sp / (fb + sp) if fb + sp else None
+        if cmd["kind"] == "phases":  # whether the schedule switched the engine at all
+            res["switches"] = {
+                "fallback": window["switches_to_fallback"] + window["switches_to_spec"],
+                "tiers": (after.get("tier_switches") or 0) - (before.get("tier_switches") or 0),
+            }
     return res
 
 
