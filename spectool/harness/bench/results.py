@@ -278,6 +278,23 @@ def as_transition(rounds: list[dict]) -> dict:
     return rounds[0] if len(rounds) == 1 else {"rounds": rounds}
 
 
+def refuse_other_schedules(trans: dict | None, pending, schedule: list[dict], tpath: Path) -> None:
+    """Rounds a run adds are read beside the rounds the folder holds, phase by phase: refused
+    (a one-paragraph error) where those were measured at other loads (another --max-batch,
+    threshold or tiers)."""
+    want = [ph["C"] for ph in schedule]
+    for arm in pending:
+        for rnd in transition_rounds_of((trans or {}).get(arm)):
+            held = [ph["C"] for ph in rnd["phases"]]
+            if held != want:
+                raise BadInputError(
+                    f"{tpath} holds transition rounds of {arm} at C = {', '.join(map(str, held))}, and this "
+                    f"run's schedule is C = {', '.join(map(str, want))} (its engines' switch points and "
+                    "--max-batch); rounds of two schedules must not share a table. Rerun with the settings "
+                    "that measured them, or measure into a new --out folder."
+                )
+
+
 def _transition_loads(rows_by_arm: dict) -> str:
     """The table's title for the loads the transitions alternate: "alternating C=4 and C=192",
     with each high load an arm ran where they differ (sweep.transition_schedule)."""

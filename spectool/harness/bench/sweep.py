@@ -29,8 +29,17 @@ DEFAULT_C = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 # as a slow phase), so ramp and drain count alike on both sides. Low phases are 32 waves: shorter
 # phases (8 or 16 waves) let identical engines' references differ by 7-17% on the H200, and
 # other engines on the same GPU disturb them: a clean run has the GPU to itself.
-LOW, HIGH = {"C": 4, "n": 128}, {"C": 192, "n": 384}
-TRANSITION = [LOW, HIGH, LOW, HIGH, LOW]
+LOW = {"C": 4, "n": 128}
+
+
+def _alternating(high_C: int) -> list[dict]:
+    """Five phases, C=4 and `high_C` in turn, the high load two waves."""
+    high = {"C": high_C, "n": 2 * high_C}
+    return [LOW, high, LOW, high, LOW]
+
+
+HIGH_C = 192  # the high load, unless an engine switches at or above it
+TRANSITION = _alternating(HIGH_C)
 
 
 def switch_point(arm) -> int | None:
@@ -50,28 +59,8 @@ def transition_schedule(arms, max_bs: int) -> list[dict]:
     max_bs, so that every high phase crosses every switch point (one at or below it would
     measure no switch). Engines that cannot switch within max_bs (A1, A3: controls) set
     nothing. The high load's n is two waves, as at 192."""
-    points = [p for a in arms if (p := switch_point(a)) is not None and HIGH["C"] <= p < max_bs]
-    if not points:
-        return TRANSITION
-    high = min(max_bs, 2 * max(points))
-    return [LOW, {"C": high, "n": 2 * high}, LOW, {"C": high, "n": 2 * high}, LOW]
-
-
-def refuse_other_schedules(trans: dict | None, pending, schedule: list[dict], tpath: Path) -> None:
-    """Rounds a run adds are read beside the rounds the folder holds, phase by phase: refused
-    (a one-paragraph error) where those were measured at other loads (another --max-batch,
-    threshold or tiers)."""
-    want = [ph["C"] for ph in schedule]
-    for arm in pending:
-        for rnd in results.transition_rounds_of((trans or {}).get(arm)):
-            held = [ph["C"] for ph in rnd["phases"]]
-            if held != want:
-                raise BadInputError(
-                    f"{tpath} holds transition rounds of {arm} at C = {', '.join(map(str, held))}, and this "
-                    f"run's schedule is C = {', '.join(map(str, want))} (its engines' switch points and "
-                    "--max-batch); rounds of two schedules must not share a table. Rerun with the settings "
-                    "that measured them, or measure into a new --out folder."
-                )
+    points = [p for a in arms if (p := switch_point(a)) is not None and HIGH_C <= p < max_bs]
+    return _alternating(min(max_bs, 2 * max(points))) if points else TRANSITION
 
 
 # The comparisons the goals are about share a wave when the arms must be split: A2 and A4
@@ -188,7 +177,7 @@ def run(
     )
     schedule = transition_schedule([a for a in arm_list if a.runs_transition(transition_arms)], max_bs)
     if transition:
-        refuse_other_schedules(trans, pending, schedule, tpath)
+        results.refuse_other_schedules(trans, pending, schedule, tpath)
     plan = plan_steps(
         arm_list,
         concurrencies,

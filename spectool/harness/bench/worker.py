@@ -267,7 +267,7 @@ def handle(engine, cmd: dict, job: dict, loop, vocab: int) -> dict:
         if cmd["kind"] == "phases":  # whether the schedule switched the engine at all
             res["switches"] = {
                 "fallback": window["switches_to_fallback"] + window["switches_to_spec"],
-                "tiers": (after.get("tier_switches") or 0) - (before.get("tier_switches") or 0),
+                "tiers": window["tier_switches"],
             }
     return res
 

@@ -21,8 +21,9 @@ def stats_window(before: dict, after: dict) -> dict:
         "draft_kv_only_steps",
         "draft_kv_only_graph_steps",
         "draft_kv_only_prefills",
+        "tier_switches",
     )
-    delta = {k: after.get(k, 0) - before.get(k, 0) for k in keys}
+    delta = {k: (after.get(k) or 0) - (before.get(k) or 0) for k in keys}
     prev = {p["id"]: p for p in before.get("phases", [])}
     phases = []
     for p in after.get("phases", []):
