@@ -63,7 +63,6 @@ def tiers_comparison() -> tuple[str, dict]:
         **{name: analyze.load_ratios(folder, TIER_CS, 3.0) for name, folder in NAMES.items()},
     }
     names = list(rat)
-    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     lines = [
         "| C | " + " | ".join(f"{n}: arm/E" for n in names) + " | tiers / upstream |",
         "|" + "---|" * (2 + len(names)),
@@ -71,7 +70,7 @@ def tiers_comparison() -> tuple[str, dict]:
     for C in TIER_CS:
         vals = [rat[n].get(C, {}).get("A2/E") for n in names]
         ratio = vals[0] / vals[-1] if vals[0] and vals[-1] else None
-        lines.append(f"| {C} | " + " | ".join(map(fmt, vals)) + f" | {fmt(ratio)} |")
+        lines.append(f"| {C} | " + " | ".join(map(analyze.or_dash, vals)) + f" | {analyze.or_dash(ratio)} |")
     return "\n".join(lines) + "\n", rat
 
 
@@ -128,12 +127,11 @@ def tier_goals_markdown(folder: Path) -> str:
     else:
         fixed_arms = [a for a in ("A0", "A1", "S2", "S1") if a in names]
         fixed_arms = fixed_arms if set(fixed_arms) - {"A0"} else []
-    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
 
     def ratio(C, other):
         """The tiered arm's median over `other`'s at C, with its interval where both have it."""
         iv = analyze.median_ratio_interval(reps[(tiered, C)], reps[(other, C)], seed=f"{other}:{C}")
-        text = fmt(m[(tiered, C)]["median"] / m[(other, C)]["median"])
+        text = analyze.or_dash(m[(tiered, C)]["median"] / m[(other, C)]["median"])
         return text + (f" ({iv[0]:.3f}-{iv[1]:.3f})" if iv else "")
 
     head = ["C", f"{tiered} tok/s", "fastest fixed", f"{tiered}/fixed", f"{tiered}/E"]
@@ -151,7 +149,7 @@ def tier_goals_markdown(folder: Path) -> str:
             f"{us:.0f}",
             f"{best} {fixed[best]:.0f}" if best else "-",
             ratio(C, best) if best else "-",
-            fmt(us / env[C] if C in env else None),
+            analyze.or_dash(us / env[C] if C in env else None),
         ]
         if upstream:
             row.append(ratio(C, upstream) if (upstream, C) in m else "-")

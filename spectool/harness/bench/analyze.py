@@ -64,6 +64,11 @@ def envelope(m: dict, concurrencies: list[int]) -> dict:
     }
 
 
+def or_dash(v: float | None, digits: int = 3) -> str:
+    """A table cell: `v` to `digits` decimals, or '-' where there is none."""
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
 def ratios(m: dict, concurrencies: list[int]) -> dict:
     env = envelope(m, concurrencies)
     out = {}
@@ -729,8 +734,7 @@ def transition_markdown(summary: dict) -> str:
     ]
 
     def pair(r, key, digits):
-        a, b = r.get(key), r.get("steady_" + key)
-        return " / ".join("-" if x is None else f"{x:.{digits}f}" for x in (a, b))
+        return " / ".join(or_dash(x, digits) for x in (r.get(key), r.get("steady_" + key)))
 
     for arm, rows in summary.items():
         for number, i, r in _phases(rows):
@@ -936,8 +940,7 @@ def compare_markdown(rat: dict, concurrencies: list[int]) -> str:
     for C in concurrencies:
         a2e = [rat[n].get(C, {}).get("A2/E") for n in names]
         a2a0 = [rat[n].get(C, {}).get("A2/A0") for n in names]
-        fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-        lines.append(f"| {C} | " + " | ".join(map(fmt, a2e)) + " | " + " | ".join(map(fmt, a2a0)) + " |")
+        lines.append(f"| {C} | " + " | ".join(map(or_dash, a2e)) + " | " + " | ".join(map(or_dash, a2a0)) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -19,6 +19,8 @@ from collections import Counter
 from pathlib import Path
 from statistics import median
 
+from .analyze import or_dash
+
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 FLOW_PHASES = {"s", "t", "f"}  # chrome-trace flow events (arrows), not activity
 HOST_CATS = {"cpu_op", "user_annotation", "python_function"}
@@ -382,11 +384,10 @@ def markdown(rows: dict, base_arm: str = "A0") -> str:
             "| busy after ms |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        fmt = lambda v, d: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
         for arm, C, k, p in prefills:
             lines.append(
                 f"| {arm} | {at(C, k)} | {p['prefills']} | {p['tokens']:.0f} | {p['forward_ms']:.3f} "
-                f"| {fmt(p['forward_ms_per_1k_tokens'], 3)} | {fmt(p['draft_ms'], 3)} | {p['prefill_ms']:.3f} "
+                f"| {or_dash(p['forward_ms_per_1k_tokens'])} | {or_dash(p['draft_ms'])} | {p['prefill_ms']:.3f} "
                 f"| {p['after_ms']:.3f} | {p['after_busy_ms']:.3f} |"
             )
     for (arm, C, k), r in order:
