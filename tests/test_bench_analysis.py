@@ -646,6 +646,21 @@ def test_a_transition_that_never_switched_its_engine_gives_no_figure(tmp_path):
     assert "Per transition: A2 0.960, OLD 0.970." in table
 
 
+def test_a_control_beside_the_switching_engine_gets_its_own_line_not_the_goal(tmp_path):
+    """A1 beside a tiered engine runs the same schedule without switching: its lowest phase is
+    what the schedule costs any engine, listed apart, and never the goal's figure."""
+    tier = [dict(_transition([0.94, 1.0, 0.93, 0.99, 0.95]), switches={"fallback": 5, "tiers": 5})] * 2
+    control = [_transition([0.98, 1.04, 1.0, 1.03, 0.99])] * 2
+    rep = summarize(tmp_path, [], DEFAULT_C, 32, 3.0, {"TIER": {"rounds": tier}, "A1": {"rounds": control}}, {})
+    from spectool.harness.bench.analyze import lowest_phase_ratios
+
+    assert lowest_phase_ratios(rep["transition"]) == {"TIER": pytest.approx(0.93, abs=1e-3)}
+    assert lowest_phase_ratios(rep["transition"], controls=True) == {"A1": pytest.approx(0.98, abs=1e-3)}
+    table = (tmp_path / "bench-table.md").read_text()
+    assert "each phase the median of its rounds: 0.930 (goal" in table
+    assert "Controls, engines that never switch (what the schedule costs any engine): A1 0.980." in table
+
+
 def test_a_median_ratio_has_an_interval_only_over_enough_repetitions():
     """The bootstrap interval of median(a) / median(b) for two arms `ratios` does not pair:
     None below three reps a side; around the ratio of the medians, narrower for tight reps
@@ -1037,7 +1052,8 @@ def test_merge_lists_each_runs_transition_beside_the_others(tmp_path):
     assert kept["A2 (alone)"]["arm"] == "A2" and kept["A2 (alone)"]["source"] == "alone"
     assert kept["A2"]["source"] == "sweep"
     table = (tmp_path / "m" / "bench-table.md").read_text()
-    assert "| A2 (alone) | 5 | 4 |" in table and "Per transition: A1 0.997, A2 0.968, A2 (alone) 1.008." in table
+    assert "| A2 (alone) | 5 | 4 |" in table and "Per transition: A2 0.968, A2 (alone) 1.008." in table
+    assert "Controls, engines that never switch (what the schedule costs any engine): A1 0.997." in table
 
 
 def test_merge_keeps_a_transitions_rounds(tmp_path):

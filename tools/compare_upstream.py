@@ -42,6 +42,7 @@ TIER_SWEEPS = [
     ROOT / "results/0.5.17/h200/bench-tiers",
     ROOT / "results/0.5.17/h200/bench-tiers-vs-upstream-band",
     ROOT / "results/0.5.17/h200/bench-tiers-moe-vs-upstream",
+    ROOT / "results/0.5.17/h200/bench-tiers-moe-ttft",
 ]
 
 
@@ -112,7 +113,8 @@ def tier_goals_markdown(folder: Path) -> str:
     bench-results.json. Where both arms of a ratio have three repetitions or more, its 90%
     bootstrap interval follows it, so a tie can be told from a loss. Where the run has the
     transition workload, a last line gives its goal's figure: the lowest phase/steady, each
-    phase the median of its rounds."""
+    phase the median of its rounds; a control's beside it (analyze.CONTROLS) has a line of
+    its own."""
     cells = analyze.read_cells(folder / "cells.jsonl")
     report = analyze.read_json(folder / "bench-results.json")
     acc_len = report["acc_len"]
@@ -158,6 +160,8 @@ def tier_goals_markdown(folder: Path) -> str:
         rounds = max((r.get("round", 1) for r in report["transition"][arm]), default=1)
         each = f"each phase the median of {rounds} rounds" if rounds > 1 else "one round"
         lines.append(f"\nTransition workload on {arm}: lowest phase/steady {lowest:.3f} ({each}).")
+    for arm, lowest in analyze.lowest_phase_ratios(report.get("transition") or {}, controls=True).items():
+        lines.append(f"\nThe same schedule on {arm}, a control that never switches: lowest phase/steady {lowest:.3f}.")
     for arm, rows in (report.get("transition") or {}).items():
         if analyze.never_switched(rows):
             lines.append(f"\nTransition workload on {arm}: no figure, the engine never switched in it.")

@@ -705,13 +705,20 @@ def never_switched(rows: list[dict]) -> bool:
     return counted is not None and not any(c["fallback"] or c["tiers"] for c in counted)
 
 
-def lowest_phase_ratios(summary: dict) -> dict:
+# The standard arms that cannot switch within any batch the sweep forms (A3's threshold is
+# its largest batch). Beside a switching engine in the transition they are controls: what
+# their phases lose, the schedule costs any engine (its loads' order, the GPU's state).
+CONTROLS = frozenset({"A0", "A1", "A3"})
+
+
+def lowest_phase_ratios(summary: dict, controls: bool = False) -> dict:
     """Per transition of `summary` (bench-results.json's "transition"), its lowest
     phase/steady, each phase read as the median of its rounds: the transition goal's figure.
-    A transition whose engine never switched has none."""
+    A transition whose engine never switched has none, and neither has a control's;
+    `controls`: the controls' figures instead."""
     phase_ratios = {}  # arm -> phase -> its ratios, one per round
     for arm, rows in summary.items():
-        if never_switched(rows):
+        if never_switched(rows) or (arm.split(" (")[0] in CONTROLS) != controls:  # "A1 (RUN)", merged
             continue
         for _, i, r in _phases(rows):
             if r.get("ratio") is not None:
@@ -771,6 +778,13 @@ def transition_markdown(summary: dict) -> str:
         lines.append(f"\nLowest {what}: {min(lowest.values()):.3f} (goal: no phase more than 5% below, >= 0.950).")
         if len(lowest) > 1:
             lines.append("Per transition: " + ", ".join(f"{arm} {v:.3f}" for arm, v in lowest.items()) + ".")
+    control = lowest_phase_ratios(summary, controls=True)
+    if control:
+        lines.append(
+            "Controls, engines that never switch (what the schedule costs any engine): "
+            + ", ".join(f"{arm} {v:.3f}" for arm, v in control.items())
+            + "."
+        )
     return "\n".join(lines) + "\n"
 
 
