@@ -661,6 +661,22 @@ def test_a_control_beside_the_switching_engine_gets_its_own_line_not_the_goal(tm
     assert "Controls, engines that never switch (what the schedule costs any engine): A1 0.980." in table
 
 
+def test_a_transition_lists_the_gpus_clock_where_it_was_sampled(tmp_path):
+    """A run that sampled the GPU (gpuclock) lists each phase's mean SM clock against its
+    references'; one that did not has no such column and no such fields."""
+    sampled = _transition([0.9, 1.0, 1.0, 1.0, 1.0], gpu_sm_mhz=1500.0)
+    for records in sampled["reference_records"].values():
+        for r in records:
+            r["gpu_sm_mhz"] = 1980.0
+    rep = summarize(tmp_path, [], DEFAULT_C, 32, 3.0, {"A2": sampled}, {})
+    assert rep["transition"]["A2"][0]["gpu_sm_mhz"] == 1500.0
+    table = (tmp_path / "bench-table.md").read_text()
+    assert "GPU SM MHz phase / steady |" in table and "| 1500 / 1980 |" in table
+    rep = summarize(tmp_path, [], DEFAULT_C, 32, 3.0, {"A2": _transition([1.0] * 5)}, {})
+    assert "gpu_sm_mhz" not in rep["transition"]["A2"][0]
+    assert "GPU SM MHz" not in (tmp_path / "bench-table.md").read_text()
+
+
 def test_a_median_ratio_has_an_interval_only_over_enough_repetitions():
     """The bootstrap interval of median(a) / median(b) for two arms `ratios` does not pair:
     None below three reps a side; around the ratio of the medians, narrower for tight reps

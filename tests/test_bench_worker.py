@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -350,3 +351,58 @@ def test_a_cell_records_how_busy_the_host_was(monkeypatch):
     monkeypatch.setattr(hostload, "cpu_times", lambda path=hostload.STAT: None)
     res = measure()
     assert res["host_busy_cpus"] is None and res["n"] == 4
+
+
+def test_gpu_clock_samples_reduce_to_a_loads_record():
+    """Mean and lowest SM clock, mean power, highest temperature and the reasons the driver
+    held the clocks for (idle left out: waves have gaps); no samples, no record."""
+    from spectool.harness.bench import gpuclock
+
+    samples = [(1980, 400.0, 60, 0x1), (1500, 700.0, 71, 0x4), (1740, None, None, 0x4 | 0x20)]
+    assert gpuclock.summarize(samples) == {
+        "gpu_sm_mhz": 1740.0,
+        "gpu_sm_mhz_min": 1500,
+        "gpu_power_w": 550.0,
+        "gpu_temp_c": 71,
+        "gpu_clock_reasons": ["sw_power_cap", "sw_thermal"],
+    }
+    assert gpuclock.summarize([]) == {}
+
+
+def test_the_gpu_sampler_runs_on_its_own_thread_and_skips_failed_reads(monkeypatch):
+    """Samples taken between start() and stop(), a failed read (None) skipped; without NVML
+    (no NVIDIA driver) the sampler starts nothing and records nothing."""
+    from spectool.harness.bench import gpuclock
+
+    reads = iter([None, (1800, 500.0, 65, 0)] + [(1900, 600.0, 66, 0)] * 1000)
+    sampler = gpuclock.Sampler(read=lambda: next(reads), interval_s=0.001).start()
+    time.sleep(0.05)
+    record = sampler.stop()
+    assert record["gpu_sm_mhz_min"] == 1800 and 1800 < record["gpu_sm_mhz"] <= 1900
+    assert gpuclock.nvml_reader("0", library="libspectool-no-such-nvml.so.1") is None
+    monkeypatch.setattr(gpuclock, "nvml_reader", lambda: None)  # as where no driver is found
+    assert gpuclock.Sampler().start().stop() == {}
+
+
+def test_the_gpu_is_the_first_visible_one(monkeypatch):
+    from spectool.harness.bench import gpuclock
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert gpuclock.first_visible_gpu() == "3"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f3a,GPU-11aa")
+    assert gpuclock.first_visible_gpu() == "GPU-8f3a"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert gpuclock.first_visible_gpu() == "0"
+
+
+def test_a_cell_records_the_gpus_clocks_where_nvml_reads_them(monkeypatch):
+    """closed_loop samples the GPU over its run and records the reduced clocks beside the
+    host's CPUs; where NVML is missing the cell has no GPU fields."""
+    from spectool.harness.bench import gpuclock
+
+    monkeypatch.setattr(gpuclock, "nvml_reader", lambda: lambda: (1755, 650.0, 70, 0x4))
+    res = _run(worker.closed_loop(TimedEngine(tpot=0.001, ttft=0.005), 2, 4, 4, 10, 0, 1000))
+    assert res["gpu_sm_mhz"] == 1755 and res["gpu_clock_reasons"] == ["sw_power_cap"]
+    monkeypatch.setattr(gpuclock, "nvml_reader", lambda: None)
+    res = _run(worker.closed_loop(TimedEngine(tpot=0.001, ttft=0.005), 2, 4, 4, 10, 0, 1000))
+    assert not any(k.startswith("gpu_") for k in res)

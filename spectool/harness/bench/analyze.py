@@ -729,15 +729,22 @@ def lowest_phase_ratios(summary: dict, controls: bool = False) -> dict:
 def transition_markdown(summary: dict) -> str:
     """The transition workload per arm: each phase's throughput against its steady state (the
     mean of the standalone runs before and after the schedule, both listed), its TTFT and
-    TPOT against theirs, and the host's busy CPUs during it against theirs (a C=4 phase is
-    host-bound). '-' where a run did not record them. A transition of several rounds has a
+    TPOT against theirs, the host's busy CPUs during it against theirs (a C=4 phase is
+    host-bound), and the GPU's mean SM clock against theirs (gpuclock: a phase slowed by lower
+    clocks, not by the switch). '-' where a run did not record them. A transition of several rounds has a
     round column, and its goal line reads each phase as the median of its rounds."""
     host = any(r.get("host_busy_cpus") is not None for rows in summary.values() for r in rows)
+    clocks = any(r.get("gpu_sm_mhz") is not None for rows in summary.values() for r in rows)
     rounds = any("round" in r for rows in summary.values() for r in rows)
     lines = [
         "| arm |" + (" round |" if rounds else "") + " phase | C | tok/s | steady tok/s (runs) | phase/steady "
-        "| TTFT ms phase / steady | TPOT ms phase / steady |" + (" host CPUs busy phase / steady |" if host else ""),
-        "|---|---|---|---|---|---|---|---|" + ("---|" if rounds else "") + ("---|" if host else ""),
+        "| TTFT ms phase / steady | TPOT ms phase / steady |"
+        + (" host CPUs busy phase / steady |" if host else "")
+        + (" GPU SM MHz phase / steady |" if clocks else ""),
+        "|---|---|---|---|---|---|---|---|"
+        + ("---|" if rounds else "")
+        + ("---|" if host else "")
+        + ("---|" if clocks else ""),
     ]
 
     def pair(r, key, digits):
@@ -756,6 +763,7 @@ def transition_markdown(summary: dict) -> str:
                 + f" {i} | {r['C']} | {r['tok_s']:.0f} | {steady} | {ratio} "
                 f"| {pair(r, 'ttft_ms', 0)} | {pair(r, 'tpot_ms', 2)} |"
                 + (f" {pair(r, 'host_busy_cpus', 1)} |" if host else "")
+                + (f" {pair(r, 'gpu_sm_mhz', 0)} |" if clocks else "")
             )
     counted = {arm: c for arm, rows in summary.items() if (c := switches_by_round(rows))}
     if counted:

@@ -330,12 +330,22 @@ def _transition_summary(trans, m):
                         "steady_tpot_ms": _mean(r.get("tpot_ms") for r in records),
                         "host_busy_cpus": ph.get("host_busy_cpus"),
                         "steady_host_busy_cpus": _mean(r.get("host_busy_cpus") for r in records),
+                        # The GPU's SM clock, where the run sampled it (gpuclock).
+                        **_clocks(ph, records),
                         # The engine's switches over the round, where its counters recorded them.
                         **({"round_switches": rnd["switches"]} if "switches" in rnd else {}),
                     }
                 )
         out[label] = rows
     return out
+
+
+def _clocks(phase: dict, records: list[dict]) -> dict:
+    """A phase's mean SM clock against its references', where either was sampled."""
+    steady = _mean(r.get("gpu_sm_mhz") for r in records)
+    if phase.get("gpu_sm_mhz") is None and steady is None:
+        return {}
+    return {"gpu_sm_mhz": phase.get("gpu_sm_mhz"), "steady_gpu_sm_mhz": steady}
 
 
 def _mean(xs):

@@ -15,7 +15,7 @@ import time
 
 from ..verify.compare import stats_window  # the fallback's counters, read and differenced as verify does
 from ..verify.engine_worker import settled_stats
-from . import hostload
+from . import gpuclock, hostload
 from .analyze import quantile  # the spreads' convention, shared with the intervals
 
 
@@ -50,6 +50,7 @@ async def closed_loop(
     prompts = [[rng.randrange(10, vocab - 10) for _ in range(prompt_len)] for _ in range(n + len(ramp))]
     nxt, recs, ramp_ends, steady = 0, [], [], []
     cpu0 = hostload.cpu_times()
+    gpu = gpuclock.Sampler().start()
     t0 = time.perf_counter()
     last_submit = [t0]
 
@@ -106,6 +107,7 @@ async def closed_loop(
     await asyncio.gather(*(client(k) for k in range(C)))
     t_end = time.perf_counter()
     cpu1 = hostload.cpu_times()
+    clocks = gpu.stop()
     await asyncio.gather(*steady)
     measured = [r for r in recs if not r.get("ramp")]
     w0 = max(ramp_ends) if stagger else min((r["end"] for r in measured), default=t0)
@@ -141,6 +143,8 @@ async def closed_loop(
         # The host's busy CPUs over the whole run, this engine's own processes included.
         "host_busy_cpus": hostload.busy_cpus(cpu0, cpu1),
         "host_cpus": os.cpu_count(),
+        # The GPU's SM clock, power and temperature over the run (gpuclock; none without NVML).
+        **clocks,
     }
 
 
