@@ -380,6 +380,11 @@ def test_the_gpu_sampler_runs_on_its_own_thread_and_skips_failed_reads(monkeypat
     record = sampler.stop()
     assert record["gpu_sm_mhz_min"] == 1800 and 1800 < record["gpu_sm_mhz"] <= 1900
     assert gpuclock.nvml_reader("0", library="libspectool-no-such-nvml.so.1") is None
+
+    def broken():
+        raise RuntimeError("driver gone")
+
+    assert gpuclock.Sampler(read=broken, interval_s=0.001).start().stop() == {}
     monkeypatch.setattr(gpuclock, "nvml_reader", lambda: None)  # as where no driver is found
     assert gpuclock.Sampler().start().stop() == {}
 

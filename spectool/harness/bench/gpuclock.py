@@ -63,7 +63,7 @@ def nvml_reader(gpu: str | None = None, library: str = LIBRARY):
             getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
             or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
         )
-    except (OSError, AttributeError):
+    except Exception:  # noqa: BLE001 - a clock reading must never fail a measurement
         return None
 
     def read():
@@ -109,7 +109,8 @@ def summarize(samples: list[tuple]) -> dict:
 class Sampler:
     """Samples the GPU every `interval_s` on a thread of its own between start() and stop();
     stop() returns summarize() of the samples. `read` (one sample per call, None to skip) is
-    NVML's by default; without NVML the sampler records nothing."""
+    NVML's by default; without NVML the sampler records nothing, and a read that raises ends
+    the sampling with the samples taken, never the load."""
 
     def __init__(self, read=None, interval_s: float = INTERVAL_S):
         self._read = read if read is not None else nvml_reader()
@@ -120,7 +121,10 @@ class Sampler:
 
     def _run(self):
         while True:
-            sample = self._read()
+            try:
+                sample = self._read()
+            except Exception:  # noqa: BLE001 - a clock reading must never fail a measurement
+                return
             if sample is not None:
                 self._samples.append(sample)
             if self._stop.wait(self._interval):
