@@ -661,6 +661,21 @@ def test_a_control_beside_the_switching_engine_gets_its_own_line_not_the_goal(tm
     assert "Controls, engines that never switch (what the schedule costs any engine): A1 0.980." in table
 
 
+def test_a_control_whose_counters_recorded_no_switch_is_still_a_control(tmp_path):
+    """A3 has a threshold, so its counters record its rounds, without a switch: it is listed
+    as a control, not as a transition that never switched."""
+    tier = [dict(_transition([0.94, 1.0, 0.93, 0.99, 0.95]), switches={"fallback": 5, "tiers": 5})] * 2
+    control = [dict(_transition([0.97, 1.0, 0.99, 1.0, 0.98]), switches={"fallback": 0, "tiers": 0})] * 2
+    rep = summarize(tmp_path, [], DEFAULT_C, 32, 3.0, {"TIER": {"rounds": tier}, "A3": {"rounds": control}}, {})
+    from spectool.harness.bench.analyze import lowest_phase_ratios
+
+    assert lowest_phase_ratios(rep["transition"]) == {"TIER": pytest.approx(0.93, abs=1e-3)}
+    assert lowest_phase_ratios(rep["transition"], controls=True) == {"A3": pytest.approx(0.97, abs=1e-3)}
+    table = (tmp_path / "bench-table.md").read_text()
+    assert "A3 never switched" not in table
+    assert "Controls, engines that never switch (what the schedule costs any engine): A3 0.970." in table
+
+
 def test_a_transition_lists_the_gpus_clock_where_it_was_sampled(tmp_path):
     """A run that sampled the GPU (gpuclock) lists each phase's mean SM clock against its
     references'; one that did not has no such column and no such fields."""

@@ -163,7 +163,7 @@ def tier_goals_markdown(folder: Path) -> str:
     for arm, lowest in analyze.lowest_phase_ratios(report.get("transition") or {}, controls=True).items():
         lines.append(f"\nThe same schedule on {arm}, a control that never switches: lowest phase/steady {lowest:.3f}.")
     for arm, rows in (report.get("transition") or {}).items():
-        if analyze.never_switched(rows):
+        if analyze.never_switched(rows) and not analyze.is_control(arm):
             lines.append(f"\nTransition workload on {arm}: no figure, the engine never switched in it.")
     return "\n".join(lines) + "\n"
 

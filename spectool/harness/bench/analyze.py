@@ -711,6 +711,11 @@ def never_switched(rows: list[dict]) -> bool:
 CONTROLS = frozenset({"A0", "A1", "A3"})
 
 
+def is_control(arm: str) -> bool:
+    """Whether a transition's arm (its label, "A1 (RUN)" where runs were merged) is a control."""
+    return arm.split(" (")[0] in CONTROLS
+
+
 def lowest_phase_ratios(summary: dict, controls: bool = False) -> dict:
     """Per transition of `summary` (bench-results.json's "transition"), its lowest
     phase/steady, each phase read as the median of its rounds: the transition goal's figure.
@@ -718,7 +723,8 @@ def lowest_phase_ratios(summary: dict, controls: bool = False) -> dict:
     `controls`: the controls' figures instead."""
     phase_ratios = {}  # arm -> phase -> its ratios, one per round
     for arm, rows in summary.items():
-        if never_switched(rows) or (arm.split(" (")[0] in CONTROLS) != controls:  # "A1 (RUN)", merged
+        # A control never switches (A3's counters say so): its figure is listed all the same.
+        if is_control(arm) != controls or (not controls and never_switched(rows)):
             continue
         for _, i, r in _phases(rows):
             if r.get("ratio") is not None:
@@ -776,7 +782,7 @@ def transition_markdown(summary: dict) -> str:
             + "."
         )
     for arm, rows in summary.items():
-        if never_switched(rows):
+        if never_switched(rows) and not is_control(arm):
             lines.append(
                 f"{arm} never switched: the schedule did not cross its switch point, so it measures no transition."
             )
