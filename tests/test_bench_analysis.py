@@ -646,6 +646,43 @@ def test_a_transition_that_never_switched_its_engine_gives_no_figure(tmp_path):
     assert "Per transition: A2 0.960, OLD 0.970." in table
 
 
+def test_an_engine_that_keeps_one_configuration_at_every_batch_is_a_control():
+    """Plain decoding, EAGLE-3, A3 (threshold at the largest batch) and a variant of A1 with
+    another draft length cannot switch; a threshold, tiers or SGLang's adaptive steps can."""
+    from spectool.harness.bench import sweep
+    from spectool.harness.bench.arms import arms, variant
+
+    fields = {
+        "speculative_num_steps": "int",
+        "speculative_adaptive": "bool",
+        "speculative_num_steps_tiers": "Optional[List[int]]",
+        "speculative_num_steps_tier_boundaries": "Optional[List[int]]",
+    }
+    every = arms(48, 256)
+    a0, a1, a2, a3, a4 = every
+    s2 = variant("S2=A1:speculative_num_steps=2", every, fields)
+    up = variant("UP=A1:speculative_adaptive=true", every, fields)
+    tier = variant("T=A1:speculative_num_steps_tiers=3,0;speculative_num_steps_tier_boundaries=192", every, fields)
+    assert [sweep.cannot_switch(a, 256) for a in (a0, a1, a3, s2)] == [True] * 4
+    assert [sweep.cannot_switch(a, 256) for a in (a2, up, tier)] == [False] * 3
+    assert sweep.cannot_switch(tier, 192), "its boundary at the largest batch: never crossed"
+
+
+def test_a_round_recorded_as_a_control_decides_over_the_arms_name(tmp_path):
+    """Rounds that record whether their engine could switch are read by that record (a variant
+    of A1 with two draft steps is a control; an A1 started with adaptive steps would not be);
+    rounds without it by the arm's name."""
+    from spectool.harness.bench.analyze import lowest_phase_ratios
+
+    tier = [dict(_transition([0.94, 1.0, 0.93, 0.99, 0.95]), switches={"fallback": 5, "tiers": 5}, control=False)]
+    s2 = [dict(_transition([0.97, 1.0, 1.0, 1.0, 1.0]), control=True)]
+    a1 = [dict(_transition([0.96, 1.0, 1.0, 1.0, 1.0]), control=False)]
+    trans = {"TIER": {"rounds": tier * 2}, "S2": {"rounds": s2 * 2}, "A1": {"rounds": a1 * 2}}
+    rep = summarize(tmp_path, [], DEFAULT_C, 32, 3.0, trans, {})
+    assert set(lowest_phase_ratios(rep["transition"])) == {"TIER", "A1"}
+    assert lowest_phase_ratios(rep["transition"], controls=True) == {"S2": pytest.approx(0.97, abs=1e-3)}
+
+
 def test_a_control_beside_the_switching_engine_gets_its_own_line_not_the_goal(tmp_path):
     """A1 beside a tiered engine runs the same schedule without switching: its lowest phase is
     what the schedule costs any engine, listed apart, and never the goal's figure."""

@@ -314,15 +314,22 @@ def test_a_resumed_transition_refuses_rounds_of_another_schedule(tmp_path, stub_
 
 def test_the_transition_runs_its_rounds_on_the_engine_and_tables_them(tmp_path, stub_engines):
     """--transition-rounds 2 through the real worker: the schedule twice on the A2 engine, each
-    round with the references that bracket it, and the table's round column and goal line."""
+    round with the references that bracket it, and the table's round column and goal line. Each
+    round records whether its engine could switch: A2's threshold (4) lies below its batch (8);
+    on engines of one request it could not, and it reads as a control."""
     out = tmp_path / "bench"
-    kw = dict(TINY, concurrencies=(1,), arm_names=["A2"], port_base=27400, transition=True)
+    kw = dict(TINY, concurrencies=(1,), arm_names=["A2"], port_base=27400, transition=True, max_batch=8)
     sweep.run(out, reps=0, transition_rounds=2, **kw)
     trans = json.loads((out / "transition.json").read_text())
     assert [len(rnd["phases"]) for rnd in trans["A2"]["rounds"]] == [len(sweep.TRANSITION)] * 2
     assert all(len(rnd["reference_records"]["4"]) == 2 for rnd in trans["A2"]["rounds"])
+    assert [rnd["control"] for rnd in trans["A2"]["rounds"]] == [False, False]
     table = (out / "bench-table.md").read_text()
     assert "| A2 | 2 | 5 | 4 |" in table and "each phase the median of its rounds" in table
+    assert "Controls" not in table
+    single = tmp_path / "single"
+    sweep.run(single, reps=0, transition_rounds=1, **{**kw, "max_batch": None})
+    assert json.loads((single / "transition.json").read_text())["A2"]["control"] is True
 
 
 def test_an_arm_whose_engine_cannot_start_leaves_the_others_measured(tmp_path, stub_engines, monkeypatch):

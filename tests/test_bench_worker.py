@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import threading
 
 import pytest
 
@@ -375,8 +375,17 @@ def test_the_gpu_sampler_runs_on_its_own_thread_and_skips_failed_reads(monkeypat
     from spectool.harness.bench import gpuclock
 
     reads = iter([None, (1800, 500.0, 65, 0)] + [(1900, 600.0, 66, 0)] * 1000)
-    sampler = gpuclock.Sampler(read=lambda: next(reads), interval_s=0.001).start()
-    time.sleep(0.05)
+    enough = threading.Event()
+    taken = []
+
+    def read():
+        taken.append(next(reads))
+        if len(taken) >= 4:
+            enough.set()
+        return taken[-1]
+
+    sampler = gpuclock.Sampler(read=read, interval_s=0.001).start()
+    assert enough.wait(10)
     record = sampler.stop()
     assert record["gpu_sm_mhz_min"] == 1800 and 1800 < record["gpu_sm_mhz"] <= 1900
     assert gpuclock.nvml_reader("0", library="libspectool-no-such-nvml.so.1") is None

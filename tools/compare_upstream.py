@@ -113,7 +113,7 @@ def tier_goals_markdown(folder: Path) -> str:
     bench-results.json. Where both arms of a ratio have three repetitions or more, its 90%
     bootstrap interval follows it, so a tie can be told from a loss. Where the run has the
     transition workload, a last line gives its goal's figure: the lowest phase/steady, each
-    phase the median of its rounds; a control's beside it (analyze.CONTROLS) has a line of
+    phase the median of its rounds; a control's beside it (analyze.is_control) has a line of
     its own."""
     cells = analyze.read_cells(folder / "cells.jsonl")
     report = analyze.read_json(folder / "bench-results.json")
@@ -163,7 +163,7 @@ def tier_goals_markdown(folder: Path) -> str:
     for arm, lowest in analyze.lowest_phase_ratios(report.get("transition") or {}, controls=True).items():
         lines.append(f"\nThe same schedule on {arm}, a control that never switches: lowest phase/steady {lowest:.3f}.")
     for arm, rows in (report.get("transition") or {}).items():
-        if analyze.never_switched(rows) and not analyze.is_control(arm):
+        if analyze.never_switched(rows) and not analyze.is_control(arm, rows):
             lines.append(f"\nTransition workload on {arm}: no figure, the engine never switched in it.")
     return "\n".join(lines) + "\n"
 

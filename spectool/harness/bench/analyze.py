@@ -708,12 +708,16 @@ def never_switched(rows: list[dict]) -> bool:
 # The standard arms that cannot switch within any batch the sweep forms (A3's threshold is
 # its largest batch). Beside a switching engine in the transition they are controls: what
 # their phases lose, the schedule costs any engine (its loads' order, the GPU's state).
+# Rounds record whether their engine was one (sweep.cannot_switch); these names decide for
+# rounds measured without that record.
 CONTROLS = frozenset({"A0", "A1", "A3"})
 
 
-def is_control(arm: str) -> bool:
-    """Whether a transition's arm (its label, "A1 (RUN)" where runs were merged) is a control."""
-    return arm.split(" (")[0] in CONTROLS
+def is_control(arm: str, rows: list[dict] = ()) -> bool:
+    """Whether a transition's engine is a control: as its rounds recorded it, else by the
+    arm's name (its label, "A1 (RUN)" where runs were merged)."""
+    recorded = {r["control"] for r in rows if "control" in r}
+    return True in recorded if recorded else arm.split(" (")[0] in CONTROLS
 
 
 def lowest_phase_ratios(summary: dict, controls: bool = False) -> dict:
@@ -724,7 +728,7 @@ def lowest_phase_ratios(summary: dict, controls: bool = False) -> dict:
     phase_ratios = {}  # arm -> phase -> its ratios, one per round
     for arm, rows in summary.items():
         # A control never switches (A3's counters say so): its figure is listed all the same.
-        if is_control(arm) != controls or (not controls and never_switched(rows)):
+        if is_control(arm, rows) != controls or (not controls and never_switched(rows)):
             continue
         for _, i, r in _phases(rows):
             if r.get("ratio") is not None:
@@ -782,7 +786,7 @@ def transition_markdown(summary: dict) -> str:
             + "."
         )
     for arm, rows in summary.items():
-        if never_switched(rows) and not is_control(arm):
+        if never_switched(rows) and not is_control(arm, rows):
             lines.append(
                 f"{arm} never switched: the schedule did not cross its switch point, so it measures no transition."
             )

@@ -1,13 +1,12 @@
 """How fast the GPU ran while a load ran.
 
-On the H200, a C=4 phase of the MoE tiers' transition that follows a heavy C=256 phase can
-decode 10-15% slower for seconds, with the same batch, graphs and acceptance, and speed up
-again mid-phase with no engine event; EAGLE-3 on the same schedule did not. Lower clocks after
-a heavy load (a power or thermal limit) would do that, and so would state the switch leaves.
-Each cell and phase therefore records the GPU's SM clock, power draw and temperature over its
-run, and the reasons the driver gave for holding the clocks down, sampled through NVML (the
-driver's own library, read with ctypes: nothing to install). Where NVML is missing (no NVIDIA
-driver) nothing is recorded.
+A phase or cell can run slower because the GPU's clocks are lower (a power or thermal limit
+after a heavy load) rather than because of anything the engine does; throughput alone cannot
+tell the two apart. Each cell and phase therefore records the GPU's SM clock, power draw and
+temperature over its run, and the reasons the driver gave for holding the clocks down,
+sampled through NVML (the driver's own library, read with ctypes: nothing to install). Only
+the first visible GPU is sampled. Where NVML is missing (no NVIDIA driver) nothing is
+recorded.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import os
 import threading
 
 INTERVAL_S = 0.1
+JOIN_S = 1.0
 LIBRARY = "libnvidia-ml.so.1"
 # nvmlClocksEventReasons bits (nvml.h), by the names the results print.
 REASONS = {
@@ -137,8 +137,10 @@ class Sampler:
         return self
 
     def stop(self) -> dict:
+        """The samples so far, reduced; a read still blocked in the driver after JOIN_S is
+        left to finish on its own (the thread is a daemon) rather than hold up the load."""
         if self._thread is None:
             return {}
         self._stop.set()
-        self._thread.join()
-        return summarize(self._samples)
+        self._thread.join(JOIN_S)
+        return summarize(list(self._samples))

@@ -332,6 +332,8 @@ def _transition_summary(trans, m):
                         "steady_host_busy_cpus": _mean(r.get("host_busy_cpus") for r in records),
                         # The GPU's SM clock, where the run sampled it (gpuclock).
                         **_clocks(ph, records),
+                        # Whether the engine could switch at all, where the round recorded it.
+                        **({"control": rnd["control"]} if "control" in rnd else {}),
                         # The engine's switches over the round, where its counters recorded them.
                         **({"round_switches": rnd["switches"]} if "switches" in rnd else {}),
                     }

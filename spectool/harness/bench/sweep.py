@@ -52,6 +52,14 @@ def switch_point(arm) -> int | None:
     return max(points) if points else None
 
 
+def cannot_switch(arm, max_bs: int) -> bool:
+    """Whether an arm's engine keeps one configuration at every batch up to max_bs: no
+    threshold or tier boundary below it and no SGLang adaptive steps. Beside a switching
+    engine in the transition, such an engine is a control (analyze.is_control)."""
+    point = switch_point(arm)
+    return (point is None or point >= max_bs) and not arm.extra.get("speculative_adaptive")
+
+
 def transition_schedule(arms, max_bs: int) -> list[dict]:
     """The transition workload of a run, the same on every engine that runs it (a control runs
     the load it controls): C=4 and C=192 (TRANSITION), the high load raised to twice the
@@ -270,7 +278,7 @@ def run(
                                     phases=schedule,
                                     expect_s=round_s,
                                 ):
-                                    held.append(rnd)
+                                    held.append({**rnd, "control": cannot_switch(a, max_bs)})
                                     round_s = rnd["round_s"]
                                     trans[a.name] = results.as_transition(held)
                                     tpath.write_text(json.dumps(trans, indent=1))

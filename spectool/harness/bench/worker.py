@@ -104,10 +104,12 @@ async def closed_loop(
             last_submit[0] = time.perf_counter()
             recs.append(await request(prompts[i], out_len))
 
-    await asyncio.gather(*(client(k) for k in range(C)))
+    try:
+        await asyncio.gather(*(client(k) for k in range(C)))
+    finally:  # a load that fails leaves no thread sampling behind it
+        clocks = gpu.stop()
     t_end = time.perf_counter()
     cpu1 = hostload.cpu_times()
-    clocks = gpu.stop()
     await asyncio.gather(*steady)
     measured = [r for r in recs if not r.get("ramp")]
     w0 = max(ramp_ends) if stagger else min((r["end"] for r in measured), default=t0)
