@@ -763,14 +763,13 @@ def transition_markdown(summary: dict) -> str:
     for arm, rows in summary.items():
         for number, i, r in _phases(rows):
             runs = r.get("reference_runs")
-            steady = "-" if r.get("steady") is None else f"{r['steady']:.0f}"
+            steady = or_dash(r.get("steady"), 0)
             if runs:
                 steady += " (" + " / ".join(f"{x:.0f}" for x in runs) + ")"
-            ratio = "-" if r.get("ratio") is None else f"{r['ratio']:.3f}"
             lines.append(
                 f"| {arm} |"
                 + (f" {number} |" if rounds else "")
-                + f" {i} | {r['C']} | {r['tok_s']:.0f} | {steady} | {ratio} "
+                + f" {i} | {r['C']} | {r['tok_s']:.0f} | {steady} | {or_dash(r.get('ratio'))} "
                 f"| {pair(r, 'ttft_ms', 0)} | {pair(r, 'tpot_ms', 2)} |"
                 + (f" {pair(r, 'host_busy_cpus', 1)} |" if host else "")
                 + (f" {pair(r, 'gpu_sm_mhz', 0)} |" if clocks else "")

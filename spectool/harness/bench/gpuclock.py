@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import statistics
 import threading
 
 INTERVAL_S = 0.1
@@ -88,19 +89,15 @@ def summarize(samples: list[tuple]) -> dict:
     a load's waves have idle gaps); {} without samples."""
     if not samples:
         return {}
-
-    def mean(xs):
-        xs = [x for x in xs if x is not None]
-        return sum(xs) / len(xs) if xs else None
-
     bits = 0
     for s in samples:
         bits |= s[3]
+    powers = [s[1] for s in samples if s[1] is not None]
     temps = [s[2] for s in samples if s[2] is not None]
     return {
-        "gpu_sm_mhz": mean(s[0] for s in samples),
+        "gpu_sm_mhz": statistics.fmean(s[0] for s in samples),
         "gpu_sm_mhz_min": min(s[0] for s in samples),
-        "gpu_power_w": mean(s[1] for s in samples),
+        "gpu_power_w": statistics.fmean(powers) if powers else None,
         "gpu_temp_c": max(temps) if temps else None,
         "gpu_clock_reasons": [name for bit, name in REASONS.items() if bits & bit and name != "gpu_idle"],
     }

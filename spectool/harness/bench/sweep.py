@@ -67,7 +67,7 @@ def transition_schedule(arms, max_bs: int) -> list[dict]:
     max_bs, so that every high phase crosses every switch point (one at or below it would
     measure no switch). Engines that cannot switch within max_bs (A1, A3: controls) set
     nothing. The high load's n is two waves, as at 192."""
-    points = [p for a in arms if (p := switch_point(a)) is not None and HIGH_C <= p < max_bs]
+    points = [p for a in arms if not cannot_switch(a, max_bs) and (p := switch_point(a)) is not None and p >= HIGH_C]
     return _alternating(min(max_bs, 2 * max(points))) if points else TRANSITION
 
 
