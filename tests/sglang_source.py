@@ -11,10 +11,13 @@ import abc
 import argparse
 import ast
 import collections
+import contextlib
 import dataclasses
 import enum
 import functools
 import json
+import logging
+import math
 import os
 import threading
 import time
@@ -48,24 +51,31 @@ class Unprovided:
         raise AssertionError(f"the test called {self.name}, which it did not provide")
 
 
+# The names a release class's definition may read that no test needs to give: the standard
+# modules its decorators use, the enum, ABC and dataclass machinery, typing's names.
+_DEFINITION_NAMES = {
+    **{
+        m.__name__: m
+        for m in (collections, contextlib, dataclasses, enum, functools, logging, math, os, threading, time)
+    },
+    "dataclass": dataclasses.dataclass,
+    "field": dataclasses.field,
+    "IntEnum": enum.IntEnum,
+    "Enum": enum.Enum,
+    "auto": enum.auto,
+    "ABC": abc.ABC,
+    "abstractmethod": abc.abstractmethod,
+    "total_ordering": functools.total_ordering,
+    **{name: getattr(typing, name) for name in typing.__all__},
+}
+
+
 def release_class(tree: Path, rel: str, qualname: str, namespace: dict | None = None) -> type:
     """The class `qualname` of the release file `rel`, defined from its source in
     `namespace` (the names its methods use), annotations kept as strings as in the release.
     A name only the definition reads and `namespace` lacks becomes Unprovided."""
     path = tree / rel
-    ns = {
-        "dataclasses": dataclasses,
-        "dataclass": dataclasses.dataclass,
-        "field": dataclasses.field,
-        "IntEnum": enum.IntEnum,
-        "Enum": enum.Enum,
-        "auto": enum.auto,
-        "ABC": abc.ABC,
-        "abstractmethod": abc.abstractmethod,
-        "total_ordering": functools.total_ordering,
-        **{name: getattr(typing, name) for name in typing.__all__},
-        **(namespace or {}),
-    }
+    ns = {**_DEFINITION_NAMES, **(namespace or {})}
     code = compile(
         function_source(path, qualname),
         f"{path}:{qualname}",
@@ -82,6 +92,80 @@ def release_class(tree: Path, rel: str, qualname: str, namespace: dict | None = 
                 raise
             ns[exc.name] = Unprovided(exc.name)
     raise AssertionError(f"{qualname} of {path} reads too many names at its definition")
+
+
+def release_type(tree: Path, name: str, namespace: dict | None = None, rel: str | None = None) -> type:
+    """The release's class `name` (from `rel`, else the file that defines it), on its own
+    bases: each base the release defines is the release's class too, recursively; a base from
+    outside SGLang (torch's, a library's) that `namespace` does not give is an empty class of
+    its name. The methods' globals are `namespace` (what they read), as in release_class."""
+    rel = rel or _defined_in(tree, name)
+    ns = dict(namespace or {})
+    for base in _class_node(tree / rel, name).bases:
+        if isinstance(base, ast.Name) and base.id not in ns and base.id not in _DEFINITION_NAMES:
+            try:
+                ns[base.id] = release_type(tree, base.id, namespace)
+            except KeyError:
+                ns[base.id] = type(base.id, (), {})
+    return release_class(tree, rel, name, ns)
+
+
+def release_instance(cls: type, **attrs):
+    """An object of the release's class `cls` holding `attrs`, made without running __init__
+    (which needs the GPU, the model and the distributed groups): the state a test gives the
+    code under test lives on the release's own type, and an attribute the release does not
+    have (a name `cls` and its bases neither define nor assign as `self.NAME`) is refused, so
+    a test cannot pass on a field the release renamed."""
+    known = _attributes(cls)
+    for name in attrs:
+        if name not in known:
+            raise AttributeError(f"{cls.__name__} of the release has no attribute {name!r}")
+    obj = object.__new__(cls)
+    for name, value in attrs.items():
+        object.__setattr__(obj, name, value)
+    return obj
+
+
+def _attributes(cls: type) -> frozenset:
+    """What an instance of `cls` can hold: its and its bases' class attributes, dataclass
+    fields and annotations, and every `self.NAME` their source assigns."""
+    names = set(dir(cls))
+    for klass in cls.__mro__:
+        names.update(getattr(klass, "__dataclass_fields__", {}))
+        names.update(vars(klass).get("__annotations__", {}))
+        source = _source_of(klass)
+        if source:
+            names.update(_self_assignments(source))
+    return frozenset(names)
+
+
+def _source_of(klass: type) -> str | None:
+    """The release source of a class release_class defined (its methods' file name is
+    `PATH:QUALNAME`), or None for any other class."""
+    for fn in vars(klass).values():
+        filename = getattr(getattr(fn, "__code__", None), "co_filename", "")
+        path, _, qualname = filename.rpartition(":")
+        if qualname == klass.__qualname__ and path:
+            return function_source(Path(path), qualname)
+    return None
+
+
+@functools.cache
+def _self_assignments(source: str) -> frozenset:
+    """The NAMEs of `self.NAME = ...` (augmented and annotated too) and of
+    `setattr(self, "NAME", ...)` in `source`."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                for t in ast.walk(target):
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        found.add(t.attr)
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and len(node.args) > 1:
+            owner, name = node.args[:2]
+            if getattr(owner, "id", None) == "self" and isinstance(name, ast.Constant):
+                found.add(name.value)
+    return frozenset(found)
 
 
 @functools.cache
