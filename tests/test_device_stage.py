@@ -140,3 +140,47 @@ def test_bench_tiers_refuses_an_upstream_tree_without_adaptive_steps(tmp_path):
     run = _bench_tiers(tmp_path, upstream_has_adaptive_steps=False)
     assert run.returncode == 2
     assert "holds no SGLang with adaptive steps (0.5.14 or later)" in run.stderr
+
+
+def _unpack_from_parts(tmp_path, parts_carried: int):
+    """Run unpack.sh in a stand-in checkout that holds the runtime archive only as the first
+    `parts_carried` of its two parts (`split -b` pieces, as the calls before left them)."""
+    root = tmp_path / "checkout"
+    shutil.copytree(ROOT / "tools/device", root / "tools/device")
+    for folder in ("recipes", "golden", "spectool"):
+        (root / folder).mkdir()
+        (root / folder / "f").write_text(folder)
+    tree = tmp_path / "runtime"
+    (tree / "sglang").mkdir(parents=True)
+    (tree / "sglang/version.py").write_text("__version__ = '0.5.17'\n" + "#" * 4000)
+    (tree / ".spectool-wheels").touch()
+    whole = tmp_path / "whole.tar.xz"
+    with tarfile.open(whole, "w:xz") as archive:
+        archive.add(tree, arcname=".")
+    data = whole.read_bytes()
+    (root / ".device-cache").mkdir()
+    for suffix, piece in list(zip("ab", (data[: len(data) // 2], data[len(data) // 2 :])))[:parts_carried]:
+        (root / f".device-cache/sglang-0.5.17-site.tar.xz.part-a{suffix}").write_bytes(piece)
+    site = tmp_path / "site-0.5.17"
+    run = subprocess.run(
+        ["bash", "tools/device/unpack.sh", "0.5.17"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), "SITE": str(site)},
+    )
+    return run, site
+
+
+def test_a_runtime_carried_in_parts_is_joined_and_unpacked(tmp_path):
+    run, site = _unpack_from_parts(tmp_path, parts_carried=2)
+    assert run.returncode == 0, run.stderr
+    assert (site / "sglang/version.py").read_text().startswith("__version__ = '0.5.17'")
+
+
+def test_a_runtime_missing_a_part_stops_before_anything_runs(tmp_path):
+    run, site = _unpack_from_parts(tmp_path, parts_carried=1)
+    assert run.returncode == 2
+    assert "are not the whole archive: carry the missing ones" in run.stderr
+    assert "sglang-0.5.17-site.tar.xz.part-aa)" in run.stderr
+    assert not (site / "sglang").exists()
