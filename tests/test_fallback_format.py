@@ -6,11 +6,13 @@ installed."""
 from __future__ import annotations
 
 import dataclasses
+import functools
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from spectool.testing import bind_methods, load_function
+from spectool.testing import load_function
 
 from .sglang_source import (
     eagle_draft_input_class,
@@ -19,6 +21,8 @@ from .sglang_source import (
     generation_batch_result_class,
     logits_output_class,
     model_worker_batch,
+    release_instance,
+    release_type,
     request,
     server_args,
     server_args_class,
@@ -46,8 +50,36 @@ def steps(version):
     return SHARED_STEPS + (("_spec_fallback_constant",) if version == "0.5.12" else ())
 
 
-def bind(path, ns, worker, *names):
-    bind_methods(path, "EAGLEWorkerV2", ns, worker, *names)
+def worker_of(tree, ns, **attrs):
+    """The patched release's EAGLEWorkerV2 (its methods, the recipes' included, reading the
+    globals `ns`) holding `attrs`; a fake of one of its methods may be among them."""
+    return release_instance(release_type(tree, "EAGLEWorkerV2", ns, rel=WORKER), **attrs)
+
+
+@functools.cache
+def _release_class(tree: Path, name: str, rel: str | None = None) -> type:
+    import torch
+
+    return release_type(tree, name, {"torch": torch}, rel=rel)
+
+
+def release_object(tree, name, rel=None, **attrs):
+    """An object of the release's class `name` (a model runner, the draft worker, a pool, a
+    graph runner) holding `attrs`: the state, or a fake of a method, that the step reads."""
+    return release_instance(_release_class(tree, name, rel), **attrs)
+
+
+def draft_worker(tree, **attrs):
+    return release_object(tree, "EagleDraftWorker", WORKER, **attrs)
+
+
+def target_worker(tree, model_runner, **attrs):
+    """The target's TpModelWorker: its model_runner is a property over _model_runner."""
+    return release_object(tree, "TpModelWorker", _model_runner=model_runner, **attrs)
+
+
+def algorithm(tree, name):
+    return getattr(_release_class(tree, "SpeculativeAlgorithm"), name)
 
 
 def _types(tree):
@@ -62,10 +94,11 @@ def _types(tree):
     }
 
 
-def _step_worker(tree, version, torch, types, target_forward, algorithm="EAGLE3", ndt=4):
-    """A worker whose target and draft are simulated, with the decode step's methods bound;
-    returns (worker, the step function, the target's model runner, what the draft saw)."""
-    path = tree / WORKER
+def _step_worker(tree, version, torch, types, target_forward, name="EAGLE3", ndt=4):
+    """The release's EAGLEWorkerV2 whose target forward and draft sync are simulated (its
+    target TpModelWorker, draft EagleDraftWorker, model runners and req-to-token pool are
+    the release's classes); returns (worker, the step function, the target's model runner,
+    what the draft saw)."""
     events = SimpleNamespace(Event=lambda: SimpleNamespace(record=lambda: None), current_stream=lambda: None)
     fake_torch = SimpleNamespace(
         **{k: getattr(torch, k) for k in ("int32", "int64", "ones", "full", "softmax")},
@@ -77,23 +110,31 @@ def _step_worker(tree, version, torch, types, target_forward, algorithm="EAGLE3"
         "speculative_moe_backend_context": _null,
         "speculative_moe_a2a_backend_context": _null,
     }
-    decode = load_function(path, "EAGLEWorkerV2._spec_fallback_decode", ns)
-    mr = SimpleNamespace(attn_backend="spec-backend", graph_runner="verify-graph")
+    mr = release_object(tree, "ModelRunner", attn_backend="spec-backend", graph_runner="verify-graph")
     draft = {}
-    worker = SimpleNamespace(
+    worker = worker_of(
+        tree,
+        ns,
         device="cpu",
         speculative_num_draft_tokens=ndt,
-        req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(100).reshape(5, 20).to(torch.int32)),
-        speculative_algorithm=SimpleNamespace(is_standalone=lambda: algorithm == "STANDALONE"),
-        _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
+        req_to_token_pool=release_object(
+            tree, "ReqToTokenPool", req_to_token=torch.arange(100).reshape(5, 20).to(torch.int32)
+        ),
+        speculative_algorithm=algorithm(tree, name),
+        _target_worker=target_worker(tree, mr, forward_batch_generation=target_forward),
         _spec_fallback=fallback_state_class(tree)(
             threshold=0, attn_backend="decode-backend", graph_runner="decode-graph"
         ),
-        draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
+        _draft_worker=draft_worker(
+            tree,
+            draft_tp_context=lambda group: _null(),
+            draft_runner=release_object(tree, "ModelRunner", tp_group=None),
+        ),
         _spec_fallback_draft_extend=lambda *a: draft.setdefault("args", a),
     )
-    bind(path, ns, worker, *steps(version), "_spec_fallback_returns_hidden_states")
-    return worker, decode, mr, draft
+    for step in steps(version):  # the decode step's methods are the patched release's
+        assert callable(getattr(type(worker), step, None)), step
+    return worker, type(worker)._spec_fallback_decode, mr, draft
 
 
 def _decode_batch(tree, types, bonus, tokens, reqs, **values):
