@@ -295,8 +295,7 @@ def test_hidden_state_requests_are_seen_on_the_real_batch(version, patched_relea
     batch_fields = {f.name for f in dataclasses.fields(type(model_worker_batch(tree)))}
     assert "return_hidden_states" not in batch_fields and "reqs" in batch_fields
     assert types["EagleDraftInput"]().capture_hidden_mode == types["CaptureHiddenMode"].FULL
-    worker = SimpleNamespace()
-    bind(tree / WORKER, {}, worker, "_spec_fallback_returns_hidden_states", "_spec_fallback_eligible")
+    worker = worker_of(tree, {})
 
     def batch(*hidden, **values):
         return model_worker_batch(
@@ -321,45 +320,54 @@ def test_draft_kv_sync_replays_its_one_token_graph(graph_fits, patched_release):
     way every request counts one accepted token and zero correct drafts."""
     torch = pytest.importorskip("torch")
     tree = patched_release("0.5.12")
-    path = tree / WORKER
     bs, H = 3, 6
     seen = {}
+    draft_input_cls = eagle_draft_input_class(tree)
+    logits_output = logits_output_class(tree)
 
-    class DraftInput(SimpleNamespace):
+    class DraftInput(draft_input_cls):
+        """The release's EagleDraftInput, its preparation of the one-token forward simulated."""
+
         def prepare_for_extend_to_fill_draft_kvcache(self, batch, predict, n, runner_, graph_runner):
             seen["prepare"] = (predict.tolist(), n, graph_runner)
-            return SimpleNamespace(spec_info=self, batch_size=bs)
+            return release_object(tree, "ForwardBatch", spec_info=self, batch_size=bs)
 
-    graph_out = SimpleNamespace(
-        topk_p=torch.rand(8, 1), topk_index=torch.arange(8).unsqueeze(1), hidden_states=torch.rand(8, H)
-    )
+    # The graph's output as the release's replay returns it: a LogitsProcessorOutput that
+    # also holds the draft's top-k.
+    graph_out = logits_output(next_token_logits=None, hidden_states=torch.rand(8, H))
+    graph_out.topk_p, graph_out.topk_index = torch.rand(8, 1), torch.arange(8).unsqueeze(1)
 
-    class Runner:
-        def can_run(self, fb):
-            return graph_fits
+    def can_run(fb):
+        return graph_fits
 
-        def replay(self, fb):
-            seen["replayed"] = (fb.spec_info.num_correct_drafts.tolist(), fb.spec_info.num_accept_tokens.tolist())
-            return graph_out
+    def replay(fb):
+        seen["replayed"] = (fb.spec_info.num_correct_drafts.tolist(), fb.spec_info.num_accept_tokens.tolist())
+        return graph_out
 
     def eager_forward(fb, skip_attn_backend_init):
         seen["eager"] = skip_attn_backend_init
         logits = torch.zeros(bs, 10)
         logits[:, 4] = 5.0
-        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
+        return release_object(
+            tree,
+            "ModelRunnerOutput",
+            logits_output=logits_output(next_token_logits=logits, hidden_states=torch.ones(bs, H)),
+            can_run_graph=False,
+        )
 
     ns = {"torch": torch, "EagleDraftInput": DraftInput, "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
-    extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
-    runner = Runner()
-    worker = SimpleNamespace(
+    runner = release_object(tree, "EAGLEDraftExtendCudaGraphRunner", can_run=can_run, replay=replay)
+    worker = worker_of(
+        tree,
+        ns,
         device="cpu",
         topk=1,
         _spec_fallback=fallback_state_class(tree)(draft_extend_runner=runner),
-        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=eager_forward)),
+        _draft_worker=draft_worker(tree, draft_runner=release_object(tree, "ModelRunner", forward=eager_forward)),
     )
-    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_next_draft_input", "_spec_fallback_kv_only_flush")
-    nxt = SimpleNamespace()
-    extend(worker, SimpleNamespace(seq_lens=torch.tensor([3, 5, 10])), torch.tensor([7, 8, 9]), torch.zeros(bs, H), nxt)
+    nxt = draft_input_cls()
+    batch = model_worker_batch(tree, seq_lens=torch.tensor([3, 5, 10]))
+    worker._spec_fallback_draft_extend(batch, torch.tensor([7, 8, 9]), torch.zeros(bs, H), nxt)
 
     assert seen["prepare"] == ([7, 8, 9], 1, runner), "one token per request, graph runner offered"
     if graph_fits:
