@@ -388,7 +388,6 @@ def test_draft_extend_graph_is_captured_at_one_token(version, patched_release):
     import contextlib
 
     tree = patched_release(version)
-    path = tree / WORKER
     state = {"steps": 3}
     seen = {}
 
@@ -418,14 +417,15 @@ def test_draft_extend_graph_is_captured_at_one_token(version, patched_release):
 
     for fail in (False, True):
         ns = {"DraftBackendFactory": Factory, "EAGLEDraftExtendCudaGraphRunner": make_runner(fail)}
-        build = load_function(path, "EAGLEWorkerV2._spec_fallback_build_draft_extend_graph", ns)
-        worker = SimpleNamespace(
+        worker = worker_of(
+            tree,
+            ns,
             topk=1,
             _override_worker_state=override,
             _spec_fallback=fallback_state_class(tree)(),
-            draft_worker=SimpleNamespace(cuda_graph_runner_for_draft_extend="spec-graph", draft_runner=None),
+            _draft_worker=draft_worker(tree, cuda_graph_runner_for_draft_extend="spec-graph", draft_runner=None),
         )
-        bind(path, ns, worker, "_spec_fallback_capture")
+        build = type(worker)._spec_fallback_build_draft_extend_graph
         if fail:
             with pytest.raises(
                 RuntimeError,
@@ -440,11 +440,13 @@ def test_draft_extend_graph_is_captured_at_one_token(version, patched_release):
         assert worker._spec_fallback.draft_extend_runner == (None if fail else "one-token-graph")
     # No spec-path draft-extend graph (backend without support, or --disable-cuda-graph): none built.
     seen.clear()
-    worker = SimpleNamespace(
+    worker = worker_of(
+        tree,
+        ns,
         topk=1,
         _override_worker_state=override,
         _spec_fallback=fallback_state_class(tree)(),
-        draft_worker=SimpleNamespace(cuda_graph_runner_for_draft_extend=None, draft_runner=None),
+        _draft_worker=draft_worker(tree, cuda_graph_runner_for_draft_extend=None, draft_runner=None),
     )
     build(worker, server_args(server_args_class(tree, {})))
     assert worker._spec_fallback.draft_extend_runner is None and "capture" not in seen
@@ -537,7 +539,6 @@ def test_start_up_takes_the_draft_sync_from_server_args(version, flags, min_bs, 
     logged, added to the runner's graph_mem_usage and counted."""
 
     tree = patched_release(version)
-    path = tree / WORKER
     cls = server_args_class(tree, {})
     free = iter([40.0, 39.25])
     logs = []
@@ -547,30 +548,28 @@ def test_start_up_takes_the_draft_sync_from_server_args(version, flags, min_bs, 
         "time": __import__("time"),
     }
     backends = []
-    mr = SimpleNamespace(
+    mr = release_object(
+        tree,
+        "ModelRunner",
         init_new_workspace=False,
         _get_attention_backend=lambda init_new_workspace: "decode-backend",
         graph_mem_usage=1.5,
     )
-    draft_runner = SimpleNamespace(
-        init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: backends.append(1) or "plain"
+    draft_runner = release_object(
+        tree,
+        "ModelRunner",
+        init_new_workspace=False,
+        _get_attention_backend=lambda init_new_workspace: backends.append(1) or "plain",
     )
-    worker = SimpleNamespace(
-        _target_worker=SimpleNamespace(model_runner=mr),
+    worker = worker_of(
+        tree,
+        ns,
+        _target_worker=target_worker(tree, mr),
         device="cuda",
         gpu_id=0,
         _spec_fallback=fallback_state_class(tree)(threshold=32),
-        draft_worker=SimpleNamespace(draft_runner=draft_runner),
+        _draft_worker=draft_worker(tree, draft_runner=draft_runner),
         _spec_fallback_kv_only_unsupported=lambda: None,
-    )
-    bind(
-        path,
-        ns,
-        worker,
-        "_spec_fallback_build",
-        "_spec_fallback_plain_attn_backend",
-        "_spec_fallback_init_draft_decode",
-        "_spec_fallback_init_draft_kv_only",
     )
     worker._spec_fallback_build(
         server_args(cls, speculative_disable_batch_size_threshold=32, disable_cuda_graph=True, **flags)
