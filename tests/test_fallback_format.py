@@ -1,4 +1,6 @@
-"""The fallback's decode step on the real patched files, with a simulated target and draft:
+"""The fallback's decode step on the real patched files, on objects of the patched release's
+own classes (EAGLEWorkerV2, its TpModelWorker, EagleDraftWorker, model runners, pools, batches
+and graph runners), with the target's forward and the draft's GPU work simulated:
 the result must be exactly what that release's scheduler reads (0.5.8: stride from the
 worker, padded; 0.5.12: stride 1 from the result), and the verify graph is never left
 installed."""
@@ -11,8 +13,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-from spectool.testing import load_function
 
 from .sglang_source import (
     eagle_draft_input_class,
@@ -597,7 +597,6 @@ def test_graphs_only_for_the_batch_sizes_a_fallback_step_can_have(threshold, hys
     again afterwards, also when a capture fails. The KV-only graphs take their sizes from the
     decode graph's."""
     tree = patched_release("0.5.12")
-    path = tree / WORKER
     cls = server_args_class(tree, {})
     sizes = [1, 2, 4, 8, 12, 16, 24, 32]
     seen = {}
@@ -611,40 +610,46 @@ def test_graphs_only_for_the_batch_sizes_a_fallback_step_can_have(threshold, hys
         )
         if seen.get("fail"):
             raise RuntimeError("CUDA out of memory")
-        return SimpleNamespace(capture_bs=list(mr.server_args.cuda_graph_bs))
+        return release_object(tree, "CudaGraphRunner", capture_bs=list(mr.server_args.cuda_graph_bs))
 
     args = server_args(cls, speculative_disable_batch_size_threshold=threshold, cuda_graph_bs=sizes)
-    ns = {"CudaGraphRunner": runner, "SpeculativeAlgorithm": SimpleNamespace(NONE="NONE")}
+    spec = _release_class(tree, "SpeculativeAlgorithm")
+    ns = {"CudaGraphRunner": runner, "SpeculativeAlgorithm": spec}
 
     def worker():
-        mr = SimpleNamespace(server_args=args, spec_algorithm="EAGLE3")
-        w = SimpleNamespace(
-            _target_worker=SimpleNamespace(model_runner=mr),
+        mr = release_object(tree, "ModelRunner", server_args=args, spec_algorithm=spec.EAGLE3)
+        w = worker_of(
+            tree,
+            ns,
+            _target_worker=target_worker(tree, mr),
             _spec_fallback=fallback_state_class(tree)(
                 threshold=threshold, hysteresis=hysteresis, attn_backend="decode-backend"
             ),
-            speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
-            draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(server_args=args)),
+            speculative_algorithm=spec.EAGLE3,
+            _draft_worker=draft_worker(tree, draft_runner=release_object(tree, "ModelRunner", server_args=args)),
             _spec_fallback_build_draft_extend_graph=lambda a: seen.setdefault("draft", list(a.cuda_graph_bs)),
             _spec_fallback_build_kv_only_graphs=lambda a: seen.setdefault("kv_only", w._spec_fallback.graph_runner),
         )
-        bind(path, ns, w, "_spec_fallback_build_graphs", "_spec_fallback_capture")
         return w, mr
 
     w, mr = worker()
     what = w._spec_fallback_build_graphs(args)
-    assert args.cuda_graph_bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == "EAGLE3"
+    assert (
+        args.cuda_graph_bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == spec.EAGLE3
+    )
     if not want:
         assert "decode" not in seen and w._spec_fallback.graph_runner is None and what.startswith("none")
         return
-    assert seen["decode"] == (want, "decode-backend", "NONE", True), "plain decode graphs with EAGLE-3's capture"
+    assert seen["decode"] == (want, "decode-backend", spec.NONE, True), "plain decode graphs with EAGLE-3's capture"
     assert seen["draft"] == want and seen["kv_only"].capture_bs == want and what == f"batch sizes {want}"
     seen.clear()
     seen["fail"] = True
     w, mr = worker()
     with pytest.raises(RuntimeError, match="could not capture a decode CUDA graph"):
         w._spec_fallback_build_graphs(args)
-    assert args.cuda_graph_bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == "EAGLE3"
+    assert (
+        args.cuda_graph_bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == spec.EAGLE3
+    )
 
 
 @pytest.mark.parametrize("version", ["0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15"])
@@ -656,25 +661,43 @@ def test_draft_kv_sync_as_a_plain_decode_step(version, patched_release):
     the batch and the draft runner left as they were."""
     torch = pytest.importorskip("torch")
     tree = patched_release(version)
-    path = tree / WORKER
     bs, H = 3, 6
     seen = {}
+    forward_mode, capture_mode = forward_modes(tree)
+    # The release's EagleDraftInput and its bases (0.5.15 has no V2 mixin file).
+    spec_names = {
+        "torch": torch,
+        "CaptureHiddenMode": capture_mode,
+        "SpecInputType": release_type(tree, "SpecInputType", rel="sglang/srt/speculative/spec_info.py"),
+    }
+    draft_input_cls = release_type(tree, "EagleDraftInput", spec_names, rel="sglang/srt/speculative/eagle_info.py")
+    logits_output = logits_output_class(tree)
+    forward_batch_cls = _release_class(tree, "ForwardBatch")
 
-    class Backend:
-        def init_forward_metadata(self, fb):
-            seen["planned"] = (fb.spec_info, fb.mode, fb.seq_lens.tolist())
+    class Reached(Exception):
+        """The draft extend's preparation was reached (its GPU work is not simulated)."""
 
-    class ForwardBatch:
-        @staticmethod
-        def init_new(batch, runner):
+    class DraftInput(draft_input_cls):
+        """The release's EagleDraftInput; up to 0.5.13 it prepares the draft extend."""
+
+        def prepare_for_extend_to_fill_draft_kvcache(self, *args):
+            raise Reached("prepare_for_extend_to_fill_draft_kvcache")
+
+    class ForwardBatch(forward_batch_cls):
+        """The release's ForwardBatch, made by init_new from the batch without its GPU work:
+        the fields the draft decode reads."""
+
+        @classmethod
+        def init_new(cls, batch, runner):
             seen["attn_backend_at_init"] = runner.attn_backend
-            return SimpleNamespace(
+            return release_instance(
+                forward_batch_cls,
                 spec_info=batch.spec_info,
-                mode=batch.forward_mode,
+                forward_mode=batch.forward_mode,
                 seq_lens=batch.seq_lens.clone(),
                 input_ids=batch.input_ids,
                 out_cache_loc=batch.out_cache_loc,
-                capture=batch.capture_hidden_mode,
+                capture_hidden_mode=batch.capture_hidden_mode,
             )
 
     def draft_forward(fb, skip_attn_backend_init):
@@ -685,56 +708,80 @@ def test_draft_kv_sync_as_a_plain_decode_step(version, patched_release):
             dtype=fb.input_ids.dtype,
             backend=dr.attn_backend,
             slots=fb.out_cache_loc.tolist(),
-            capture=fb.capture,
+            capture=fb.capture_hidden_mode,
         )
         logits = torch.zeros(bs, 10)
         logits[:, 6] = 3.0
-        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
+        return release_object(
+            tree,
+            "ModelRunnerOutput",
+            logits_output=logits_output(next_token_logits=logits, hidden_states=torch.ones(bs, H)),
+            can_run_graph=False,
+        )
 
     ns = {
         "torch": torch,
-        "EagleDraftInput": lambda **kw: SimpleNamespace(**kw),
+        "EagleDraftInput": DraftInput,
         "ForwardBatch": ForwardBatch,
-        "EagleDraftExtendInput": lambda **kw: SimpleNamespace(**kw),
-        "ForwardMode": SimpleNamespace(DECODE="DECODE"),
-        "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
+        "ForwardMode": forward_mode,
+        "CaptureHiddenMode": capture_mode,
         "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim),
     }
-    extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
-    plain = Backend()
-    dr = SimpleNamespace(attn_backend="draft-extend-backend", forward=draft_forward)
-    worker = SimpleNamespace(
+    extend_input = version in ("0.5.14", "0.5.15")  # from 0.5.14 the draft worker prepares it
+    if extend_input:
+        ns["EagleDraftExtendInput"] = release_type(
+            tree, "EagleDraftExtendInput", spec_names, rel="sglang/srt/speculative/eagle_info.py"
+        )
+
+    def prepare_for_draft_extend(*args):
+        raise Reached("prepare_for_draft_extend")
+
+    # The release's triton attention backend (its kernel-call debug logging left out), its
+    # planning simulated.
+    backend_cls = release_type(tree, "TritonAttnBackend", {"torch": torch, "debug_kernel_api": lambda fn: fn})
+    plain = release_instance(
+        backend_cls,
+        init_forward_metadata=lambda fb: seen.update(planned=(fb.spec_info, fb.forward_mode, fb.seq_lens.tolist())),
+    )
+    dr = release_object(tree, "ModelRunner", attn_backend="draft-extend-backend", forward=draft_forward)
+    worker = worker_of(
+        tree,
+        ns,
         device="cpu",
         topk=1,
         _spec_fallback=fallback_state_class(tree)(draft_decode_min_bs=2, draft_attn_backend=plain),
-        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
-        draft_worker=SimpleNamespace(draft_runner=dr),
+        speculative_algorithm=algorithm(tree, "EAGLE3"),
+        _draft_worker=draft_worker(
+            tree,
+            draft_runner=dr,
+            **({"prepare_for_draft_extend": prepare_for_draft_extend} if extend_input else {}),
+        ),
     )
-    bind(
-        path,
-        ns,
-        worker,
-        "_spec_fallback_draft_decode",
-        "_spec_fallback_as_decode",
-        "_spec_fallback_next_draft_input",
-        "_spec_fallback_kv_only_flush",
-    )
+    extend = type(worker)._spec_fallback_draft_extend
     target_hidden = torch.rand(bs, 3 * H)
-    batch = SimpleNamespace(
+    # The batch the worker is given: a ModelWorkerBatch up to 0.5.12, from 0.5.13 (which
+    # has none) the ScheduleBatch itself.
+    batch_values = dict(
         seq_lens=torch.tensor([3, 5, 10]),
         seq_lens_cpu=torch.tensor([3, 5, 10]),
         seq_lens_sum=18,
         out_cache_loc=torch.tensor([3, 45, 90]),
         spec_info="stale",
-        forward_mode="DECODE",
+        forward_mode=forward_mode.DECODE,
     )
-    nxt = SimpleNamespace()
+    if "class ModelWorkerBatch" in (tree / "sglang/srt/managers/schedule_batch.py").read_text():
+        batch = model_worker_batch(tree, **batch_values)
+    else:
+        modes = {"torch": torch, "ForwardMode": forward_mode, "CaptureHiddenMode": capture_mode}
+        batch = release_instance(release_type(tree, "ScheduleBatch", modes), **batch_values)
+    nxt = draft_input_cls()
     extend(worker, batch, torch.tensor([7, 8, 9], dtype=torch.int32), target_hidden, nxt)
 
-    assert seen["attn_backend_at_init"] is plain and seen["planned"] == (None, "DECODE", [4, 6, 11])
+    assert seen["attn_backend_at_init"] is plain and seen["planned"] == (None, forward_mode.DECODE, [4, 6, 11])
     f = seen["forward"]
     assert f["skip"] is True and f["backend"] is plain and f["hidden"] is target_hidden
-    assert f["ids"] == [7, 8, 9] and f["dtype"] == torch.int64 and f["slots"] == [3, 45, 90] and f["capture"] == "FULL"
+    assert f["ids"] == [7, 8, 9] and f["dtype"] == torch.int64 and f["slots"] == [3, 45, 90]
+    assert f["capture"] == capture_mode.FULL
     assert nxt.topk_index.squeeze(1).tolist() == [6, 6, 6] and nxt.hidden_states.shape == (bs, H)
     assert dr.attn_backend == "draft-extend-backend", "the draft runner's backend restored"
     assert batch.seq_lens.tolist() == [3, 5, 10] and batch.seq_lens_sum == 18
@@ -745,13 +792,14 @@ def test_draft_kv_sync_as_a_plain_decode_step(version, patched_release):
     prepare = (
         "prepare_for_draft_extend" if version in ("0.5.14", "0.5.15") else "prepare_for_extend_to_fill_draft_kvcache"
     )
-    with pytest.raises(AttributeError, match=prepare):
-        extend(worker, batch, torch.tensor([7, 8, 9]), target_hidden, SimpleNamespace())
+    with pytest.raises(Reached, match=prepare):
+        extend(worker, batch, torch.tensor([7, 8, 9]), target_hidden, draft_input_cls())
 
     # The flag: on from 16 requests by default, None ('off') turns it off, a number sets the
     # batch size.
-    init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_decode", {})
-    runner = SimpleNamespace(init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "plain")
+    runner = release_object(
+        tree, "ModelRunner", init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "plain"
+    )
     cls = server_args_class(tree, {})
     for flags, expect in (
         ({}, 16),
@@ -759,10 +807,9 @@ def test_draft_kv_sync_as_a_plain_decode_step(version, patched_release):
         ({"speculative_disable_draft_decode_min_bs": 64}, 64),
         ({"speculative_disable_draft_decode_min_bs": 1}, 1),
     ):
-        w = SimpleNamespace(
-            draft_worker=SimpleNamespace(draft_runner=runner), _spec_fallback=fallback_state_class(tree)()
+        w = worker_of(
+            tree, {}, _draft_worker=draft_worker(tree, draft_runner=runner), _spec_fallback=fallback_state_class(tree)()
         )
-        bind(path, {}, w, "_spec_fallback_plain_attn_backend")
-        init(w, server_args(cls, **flags))
+        w._spec_fallback_init_draft_decode(server_args(cls, **flags))
         assert w._spec_fallback.draft_decode_min_bs == expect
         assert w._spec_fallback.draft_attn_backend == ("plain" if expect else None)
