@@ -294,25 +294,78 @@ def test_a_staggered_cell_measures_about_two_request_lifetimes():
         assert 1.8 < lifetimes < 4, (C, lifetimes)
 
 
-def test_staggered_profile_starts_when_the_ramp_is_done():
+def _tokenizer_manager(tree, on_send):
+    """SGLang's TokenizerManager of the release `tree` with its own start_profile and the
+    profile FanOutCommunicator it sends through: the scheduler side is a fake zmq socket
+    that hands each sent request to `on_send` and answers it with a successful
+    ProfileReqOutput, as a scheduler of one rank does. Its event-loop start-up (zmq and
+    signal handlers) is shadowed on the object: there is no scheduler process."""
+    import collections
+    import copy
+    import enum
+    import os
+    import socket
+    import time
+    import typing
+
+    from spectool.testing import load_function
+
+    from .sglang_source import release_class, release_instance, release_type
+
+    io = "sglang/srt/managers/io_struct.py"
+    ns = {"Enum": enum.Enum}
+    profile_type = release_class(tree, io, "ProfileReqType", ns)
+    base = release_class(tree, io, "BaseReq", ns)
+    req_ns = {"BaseReq": base, "ProfileReqType": profile_type}
+    profile_req = release_class(tree, io, "ProfileReq", req_ns)
+    output = release_class(tree, io, "ProfileReqOutput", req_ns)
+    communicator_cls = release_class(
+        tree,
+        "sglang/srt/managers/communicator.py",
+        "FanOutCommunicator",
+        {"T": typing.TypeVar("T"), "asyncio": asyncio, "copy": copy, "deque": collections.deque},
+    )
+    utils = tree / "sglang/srt/utils/common.py"
+    manager_ns = {
+        "time": time,
+        "socket": socket,  # a default argument of one of its methods
+        "ProfileReq": profile_req,
+        "ProfileReqType": profile_type,
+        "get_bool_env_var": load_function(utils, "get_bool_env_var", {"os": os, "_warned_bool_env_var_keys": set()}),
+    }
+    manager = release_instance(release_type(tree, "TokenizerManager", manager_ns), auto_create_handle_loop=lambda: None)
+
+    class Socket:  # zmq's socket, to the scheduler
+        def send_pyobj(self, req):
+            on_send(req)
+            asyncio.get_running_loop().call_soon(communicator.handle_recv, output(success=True, message=""))
+
+    communicator = communicator_cls(Socket(), 1)
+    # init_communicators sets one `NAME_communicator` per entry of the release's list.
+    assert '("profile", ProfileReqOutput)' in (tree / "sglang/srt/managers/tokenizer_control_mixin.py").read_text()
+    manager.profile_communicator = communicator
+    return manager, profile_type
+
+
+@pytest.mark.network
+def test_staggered_profile_starts_when_the_ramp_is_done(cached_release):
     """`--profile-load staggered`: SGLang's profiler is started once, when the last ramp request
     completes, while the measured requests still run, so the profiled steps are the steady
-    serving mix (decode steps and the prefills of arriving requests)."""
-    from types import SimpleNamespace
-
+    serving mix (decode steps and the prefills of arriving requests). The profiler is started
+    through 0.5.12's own TokenizerManager.start_profile, whose START_PROFILE request reaches
+    the scheduler's socket with the worker's settings."""
     eng = BatchEngine()
     calls = []
-
-    async def start_profile(**kw):
-        calls.append((asyncio.get_running_loop().time(), len(eng.running), kw))
-
-    eng.tokenizer_manager = SimpleNamespace(start_profile=start_profile)
+    eng.tokenizer_manager, profile_type = _tokenizer_manager(
+        cached_release("0.5.12"), lambda req: calls.append((asyncio.get_running_loop().time(), len(eng.running), req))
+    )
     loop = _loop()
     try:
         res = loop.run_until_complete(worker.profiled(eng, 8, 16, 4, 40, 0, 1000, 30, "/tmp/x", stagger=True))
     finally:
         loop.close()
-    assert len(calls) == 1 and calls[0][2]["num_steps"] == 30 and calls[0][2]["output_dir"] == "/tmp/x"
+    assert len(calls) == 1 and calls[0][2].num_steps == 30 and calls[0][2].output_dir == "/tmp/x"
+    assert calls[0][2].type == profile_type.START_PROFILE
     assert calls[0][1] >= 6, "started while the load is still at (about) C in flight"
     assert res["stagger"] and res["n"] == 16
 

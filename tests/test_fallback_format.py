@@ -1,4 +1,6 @@
-"""The fallback's decode step on the real patched files, with a simulated target and draft:
+"""The fallback's decode step on the real patched files, on objects of the patched release's
+own classes (EAGLEWorkerV2, its TpModelWorker, EagleDraftWorker, model runners, pools, batches
+and graph runners), with the target's forward and the draft's GPU work simulated:
 the result must be exactly what that release's scheduler reads (0.5.8: stride from the
 worker, padded; 0.5.12: stride 1 from the result), and the verify graph is never left
 installed."""
@@ -6,11 +8,11 @@ installed."""
 from __future__ import annotations
 
 import dataclasses
+import functools
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-from spectool.testing import bind_methods, load_function
 
 from .sglang_source import (
     eagle_draft_input_class,
@@ -19,6 +21,8 @@ from .sglang_source import (
     generation_batch_result_class,
     logits_output_class,
     model_worker_batch,
+    release_instance,
+    release_type,
     request,
     server_args,
     server_args_class,
@@ -46,8 +50,36 @@ def steps(version):
     return SHARED_STEPS + (("_spec_fallback_constant",) if version == "0.5.12" else ())
 
 
-def bind(path, ns, worker, *names):
-    bind_methods(path, "EAGLEWorkerV2", ns, worker, *names)
+def worker_of(tree, ns, **attrs):
+    """The patched release's EAGLEWorkerV2 (its methods, the recipes' included, reading the
+    globals `ns`) holding `attrs`; a fake of one of its methods may be among them."""
+    return release_instance(release_type(tree, "EAGLEWorkerV2", ns, rel=WORKER), **attrs)
+
+
+@functools.cache
+def _release_class(tree: Path, name: str, rel: str | None = None) -> type:
+    import torch
+
+    return release_type(tree, name, {"torch": torch}, rel=rel)
+
+
+def release_object(tree, name, rel=None, **attrs):
+    """An object of the release's class `name` (a model runner, the draft worker, a pool, a
+    graph runner) holding `attrs`: the state, or a fake of a method, that the step reads."""
+    return release_instance(_release_class(tree, name, rel), **attrs)
+
+
+def draft_worker(tree, **attrs):
+    return release_object(tree, "EagleDraftWorker", WORKER, **attrs)
+
+
+def target_worker(tree, model_runner, **attrs):
+    """The target's TpModelWorker: its model_runner is a property over _model_runner."""
+    return release_object(tree, "TpModelWorker", _model_runner=model_runner, **attrs)
+
+
+def algorithm(tree, name):
+    return getattr(_release_class(tree, "SpeculativeAlgorithm"), name)
 
 
 def _types(tree):
@@ -62,10 +94,11 @@ def _types(tree):
     }
 
 
-def _step_worker(tree, version, torch, types, target_forward, algorithm="EAGLE3", ndt=4):
-    """A worker whose target and draft are simulated, with the decode step's methods bound;
-    returns (worker, the step function, the target's model runner, what the draft saw)."""
-    path = tree / WORKER
+def _step_worker(tree, version, torch, types, target_forward, name="EAGLE3", ndt=4):
+    """The release's EAGLEWorkerV2 whose target forward and draft sync are simulated (its
+    target TpModelWorker, draft EagleDraftWorker, model runners and req-to-token pool are
+    the release's classes); returns (worker, the step function, the target's model runner,
+    what the draft saw)."""
     events = SimpleNamespace(Event=lambda: SimpleNamespace(record=lambda: None), current_stream=lambda: None)
     fake_torch = SimpleNamespace(
         **{k: getattr(torch, k) for k in ("int32", "int64", "ones", "full", "softmax")},
@@ -77,23 +110,31 @@ def _step_worker(tree, version, torch, types, target_forward, algorithm="EAGLE3"
         "speculative_moe_backend_context": _null,
         "speculative_moe_a2a_backend_context": _null,
     }
-    decode = load_function(path, "EAGLEWorkerV2._spec_fallback_decode", ns)
-    mr = SimpleNamespace(attn_backend="spec-backend", graph_runner="verify-graph")
+    mr = release_object(tree, "ModelRunner", attn_backend="spec-backend", graph_runner="verify-graph")
     draft = {}
-    worker = SimpleNamespace(
+    worker = worker_of(
+        tree,
+        ns,
         device="cpu",
         speculative_num_draft_tokens=ndt,
-        req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(100).reshape(5, 20).to(torch.int32)),
-        speculative_algorithm=SimpleNamespace(is_standalone=lambda: algorithm == "STANDALONE"),
-        _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
+        req_to_token_pool=release_object(
+            tree, "ReqToTokenPool", req_to_token=torch.arange(100).reshape(5, 20).to(torch.int32)
+        ),
+        speculative_algorithm=algorithm(tree, name),
+        _target_worker=target_worker(tree, mr, forward_batch_generation=target_forward),
         _spec_fallback=fallback_state_class(tree)(
             threshold=0, attn_backend="decode-backend", graph_runner="decode-graph"
         ),
-        draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
+        _draft_worker=draft_worker(
+            tree,
+            draft_tp_context=lambda group: _null(),
+            draft_runner=release_object(tree, "ModelRunner", tp_group=None),
+        ),
         _spec_fallback_draft_extend=lambda *a: draft.setdefault("args", a),
     )
-    bind(path, ns, worker, *steps(version), "_spec_fallback_returns_hidden_states")
-    return worker, decode, mr, draft
+    for step in steps(version):  # the decode step's methods are the patched release's
+        assert callable(getattr(type(worker), step, None)), step
+    return worker, type(worker)._spec_fallback_decode, mr, draft
 
 
 def _decode_batch(tree, types, bonus, tokens, reqs, **values):
@@ -254,8 +295,7 @@ def test_hidden_state_requests_are_seen_on_the_real_batch(version, patched_relea
     batch_fields = {f.name for f in dataclasses.fields(type(model_worker_batch(tree)))}
     assert "return_hidden_states" not in batch_fields and "reqs" in batch_fields
     assert types["EagleDraftInput"]().capture_hidden_mode == types["CaptureHiddenMode"].FULL
-    worker = SimpleNamespace()
-    bind(tree / WORKER, {}, worker, "_spec_fallback_returns_hidden_states", "_spec_fallback_eligible")
+    worker = worker_of(tree, {})
 
     def batch(*hidden, **values):
         return model_worker_batch(
@@ -280,45 +320,54 @@ def test_draft_kv_sync_replays_its_one_token_graph(graph_fits, patched_release):
     way every request counts one accepted token and zero correct drafts."""
     torch = pytest.importorskip("torch")
     tree = patched_release("0.5.12")
-    path = tree / WORKER
     bs, H = 3, 6
     seen = {}
+    draft_input_cls = eagle_draft_input_class(tree)
+    logits_output = logits_output_class(tree)
 
-    class DraftInput(SimpleNamespace):
+    class DraftInput(draft_input_cls):
+        """The release's EagleDraftInput, its preparation of the one-token forward simulated."""
+
         def prepare_for_extend_to_fill_draft_kvcache(self, batch, predict, n, runner_, graph_runner):
             seen["prepare"] = (predict.tolist(), n, graph_runner)
-            return SimpleNamespace(spec_info=self, batch_size=bs)
+            return release_object(tree, "ForwardBatch", spec_info=self, batch_size=bs)
 
-    graph_out = SimpleNamespace(
-        topk_p=torch.rand(8, 1), topk_index=torch.arange(8).unsqueeze(1), hidden_states=torch.rand(8, H)
-    )
+    # The graph's output as the release's replay returns it: a LogitsProcessorOutput that
+    # also holds the draft's top-k.
+    graph_out = logits_output(next_token_logits=None, hidden_states=torch.rand(8, H))
+    graph_out.topk_p, graph_out.topk_index = torch.rand(8, 1), torch.arange(8).unsqueeze(1)
 
-    class Runner:
-        def can_run(self, fb):
-            return graph_fits
+    def can_run(fb):
+        return graph_fits
 
-        def replay(self, fb):
-            seen["replayed"] = (fb.spec_info.num_correct_drafts.tolist(), fb.spec_info.num_accept_tokens.tolist())
-            return graph_out
+    def replay(fb):
+        seen["replayed"] = (fb.spec_info.num_correct_drafts.tolist(), fb.spec_info.num_accept_tokens.tolist())
+        return graph_out
 
     def eager_forward(fb, skip_attn_backend_init):
         seen["eager"] = skip_attn_backend_init
         logits = torch.zeros(bs, 10)
         logits[:, 4] = 5.0
-        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
+        return release_object(
+            tree,
+            "ModelRunnerOutput",
+            logits_output=logits_output(next_token_logits=logits, hidden_states=torch.ones(bs, H)),
+            can_run_graph=False,
+        )
 
     ns = {"torch": torch, "EagleDraftInput": DraftInput, "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
-    extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
-    runner = Runner()
-    worker = SimpleNamespace(
+    runner = release_object(tree, "EAGLEDraftExtendCudaGraphRunner", can_run=can_run, replay=replay)
+    worker = worker_of(
+        tree,
+        ns,
         device="cpu",
         topk=1,
         _spec_fallback=fallback_state_class(tree)(draft_extend_runner=runner),
-        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=eager_forward)),
+        _draft_worker=draft_worker(tree, draft_runner=release_object(tree, "ModelRunner", forward=eager_forward)),
     )
-    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_next_draft_input", "_spec_fallback_kv_only_flush")
-    nxt = SimpleNamespace()
-    extend(worker, SimpleNamespace(seq_lens=torch.tensor([3, 5, 10])), torch.tensor([7, 8, 9]), torch.zeros(bs, H), nxt)
+    nxt = draft_input_cls()
+    batch = model_worker_batch(tree, seq_lens=torch.tensor([3, 5, 10]))
+    worker._spec_fallback_draft_extend(batch, torch.tensor([7, 8, 9]), torch.zeros(bs, H), nxt)
 
     assert seen["prepare"] == ([7, 8, 9], 1, runner), "one token per request, graph runner offered"
     if graph_fits:
@@ -339,7 +388,6 @@ def test_draft_extend_graph_is_captured_at_one_token(version, patched_release):
     import contextlib
 
     tree = patched_release(version)
-    path = tree / WORKER
     state = {"steps": 3}
     seen = {}
 
@@ -369,14 +417,15 @@ def test_draft_extend_graph_is_captured_at_one_token(version, patched_release):
 
     for fail in (False, True):
         ns = {"DraftBackendFactory": Factory, "EAGLEDraftExtendCudaGraphRunner": make_runner(fail)}
-        build = load_function(path, "EAGLEWorkerV2._spec_fallback_build_draft_extend_graph", ns)
-        worker = SimpleNamespace(
+        worker = worker_of(
+            tree,
+            ns,
             topk=1,
             _override_worker_state=override,
             _spec_fallback=fallback_state_class(tree)(),
-            draft_worker=SimpleNamespace(cuda_graph_runner_for_draft_extend="spec-graph", draft_runner=None),
+            _draft_worker=draft_worker(tree, cuda_graph_runner_for_draft_extend="spec-graph", draft_runner=None),
         )
-        bind(path, ns, worker, "_spec_fallback_capture")
+        build = type(worker)._spec_fallback_build_draft_extend_graph
         if fail:
             with pytest.raises(
                 RuntimeError,
@@ -391,11 +440,13 @@ def test_draft_extend_graph_is_captured_at_one_token(version, patched_release):
         assert worker._spec_fallback.draft_extend_runner == (None if fail else "one-token-graph")
     # No spec-path draft-extend graph (backend without support, or --disable-cuda-graph): none built.
     seen.clear()
-    worker = SimpleNamespace(
+    worker = worker_of(
+        tree,
+        ns,
         topk=1,
         _override_worker_state=override,
         _spec_fallback=fallback_state_class(tree)(),
-        draft_worker=SimpleNamespace(cuda_graph_runner_for_draft_extend=None, draft_runner=None),
+        _draft_worker=draft_worker(tree, cuda_graph_runner_for_draft_extend=None, draft_runner=None),
     )
     build(worker, server_args(server_args_class(tree, {})))
     assert worker._spec_fallback.draft_extend_runner is None and "capture" not in seen
@@ -488,7 +539,6 @@ def test_start_up_takes_the_draft_sync_from_server_args(version, flags, min_bs, 
     logged, added to the runner's graph_mem_usage and counted."""
 
     tree = patched_release(version)
-    path = tree / WORKER
     cls = server_args_class(tree, {})
     free = iter([40.0, 39.25])
     logs = []
@@ -498,30 +548,28 @@ def test_start_up_takes_the_draft_sync_from_server_args(version, flags, min_bs, 
         "time": __import__("time"),
     }
     backends = []
-    mr = SimpleNamespace(
+    mr = release_object(
+        tree,
+        "ModelRunner",
         init_new_workspace=False,
         _get_attention_backend=lambda init_new_workspace: "decode-backend",
         graph_mem_usage=1.5,
     )
-    draft_runner = SimpleNamespace(
-        init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: backends.append(1) or "plain"
+    draft_runner = release_object(
+        tree,
+        "ModelRunner",
+        init_new_workspace=False,
+        _get_attention_backend=lambda init_new_workspace: backends.append(1) or "plain",
     )
-    worker = SimpleNamespace(
-        _target_worker=SimpleNamespace(model_runner=mr),
+    worker = worker_of(
+        tree,
+        ns,
+        _target_worker=target_worker(tree, mr),
         device="cuda",
         gpu_id=0,
         _spec_fallback=fallback_state_class(tree)(threshold=32),
-        draft_worker=SimpleNamespace(draft_runner=draft_runner),
+        _draft_worker=draft_worker(tree, draft_runner=draft_runner),
         _spec_fallback_kv_only_unsupported=lambda: None,
-    )
-    bind(
-        path,
-        ns,
-        worker,
-        "_spec_fallback_build",
-        "_spec_fallback_plain_attn_backend",
-        "_spec_fallback_init_draft_decode",
-        "_spec_fallback_init_draft_kv_only",
     )
     worker._spec_fallback_build(
         server_args(cls, speculative_disable_batch_size_threshold=32, disable_cuda_graph=True, **flags)
@@ -549,7 +597,6 @@ def test_graphs_only_for_the_batch_sizes_a_fallback_step_can_have(threshold, hys
     again afterwards, also when a capture fails. The KV-only graphs take their sizes from the
     decode graph's."""
     tree = patched_release("0.5.12")
-    path = tree / WORKER
     cls = server_args_class(tree, {})
     sizes = [1, 2, 4, 8, 12, 16, 24, 32]
     seen = {}
@@ -563,40 +610,46 @@ def test_graphs_only_for_the_batch_sizes_a_fallback_step_can_have(threshold, hys
         )
         if seen.get("fail"):
             raise RuntimeError("CUDA out of memory")
-        return SimpleNamespace(capture_bs=list(mr.server_args.cuda_graph_bs))
+        return release_object(tree, "CudaGraphRunner", capture_bs=list(mr.server_args.cuda_graph_bs))
 
     args = server_args(cls, speculative_disable_batch_size_threshold=threshold, cuda_graph_bs=sizes)
-    ns = {"CudaGraphRunner": runner, "SpeculativeAlgorithm": SimpleNamespace(NONE="NONE")}
+    spec = _release_class(tree, "SpeculativeAlgorithm")
+    ns = {"CudaGraphRunner": runner, "SpeculativeAlgorithm": spec}
 
     def worker():
-        mr = SimpleNamespace(server_args=args, spec_algorithm="EAGLE3")
-        w = SimpleNamespace(
-            _target_worker=SimpleNamespace(model_runner=mr),
+        mr = release_object(tree, "ModelRunner", server_args=args, spec_algorithm=spec.EAGLE3)
+        w = worker_of(
+            tree,
+            ns,
+            _target_worker=target_worker(tree, mr),
             _spec_fallback=fallback_state_class(tree)(
                 threshold=threshold, hysteresis=hysteresis, attn_backend="decode-backend"
             ),
-            speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
-            draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(server_args=args)),
+            speculative_algorithm=spec.EAGLE3,
+            _draft_worker=draft_worker(tree, draft_runner=release_object(tree, "ModelRunner", server_args=args)),
             _spec_fallback_build_draft_extend_graph=lambda a: seen.setdefault("draft", list(a.cuda_graph_bs)),
             _spec_fallback_build_kv_only_graphs=lambda a: seen.setdefault("kv_only", w._spec_fallback.graph_runner),
         )
-        bind(path, ns, w, "_spec_fallback_build_graphs", "_spec_fallback_capture")
         return w, mr
 
     w, mr = worker()
     what = w._spec_fallback_build_graphs(args)
-    assert args.cuda_graph_bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == "EAGLE3"
+    assert (
+        args.cuda_graph_bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == spec.EAGLE3
+    )
     if not want:
         assert "decode" not in seen and w._spec_fallback.graph_runner is None and what.startswith("none")
         return
-    assert seen["decode"] == (want, "decode-backend", "NONE", True), "plain decode graphs with EAGLE-3's capture"
+    assert seen["decode"] == (want, "decode-backend", spec.NONE, True), "plain decode graphs with EAGLE-3's capture"
     assert seen["draft"] == want and seen["kv_only"].capture_bs == want and what == f"batch sizes {want}"
     seen.clear()
     seen["fail"] = True
     w, mr = worker()
     with pytest.raises(RuntimeError, match="could not capture a decode CUDA graph"):
         w._spec_fallback_build_graphs(args)
-    assert args.cuda_graph_bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == "EAGLE3"
+    assert (
+        args.cuda_graph_bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == spec.EAGLE3
+    )
 
 
 @pytest.mark.parametrize("version", ["0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15"])
@@ -608,25 +661,43 @@ def test_draft_kv_sync_as_a_plain_decode_step(version, patched_release):
     the batch and the draft runner left as they were."""
     torch = pytest.importorskip("torch")
     tree = patched_release(version)
-    path = tree / WORKER
     bs, H = 3, 6
     seen = {}
+    forward_mode, capture_mode = forward_modes(tree)
+    # The release's EagleDraftInput and its bases (0.5.15 has no V2 mixin file).
+    spec_names = {
+        "torch": torch,
+        "CaptureHiddenMode": capture_mode,
+        "SpecInputType": release_type(tree, "SpecInputType", rel="sglang/srt/speculative/spec_info.py"),
+    }
+    draft_input_cls = release_type(tree, "EagleDraftInput", spec_names, rel="sglang/srt/speculative/eagle_info.py")
+    logits_output = logits_output_class(tree)
+    forward_batch_cls = _release_class(tree, "ForwardBatch")
 
-    class Backend:
-        def init_forward_metadata(self, fb):
-            seen["planned"] = (fb.spec_info, fb.mode, fb.seq_lens.tolist())
+    class Reached(Exception):
+        """The draft extend's preparation was reached (its GPU work is not simulated)."""
 
-    class ForwardBatch:
-        @staticmethod
-        def init_new(batch, runner):
+    class DraftInput(draft_input_cls):
+        """The release's EagleDraftInput; up to 0.5.13 it prepares the draft extend."""
+
+        def prepare_for_extend_to_fill_draft_kvcache(self, *args):
+            raise Reached("prepare_for_extend_to_fill_draft_kvcache")
+
+    class ForwardBatch(forward_batch_cls):
+        """The release's ForwardBatch, made by init_new from the batch without its GPU work:
+        the fields the draft decode reads."""
+
+        @classmethod
+        def init_new(cls, batch, runner):
             seen["attn_backend_at_init"] = runner.attn_backend
-            return SimpleNamespace(
+            return release_instance(
+                forward_batch_cls,
                 spec_info=batch.spec_info,
-                mode=batch.forward_mode,
+                forward_mode=batch.forward_mode,
                 seq_lens=batch.seq_lens.clone(),
                 input_ids=batch.input_ids,
                 out_cache_loc=batch.out_cache_loc,
-                capture=batch.capture_hidden_mode,
+                capture_hidden_mode=batch.capture_hidden_mode,
             )
 
     def draft_forward(fb, skip_attn_backend_init):
@@ -637,56 +708,80 @@ def test_draft_kv_sync_as_a_plain_decode_step(version, patched_release):
             dtype=fb.input_ids.dtype,
             backend=dr.attn_backend,
             slots=fb.out_cache_loc.tolist(),
-            capture=fb.capture,
+            capture=fb.capture_hidden_mode,
         )
         logits = torch.zeros(bs, 10)
         logits[:, 6] = 3.0
-        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
+        return release_object(
+            tree,
+            "ModelRunnerOutput",
+            logits_output=logits_output(next_token_logits=logits, hidden_states=torch.ones(bs, H)),
+            can_run_graph=False,
+        )
 
     ns = {
         "torch": torch,
-        "EagleDraftInput": lambda **kw: SimpleNamespace(**kw),
+        "EagleDraftInput": DraftInput,
         "ForwardBatch": ForwardBatch,
-        "EagleDraftExtendInput": lambda **kw: SimpleNamespace(**kw),
-        "ForwardMode": SimpleNamespace(DECODE="DECODE"),
-        "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
+        "ForwardMode": forward_mode,
+        "CaptureHiddenMode": capture_mode,
         "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim),
     }
-    extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
-    plain = Backend()
-    dr = SimpleNamespace(attn_backend="draft-extend-backend", forward=draft_forward)
-    worker = SimpleNamespace(
+    extend_input = version in ("0.5.14", "0.5.15")  # from 0.5.14 the draft worker prepares it
+    if extend_input:
+        ns["EagleDraftExtendInput"] = release_type(
+            tree, "EagleDraftExtendInput", spec_names, rel="sglang/srt/speculative/eagle_info.py"
+        )
+
+    def prepare_for_draft_extend(*args):
+        raise Reached("prepare_for_draft_extend")
+
+    # The release's triton attention backend (its kernel-call debug logging left out), its
+    # planning simulated.
+    backend_cls = release_type(tree, "TritonAttnBackend", {"torch": torch, "debug_kernel_api": lambda fn: fn})
+    plain = release_instance(
+        backend_cls,
+        init_forward_metadata=lambda fb: seen.update(planned=(fb.spec_info, fb.forward_mode, fb.seq_lens.tolist())),
+    )
+    dr = release_object(tree, "ModelRunner", attn_backend="draft-extend-backend", forward=draft_forward)
+    worker = worker_of(
+        tree,
+        ns,
         device="cpu",
         topk=1,
         _spec_fallback=fallback_state_class(tree)(draft_decode_min_bs=2, draft_attn_backend=plain),
-        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
-        draft_worker=SimpleNamespace(draft_runner=dr),
+        speculative_algorithm=algorithm(tree, "EAGLE3"),
+        _draft_worker=draft_worker(
+            tree,
+            draft_runner=dr,
+            **({"prepare_for_draft_extend": prepare_for_draft_extend} if extend_input else {}),
+        ),
     )
-    bind(
-        path,
-        ns,
-        worker,
-        "_spec_fallback_draft_decode",
-        "_spec_fallback_as_decode",
-        "_spec_fallback_next_draft_input",
-        "_spec_fallback_kv_only_flush",
-    )
+    extend = type(worker)._spec_fallback_draft_extend
     target_hidden = torch.rand(bs, 3 * H)
-    batch = SimpleNamespace(
+    # The batch the worker is given: a ModelWorkerBatch up to 0.5.12, from 0.5.13 (which
+    # has none) the ScheduleBatch itself.
+    batch_values = dict(
         seq_lens=torch.tensor([3, 5, 10]),
         seq_lens_cpu=torch.tensor([3, 5, 10]),
         seq_lens_sum=18,
         out_cache_loc=torch.tensor([3, 45, 90]),
         spec_info="stale",
-        forward_mode="DECODE",
+        forward_mode=forward_mode.DECODE,
     )
-    nxt = SimpleNamespace()
+    if "class ModelWorkerBatch" in (tree / "sglang/srt/managers/schedule_batch.py").read_text():
+        batch = model_worker_batch(tree, **batch_values)
+    else:
+        modes = {"torch": torch, "ForwardMode": forward_mode, "CaptureHiddenMode": capture_mode}
+        batch = release_instance(release_type(tree, "ScheduleBatch", modes), **batch_values)
+    nxt = draft_input_cls()
     extend(worker, batch, torch.tensor([7, 8, 9], dtype=torch.int32), target_hidden, nxt)
 
-    assert seen["attn_backend_at_init"] is plain and seen["planned"] == (None, "DECODE", [4, 6, 11])
+    assert seen["attn_backend_at_init"] is plain and seen["planned"] == (None, forward_mode.DECODE, [4, 6, 11])
     f = seen["forward"]
     assert f["skip"] is True and f["backend"] is plain and f["hidden"] is target_hidden
-    assert f["ids"] == [7, 8, 9] and f["dtype"] == torch.int64 and f["slots"] == [3, 45, 90] and f["capture"] == "FULL"
+    assert f["ids"] == [7, 8, 9] and f["dtype"] == torch.int64 and f["slots"] == [3, 45, 90]
+    assert f["capture"] == capture_mode.FULL
     assert nxt.topk_index.squeeze(1).tolist() == [6, 6, 6] and nxt.hidden_states.shape == (bs, H)
     assert dr.attn_backend == "draft-extend-backend", "the draft runner's backend restored"
     assert batch.seq_lens.tolist() == [3, 5, 10] and batch.seq_lens_sum == 18
@@ -697,13 +792,14 @@ def test_draft_kv_sync_as_a_plain_decode_step(version, patched_release):
     prepare = (
         "prepare_for_draft_extend" if version in ("0.5.14", "0.5.15") else "prepare_for_extend_to_fill_draft_kvcache"
     )
-    with pytest.raises(AttributeError, match=prepare):
-        extend(worker, batch, torch.tensor([7, 8, 9]), target_hidden, SimpleNamespace())
+    with pytest.raises(Reached, match=prepare):
+        extend(worker, batch, torch.tensor([7, 8, 9]), target_hidden, draft_input_cls())
 
     # The flag: on from 16 requests by default, None ('off') turns it off, a number sets the
     # batch size.
-    init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_decode", {})
-    runner = SimpleNamespace(init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "plain")
+    runner = release_object(
+        tree, "ModelRunner", init_new_workspace=False, _get_attention_backend=lambda init_new_workspace: "plain"
+    )
     cls = server_args_class(tree, {})
     for flags, expect in (
         ({}, 16),
@@ -711,10 +807,9 @@ def test_draft_kv_sync_as_a_plain_decode_step(version, patched_release):
         ({"speculative_disable_draft_decode_min_bs": 64}, 64),
         ({"speculative_disable_draft_decode_min_bs": 1}, 1),
     ):
-        w = SimpleNamespace(
-            draft_worker=SimpleNamespace(draft_runner=runner), _spec_fallback=fallback_state_class(tree)()
+        w = worker_of(
+            tree, {}, _draft_worker=draft_worker(tree, draft_runner=runner), _spec_fallback=fallback_state_class(tree)()
         )
-        bind(path, {}, w, "_spec_fallback_plain_attn_backend")
-        init(w, server_args(cls, **flags))
+        w._spec_fallback_init_draft_decode(server_args(cls, **flags))
         assert w._spec_fallback.draft_decode_min_bs == expect
         assert w._spec_fallback.draft_attn_backend == ("plain" if expect else None)

@@ -2,11 +2,16 @@
 adaptive batch-size tiers. The patched functions of the real 0.5.19 and 0.5.23 sources are
 called with simulated server args, declaring their fields to the release's own resolution
 pipeline (declare_resolution, read back through resolving_view), and the config they write is
-read back with upstream's own loader logic (keys = batch lower bounds)."""
+read back with upstream's own loader logic (keys = batch lower bounds). On 0.5.19 the server
+args are the patched release's own ServerArgs, so a declaration of a name that is not one of
+its fields is refused as the release refuses it; 0.5.23 assembles its ServerArgs as a
+msgspec Struct from the namespaces of arg_groups/fields, which needs msgspec, so there they
+are a plain record holding the same values."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import tempfile
@@ -15,6 +20,8 @@ from types import SimpleNamespace
 import pytest
 
 from spectool.testing import load_function
+
+from .sglang_source import server_args, server_args_class
 
 pytestmark = pytest.mark.network
 HOOK = "sglang/srt/arg_groups/speculative_hook.py"
@@ -33,11 +40,22 @@ class Mapping:
         self.ns["resolving_view"] = load_function(
             arg_groups / "model_override_base.py", "resolving_view", {"ResolvingConfig": view}
         )
-        # is_record (0.5.23) tells a record by msgspec.Struct or dataclass: a plain stand-in
-        # record is neither. No config is published while the hooks run.
-        utils = {"dataclasses": dataclasses, "msgspec": SimpleNamespace(Struct=type("Struct", (), {}))}
-        if "def is_record(" in (arg_groups / "arg_utils.py").read_text():
-            utils["is_record"] = load_function(arg_groups / "arg_utils.py", "is_record", utils)
+        # is_record (0.5.23) tells a record by msgspec.Struct (not installed here: a fake of the
+        # library, which no record is an instance of) or dataclass. field_names is the release's
+        # own: a dataclass ServerArgs is checked against its fields. No config is published
+        # while the hooks run.
+        utils = {
+            "dataclasses": dataclasses,
+            "functools": functools,
+            "msgspec": SimpleNamespace(Struct=type("Struct", (), {})),
+        }
+        for name in ("is_record", "record_fields", "field_names"):
+            if f"def {name}(" in (arg_groups / "arg_utils.py").read_text():
+                utils[name] = load_function(arg_groups / "arg_utils.py", name, utils)
+        # 0.5.19's ServerArgs is a dataclass of the release (0.5.23's a msgspec Struct).
+        self.server_args_class = None
+        if "@dataclasses.dataclass\nclass ServerArgs" in (tree / "sglang/srt/server_args.py").read_text():
+            self.server_args_class = server_args_class(tree, {})
 
         def unpublished():
             raise ValueError("no runtime context yet")
@@ -45,7 +63,7 @@ class Mapping:
         self.ns["declare_resolution"] = load_function(
             arg_groups / "overrides.py",
             "declare_resolution",
-            {**utils, "field_names": lambda cls: frozenset(), "get_context": unpublished},
+            {**utils, "get_context": unpublished},
         )
         self.ns["_spectool_adaptive_tiers"] = load_function(tree / HOOK, "_spectool_adaptive_tiers", self.ns)
         self.fn = load_function(tree / HOOK, "_spectool_threshold_to_adaptive", self.ns)
@@ -62,7 +80,9 @@ def mapping(request, patched_release):
     return Mapping(request.param, patched_release(request.param))
 
 
-def _args(**kw):
+def _args(mapping, **kw):
+    """The server args the hook is given: the release's ServerArgs where it is a dataclass
+    (its defaults, and these values), else a record of these values."""
     base = dict(
         speculative_disable_batch_size_threshold=16,
         speculative_disable_batch_size_hysteresis=0,
@@ -73,6 +93,8 @@ def _args(**kw):
         speculative_eagle_topk=1,
     )
     base.update(kw)
+    if mapping.server_args_class is not None:
+        return server_args(mapping.server_args_class, **base)
     return SimpleNamespace(**base)
 
 
@@ -83,7 +105,7 @@ def _steps_for(cfg, bs):
 
 
 def test_threshold_becomes_steps_zero_tier(mapping):
-    a = _args()
+    a = _args(mapping)
     mapping(a)
     assert mapping.decided(a, "speculative_adaptive") is True
     cfg = json.loads(open(mapping.decided(a, "speculative_adaptive_config")).read())
@@ -92,7 +114,7 @@ def test_threshold_becomes_steps_zero_tier(mapping):
 
 
 def test_threshold_zero_never_drafts(mapping):
-    a = _args(speculative_disable_batch_size_threshold=0)
+    a = _args(mapping, speculative_disable_batch_size_threshold=0)
     mapping(a)
     cfg = json.loads(open(mapping.decided(a, "speculative_adaptive_config")).read())
     assert _steps_for(cfg, 1) == [0] and _steps_for(cfg, 1 << 20) == [0]
@@ -102,21 +124,21 @@ def test_threshold_zero_never_drafts(mapping):
 
 
 def test_unset_flag_changes_nothing_and_conflicts_are_refused(mapping):
-    a = _args(speculative_disable_batch_size_threshold=None)
+    a = _args(mapping, speculative_disable_batch_size_threshold=None)
     mapping(a)
     assert mapping.decided(a, "speculative_adaptive") is False
     assert mapping.decided(a, "speculative_adaptive_config") is None
     with pytest.raises(ValueError, match="do not combine"):
-        mapping(_args(speculative_adaptive_config="/tmp/mine.json"))
+        mapping(_args(mapping, speculative_adaptive_config="/tmp/mine.json"))
     with pytest.raises(ValueError, match=">= 0"):
-        mapping(_args(speculative_disable_batch_size_threshold=-2))
+        mapping(_args(mapping, speculative_disable_batch_size_threshold=-2))
 
 
 @pytest.mark.parametrize("hysteresis", [-1, 16, 17])
 def test_a_hysteresis_the_recipe_refuses_is_refused_here_too(mapping, hysteresis):
     """Upstream's tiers have no hysteresis (it is ignored with a warning), but a value the
     0.5.12 validation refuses is refused here too: a command line means the same on both."""
-    a = _args(speculative_disable_batch_size_hysteresis=hysteresis)
+    a = _args(mapping, speculative_disable_batch_size_hysteresis=hysteresis)
     with pytest.raises(ValueError, match=rf"hysteresis must be 0 or below the threshold \(16\), got {hysteresis}"):
         mapping(a)
     assert mapping.decided(a, "speculative_adaptive") is False
@@ -125,7 +147,7 @@ def test_a_hysteresis_the_recipe_refuses_is_refused_here_too(mapping, hysteresis
 @pytest.mark.parametrize("algo,topk", [("STANDALONE", 1), ("EAGLE3", 4)])
 def test_setups_upstream_cannot_switch_are_refused_loudly(mapping, algo, topk):
     """Upstream turns its tiers off for these (with a warning): the flag would do nothing."""
-    a = _args(speculative_algorithm=algo, speculative_eagle_topk=topk)
+    a = _args(mapping, speculative_algorithm=algo, speculative_eagle_topk=topk)
     with pytest.raises(ValueError, match="support only EAGLE/EAGLE3"):
         mapping(a)
     assert mapping.decided(a, "speculative_adaptive") is False
@@ -137,18 +159,19 @@ def test_written_config_passes_upstreams_own_startup_check(threshold, monkeypatc
     """Upstream's own loader and start-up check (the release's source, not a
     re-implementation) accept the config: the H200 run found that T=0 once failed this check."""
     import sys
+    import types
 
     params = mapping.tree / "sglang/srt/speculative/adaptive_spec_params.py"
     ns = {"json": json, "DEFAULT_ADAPTIVE_CONFIG": {}}
     ns["_load_adaptive_config"] = load_function(params, "_load_adaptive_config", ns)
     resolve = load_function(params, "resolve_candidate_steps_from_config", ns)
-    monkeypatch.setitem(
-        sys.modules,
-        "sglang.srt.speculative.adaptive_spec_params",
-        SimpleNamespace(resolve_candidate_steps_from_config=resolve),
-    )
+    # The hook imports the function from its module: a module of that name holding the
+    # release's own function (the rest of the module needs SGLang's runtime).
+    module = types.ModuleType("sglang.srt.speculative.adaptive_spec_params")
+    module.resolve_candidate_steps_from_config = resolve
+    monkeypatch.setitem(sys.modules, module.__name__, module)
     init = load_function(mapping.tree / HOOK, "_init_adaptive_speculative_params", mapping.ns)
-    a = _args(speculative_disable_batch_size_threshold=threshold)
+    a = _args(mapping, speculative_disable_batch_size_threshold=threshold)
     mapping(a)
     init(a)  # raises ValueError if --speculative-num-steps is not a candidate
     assert mapping.decided(a, "speculative_num_steps") == 3
