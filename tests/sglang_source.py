@@ -368,3 +368,21 @@ def logits_output_class(tree: Path) -> type:
     import torch
 
     return release_class(tree, "sglang/srt/layers/logits_processor.py", "LogitsProcessorOutput", {"torch": torch})
+
+
+ENVIRON = "sglang/srt/environ.py"
+
+
+def release_envs(tree: Path):
+    """The release's own `envs` registry (an Envs() of sglang/srt/environ.py, its entry
+    classes the release's): an entry's get() reads its environment variable as SGLang does,
+    so a test sets the variable (monkeypatch.setenv) to give it a value."""
+    import subprocess
+    import warnings
+
+    ns = {"os": os, "warnings": warnings, "subprocess": subprocess, "json": json}
+    ns["contextmanager"] = contextlib.contextmanager
+    for node in parsed_source(tree / ENVIRON).tree.body:
+        if isinstance(node, ast.ClassDef):
+            ns[node.name] = release_class(tree, ENVIRON, node.name, ns)
+    return ns["Envs"]()

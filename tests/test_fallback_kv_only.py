@@ -8,6 +8,8 @@ concatenation) fails this test."""
 
 from __future__ import annotations
 
+import abc
+import functools
 import typing
 from types import SimpleNamespace
 
@@ -19,12 +21,16 @@ from .sglang_source import (
     fallback_state_class,
     forward_modes,
     model_worker_batch,
+    release_class,
+    release_instance,
+    release_type,
     request,
     server_args,
     server_args_class,
 )
 
 WORKER = "sglang/srt/speculative/eagle_worker_v2.py"
+LLAMA, EAGLE3 = "sglang/srt/models/llama.py", "sglang/srt/models/llama_eagle3.py"
 
 pytestmark = pytest.mark.network
 
@@ -60,76 +66,151 @@ def _modules(torch, fc_norm: bool, sliced: bool = False):
         angle = positions[:, None].float() * 0.37
         return q * torch.cos(angle), k * torch.cos(angle) + torch.sin(angle)
 
-    class UnquantizedLinearMethod:  # the name SGLang's unquantized layers carry
-        pass
-
-    class QKV:
-        weight, bias, quant_method = w_qkv, None, UnquantizedLinearMethod()
-
+    class QKV:  # a linear layer's call: the whole projection
         def __call__(self, x):
             return x @ w_qkv.T, None
 
-    class Attention:
-        def __init__(self, prepare):
-            self.q_size, self.kv_size = q_size, kv_size
-            self.qkv_proj = QKV() if sliced else (lambda x: (x @ w_qkv.T, None))
-            self.rotary_emb = rope
-            self.attn = SimpleNamespace(
-                tp_k_head_num=KV_HEADS,
-                qk_head_dim=HEAD_DIM,
-                tp_v_head_num=KV_HEADS,
-                v_head_dim=HEAD_DIM,
-                k_scale=None,
-                v_scale=None,
+    def attention(tree):
+        """The release's LlamaAttention holding the miniature's projection (`sliced`: the
+        release's QKVParallelLinear, unquantized, with its weight), RoPE and RadixAttention;
+        its forward records the K/V the release's forward_prepare_native makes (in `seen`)."""
+        qkv = QKV()
+        if sliced:
+            qkv = _module(
+                _cls(tree, "QKVParallelLinear"),
+                quant_method=release_instance(_cls(tree, "UnquantizedLinearMethod")),
+                forward=QKV(),
             )
-            self._prepare = prepare
-            self.seen = {}
+            # registered as the release's create_weights and linear layer register them
+            qkv.register_parameter("weight", torch.nn.Parameter(w_qkv, requires_grad=False))
+            qkv.register_parameter("bias", None)
+        seen = {}
 
-        def __call__(self, positions, hidden_states, forward_batch):
-            q, k, v = self._prepare(self, positions, hidden_states)
-            self.seen.update(k=k, v=v, positions=positions)
+        def forward(positions, hidden_states, forward_batch):
+            q, k, v = attn.forward_prepare_native(positions, hidden_states)
+            seen.update(k=k, v=v, positions=positions)
             return torch.zeros(hidden_states.shape[0], H)
 
-    return RMS, Attention
+        radix = release_instance(
+            _cls(tree, "RadixAttention"),
+            tp_k_head_num=KV_HEADS,
+            qk_head_dim=HEAD_DIM,
+            tp_v_head_num=KV_HEADS,
+            v_head_dim=HEAD_DIM,
+            k_scale=None,
+            v_scale=None,
+        )
+        attn = _module(
+            _cls(tree, "LlamaAttention", LLAMA),
+            q_size=q_size,
+            kv_size=kv_size,
+            qkv_proj=qkv,
+            rotary_emb=rope,
+            attn=radix,
+            forward=forward,
+        )
+        return attn, seen
+
+    return RMS, attention
+
+
+@functools.cache
+def _cls(tree, name, rel=None):
+    """The release's class `name` (from `rel`, else the file defining it), its methods
+    reading torch and the typing names they use; on its own bases (torch's nn.Module)."""
+    import torch
+
+    ns = {"torch": torch, "nn": torch.nn, "abc": abc, "Optional": typing.Optional, "Tuple": tuple, "_is_npu": False}
+    if rel == EAGLE3 and name == "LlamaDecoderLayer":  # the EAGLE-3 layer, on llama's own
+        return release_class(tree, rel, name, {**ns, name: _cls(tree, name, LLAMA)})
+    if name in ("EagleDraftInput", "ScheduleBatch"):  # their default capture mode
+        ns["CaptureHiddenMode"] = _cls(tree, "CaptureHiddenMode")
+    base = tree / "sglang/srt/speculative/base_spec_worker.py"
+    if name in ("EAGLEWorkerV2", "EagleDraftWorker") and "class HiCacheDraftPlan" in base.read_text():
+        # the workers' bases hold a default plan (0.5.18)
+        rel_base = str(base.relative_to(tree))
+        ns["HiCacheDraftMode"] = release_class(tree, rel_base, "HiCacheDraftMode", ns)
+        ns["HiCacheDraftPlan"] = release_class(tree, rel_base, "HiCacheDraftPlan", ns)
+    if name == "RadixAttention":  # its default attention type, from its own module
+        ns["AttentionType"] = _cls(tree, "AttentionType", "sglang/srt/layers/radix_attention.py")
+    return release_type(tree, name, ns, rel=rel)
+
+
+def _module(cls, **attrs):
+    """An object of a release class that is a torch module, made without its __init__ (which
+    needs the model config and the parallel groups) but callable as a module: release_instance
+    sets `attrs`, then torch's own Module.__init__ runs."""
+    import torch
+
+    obj = release_instance(cls, **attrs)
+    torch.nn.Module.__init__(obj)
+    return obj
 
 
 def _eagle3_model(torch, tree, fc_norm: bool, sliced: bool = False, input_norm: bool = False):
-    RMS, Attention = _modules(torch, fc_norm, sliced)
-    models = tree / "sglang/srt/models"
-    typing_ns = {
-        "torch": torch,
-        "Optional": typing.Optional,
-        "Tuple": tuple,
-        "ForwardBatch": object,
-        "PPProxyTensors": object,
-    }
-    prepare = load_function(models / "llama.py", "LlamaAttention.forward_prepare_native", typing_ns)
-    layer_forward = load_function(models / "llama_eagle3.py", "LlamaDecoderLayer.forward", typing_ns)
-    model_forward = load_function(models / "llama_eagle3.py", "LlamaModel.forward", typing_ns)
-
-    class Layer:
-        is_input_layer = True
-
-        def __init__(self):
-            self.hidden_norm, self.input_layernorm, self.post_attention_layernorm = RMS(H), RMS(H), RMS(H)
-            self.self_attn = Attention(prepare)
-            self.mlp = lambda x: x
-
-        def __call__(self, *args):
-            return layer_forward(self, *args)
-
-    model = SimpleNamespace(
+    """The release's LlamaForCausalLMEagle3 around its own EAGLE-3 LlamaModel with one real
+    LlamaDecoderLayer, holding the miniature's weights; and the LlamaModel's own forward."""
+    RMS, attention = _modules(torch, fc_norm, sliced)
+    self_attn, seen = attention(tree)
+    layer = _module(
+        _cls(tree, "LlamaDecoderLayer", EAGLE3),
+        is_input_layer=True,
+        hidden_norm=RMS(H),
+        input_layernorm=RMS(H),
+        post_attention_layernorm=RMS(H),
+        self_attn=self_attn,
+        mlp=lambda x: x,
+    )
+    values = dict(
         embed_tokens=torch.nn.Embedding(V, H),
         fc=torch.nn.Linear(3 * H, H, bias=False),
         fc_norm=torch.nn.ModuleList([RMS(H) for _ in range(3)]) if fc_norm else None,
-        input_norm=RMS(3 * H) if input_norm else None,  # norm_before_fc heads (0.5.17+)
         num_aux_hidden_states=3,
-        layers=[Layer()],
+        layers=[layer],
         norm=RMS(H),
         norm_output=False,
         is_mrope_enabled=False,
     )
-    return model, lambda *a, **kw: model_forward(model, *a, **kw)
+    if "self.input_norm" in (tree / EAGLE3).read_text():  # norm_before_fc heads (0.5.17+)
+        values["input_norm"] = RMS(3 * H) if input_norm else None
+    model = release_instance(_cls(tree, "LlamaModel", EAGLE3), **values)
+    return model, model.forward, seen
+
+
+def _draft_worker(tree, model, pool=None, **attrs):
+    """The release's EagleDraftWorker whose draft model runner (a real ModelRunner) runs the
+    release's LlamaForCausalLMEagle3 around `model` and writes the draft KV into `pool`."""
+    runner = release_instance(
+        _cls(tree, "ModelRunner", "sglang/srt/model_executor/model_runner.py"),
+        model=release_instance(_cls(tree, "LlamaForCausalLMEagle3"), model=model),
+        **({} if pool is None else {"token_to_kv_pool": pool}),
+    )
+    return release_instance(_cls(tree, "EagleDraftWorker", WORKER), draft_runner=runner, **attrs)
+
+
+def _batch_class(tree):
+    """What the release's worker steps over: a ModelWorkerBatch, from 0.5.13 a ScheduleBatch."""
+    try:
+        return _cls(tree, "ModelWorkerBatch")
+    except KeyError:
+        return _cls(tree, "ScheduleBatch")
+
+
+def _kv_pool(tree, set_kv_buffer):
+    """The release's MHATokenToKVPool, its set_kv_buffer the test's."""
+    return release_instance(_cls(tree, "MHATokenToKVPool"), set_kv_buffer=set_kv_buffer)
+
+
+def _worker(tree, ns=None, **attrs):
+    """The patched release's EAGLEWorkerV2 (the recipe's methods with it), its methods'
+    globals torch and `ns`, holding `attrs`."""
+    import torch
+
+    if ns is None:
+        cls = _cls(tree, "EAGLEWorkerV2", WORKER)
+    else:
+        cls = release_type(tree, "EAGLEWorkerV2", {"torch": torch, **ns}, rel=WORKER)
+    return release_instance(cls, **attrs)
 
 
 @pytest.mark.parametrize(
@@ -142,50 +223,36 @@ def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sliced, input_norm, 
     tree = patched_release(version)
     if input_norm and "self.input_norm" not in (tree / "sglang/srt/models/llama_eagle3.py").read_text():
         pytest.skip("this release's EAGLE-3 head has no norm before fc")
-    model, forward = _eagle3_model(torch, tree, fc_norm, sliced, input_norm)
+    model, forward, ref = _eagle3_model(torch, tree, fc_norm, sliced, input_norm)
     tokens = torch.tensor([7, 8, 9], dtype=torch.int32)
     target_hidden = torch.randn(BS, 3 * H)
     pre_step = torch.tensor([3, 5, 10])
 
     # The release's own draft forward for these tokens: position = the pre-step length
     # (a decode step's position is seq_len - 1 after the step).
-    fb = SimpleNamespace(
+    fb = release_instance(
+        _cls(tree, "ForwardBatch"),
         mm_input_embeds=None,
-        forward_mode=SimpleNamespace(is_extend=lambda: False),
+        forward_mode=forward_modes(tree)[0].DECODE,
         contains_mm_inputs=lambda: False,
-        spec_info=SimpleNamespace(hidden_states=target_hidden),
+        spec_info=release_instance(_cls(tree, "EagleDraftInput"), hidden_states=target_hidden),
     )
     with torch.no_grad():
         forward(tokens.to(torch.int64), pre_step, fb)
-    ref = model.layers[0].self_attn.seen
     assert ref["positions"] is pre_step
 
     writes = []
-    pool = SimpleNamespace(set_kv_buffer=lambda *a: writes.append(a))
-    worker = SimpleNamespace(
+    worker = _worker(
+        tree,
         device="cpu",
         topk=1,
-        _spec_fallback=fallback_state_class(tree)(),
-        draft_worker=SimpleNamespace(
-            draft_runner=SimpleNamespace(model=SimpleNamespace(model=model), token_to_kv_pool=pool)
-        ),
+        _spec_fallback=fallback_state_class(tree)(),  # no graphs: eager
+        _draft_worker=_draft_worker(tree, model, _kv_pool(tree, lambda *a: writes.append(a))),
     )
-    kv_only = load_function(tree / WORKER, "EAGLEWorkerV2._spec_fallback_draft_kv_only", {"torch": torch})
-    bind_methods(
-        tree / WORKER,
-        "EAGLEWorkerV2",
-        {"torch": torch},
-        worker,
-        "_spec_fallback_kv_only_stash",
-        "_spec_fallback_kv_only_flush",
-        "_spec_fallback_kv_only_write",
-        "_spec_fallback_zero_draft_input",
-        "_spec_fallback_constant",
-    )  # no graphs: eager
-    batch = SimpleNamespace(seq_lens=pre_step.clone(), out_cache_loc=torch.tensor([3, 45, 90]))
-    nxt = SimpleNamespace()
+    batch = release_instance(_batch_class(tree), seq_lens=pre_step.clone(), out_cache_loc=torch.tensor([3, 45, 90]))
+    nxt = release_instance(_cls(tree, "EagleDraftInput"))
     with torch.no_grad():
-        kv_only(worker, batch, tokens, target_hidden, nxt)
+        worker._spec_fallback_draft_kv_only(batch, tokens, target_hidden, nxt)
 
     ((layer, loc, k, v, k_scale, v_scale),) = writes
     attn = model.layers[0].self_attn.attn
@@ -203,7 +270,9 @@ def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sliced, input_norm, 
     writes.clear()
     batch.seq_lens = pre_step + 1
     with torch.no_grad():
-        kv_only(worker, batch, tokens, target_hidden, SimpleNamespace())
+        worker._spec_fallback_draft_kv_only(
+            batch, tokens, target_hidden, release_instance(_cls(tree, "EagleDraftInput"))
+        )
     assert not torch.allclose(writes[0][2].reshape(BS, -1), ref["k"], atol=1e-6)
 
 
@@ -411,7 +480,7 @@ def test_deferred_kv_only_writes_equal_the_step_by_step_ones(version, patched_re
     per replay. The pools must be equal, and differ from a run that drops a step."""
     torch = pytest.importorskip("torch")
     tree = patched_release(version)
-    model, _ = _eagle3_model(torch, tree, fc_norm=True, sliced=True)
+    model, _, _ = _eagle3_model(torch, tree, fc_norm=True, sliced=True)
     torch.manual_seed(3)
     steps = []
     for n, first in ((5, 0), (4, 5), (6, 9), (3, 15)):
@@ -628,7 +697,7 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_
     torch = pytest.importorskip("torch")
     tree = patched_release("0.5.12")
     path = tree / WORKER
-    model, forward = _eagle3_model(torch, tree, fc_norm=False, sliced=sliced)
+    model, forward, ref = _eagle3_model(torch, tree, fc_norm=False, sliced=sliced)
     ns = {
         "torch": torch,
         "EagleDraftInput": lambda **kw: SimpleNamespace(**kw),
@@ -654,7 +723,6 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_
             target_hidden,
             tokens,
         )
-    ref = model.layers[0].self_attn.seen
 
     writes = []
     pool = SimpleNamespace(set_kv_buffer=lambda *a: writes.append(a))

@@ -1,29 +1,34 @@
 """The 0.5.12 recipes on the real SGLang 0.5.12 sources (fetched from the package index):
 apply, second apply is a no-op, revert, compile, no undefined names; and the patched
-functions' logic, called with simulated collaborators."""
+functions' logic, called on objects of the release's own classes (its workers, model runner,
+model classes, batches, draft input and envs registry)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
 import os
 import threading
 import time
-from types import SimpleNamespace
 from typing import Optional
 
 import pytest
 
 from spectool import api
-from spectool.testing import bind_methods, function_source, load_function
+from spectool.testing import function_source, load_function
 
 from .sglang_source import (
     disable_flags_parser,
+    eagle_draft_input_class,
     fallback_state_class,
     forward_modes,
     model_worker_batch,
+    release_envs,
+    release_instance,
+    release_type,
     request,
     server_args,
     server_args_class,
@@ -81,19 +86,17 @@ def test_check_on_pristine_and_patched(cached_release, patched):
     assert chk.ok and {r.status for r in chk.plan.results} == {"already-applied"}
 
 
-class _Envs:
-    class SGLANG_ENABLE_SPEC_V2:  # noqa: N801
-        value = True
-
-        @classmethod
-        def get(cls):
-            return cls.value
+@pytest.fixture(autouse=True)
+def spec_v2(monkeypatch):
+    """The overlap (spec v2) worker the fallback needs, on in the release's envs registry."""
+    monkeypatch.setenv("SGLANG_ENABLE_SPEC_V2", "true")
 
 
 @pytest.fixture(scope="module")
 def server_args_cls(patched):
-    """The patched release's own ServerArgs (its validation method included)."""
-    return server_args_class(patched, {"envs": _Envs, "logger": logging.getLogger("test")})
+    """The patched release's own ServerArgs (its validation method included), reading the
+    release's own envs registry."""
+    return server_args_class(patched, {"envs": release_envs(patched), "logger": logging.getLogger("test")})
 
 
 def _args(cls, **kw):
@@ -231,28 +234,26 @@ def test_flags_sit_with_the_speculative_ones(patched):
     assert src.index('"--speculative-disable-batch-size-threshold"') > at
 
 
-def _worker(patched, server_args_cls, threshold=4, hysteresis=0, **ns):
-    """A worker after the recipe's own _spec_fallback_init, given T and H as server args (the
-    era's start-up, which captures CUDA graphs, left out): its state and counters are the
-    ones the engine starts with."""
+def _worker_class(patched, name="EAGLEWorkerV2", state_cls=None):
+    """The patched release's worker class (EAGLEWorkerV2 or StandaloneWorkerV2), the
+    recipe's methods included."""
     namespace = {
         "logger": logging.getLogger("test"),
         "os": os,
-        **ns,
-        "SpecFallbackState": fallback_state_class(patched),
+        "SpecFallbackState": state_cls or fallback_state_class(patched),
     }
-    w = SimpleNamespace(
-        tp_rank=0, _spec_fallback_build=lambda server_args: None, _spec_fallback_refuse_unsupported_models=lambda: None
-    )
-    bind_methods(
-        patched / WORKER,
-        "EAGLEWorkerV2",
-        namespace,
-        w,
-        "_spec_fallback_init",
-        "_spec_fallback_eligible",
-        "_spec_fallback_should_run",
-        "_spec_fallback_on_verify",
+    return release_type(patched, name, namespace)
+
+
+def _worker(patched, server_args_cls, threshold=4, hysteresis=0):
+    """A real EAGLEWorkerV2 after the recipe's own _spec_fallback_init, given T and H as
+    server args (the era's start-up, which captures CUDA graphs and checks the models, left
+    out): its state and counters are the ones the engine starts with."""
+    w = release_instance(
+        _worker_class(patched),
+        tp_rank=0,
+        _spec_fallback_build=lambda server_args: None,
+        _spec_fallback_refuse_unsupported_models=lambda: None,
     )
     w._spec_fallback_init(
         server_args(
@@ -261,7 +262,6 @@ def _worker(patched, server_args_cls, threshold=4, hysteresis=0, **ns):
             speculative_disable_batch_size_hysteresis=hysteresis,
         )
     )
-    w.should, w.on_verify = w._spec_fallback_should_run, w._spec_fallback_on_verify
     return w
 
 
@@ -287,7 +287,7 @@ def _batch(tree, bs, hidden=False, idle=False, **values):
 def test_decision_threshold_and_hysteresis(patched, server_args_cls):
     w = _worker(patched, server_args_cls, threshold=4, hysteresis=2)
     seq = [1, 4, 5, 8, 4, 3, 2, 3, 5]
-    got = [w.should(_batch(patched, bs)) for bs in seq]
+    got = [w._spec_fallback_should_run(_batch(patched, bs)) for bs in seq]
     # on above 4; stays on until the batch is <= 4 - 2 = 2; off again above 4
     assert got == [False, False, True, True, True, True, False, False, True]
     s = w._spec_fallback.stats
@@ -301,11 +301,11 @@ def test_every_decode_batch_may_fall_back(patched, server_args_cls):
     decode step serves them); a batch with no draft input yet and an idle batch stay on the
     speculative path."""
     w = _worker(patched, server_args_cls, threshold=0)
-    assert w.should(_batch(patched, 8)) is True
+    assert w._spec_fallback_should_run(_batch(patched, 8)) is True
     for kw in (dict(has_grammar=True), dict(return_logprob=True), dict(hidden=True)):
-        assert w.should(_batch(patched, 8, **kw)) is True, kw
+        assert w._spec_fallback_should_run(_batch(patched, 8, **kw)) is True, kw
     for kw in (dict(spec_info=None), dict(idle=True)):
-        assert w.should(_batch(patched, 8, **kw)) is False, kw
+        assert w._spec_fallback_should_run(_batch(patched, 8, **kw)) is False, kw
 
 
 def test_ranks_decide_alike(patched, server_args_cls):
@@ -315,24 +315,14 @@ def test_ranks_decide_alike(patched, server_args_cls):
     rng = random.Random(0)
     batches = [_batch(patched, rng.randint(1, 12), has_grammar=rng.random() < 0.1) for _ in range(500)]
     a, b = _worker(patched, server_args_cls, 6, 2), _worker(patched, server_args_cls, 6, 2)
-    assert [a.should(x) for x in batches] == [b.should(x) for x in batches]
+    assert [a._spec_fallback_should_run(x) for x in batches] == [b._spec_fallback_should_run(x) for x in batches]
 
 
 def test_without_the_flag_nothing_is_counted_or_built(patched, server_args_cls):
     """The patch without the flag: no start-up work, the decision declines every step, the
     verify-complete hook counts nothing."""
     built = []
-    ns = {"logger": logging.getLogger("test"), "os": os, "SpecFallbackState": fallback_state_class(patched)}
-    w = SimpleNamespace(tp_rank=0, _spec_fallback_build=built.append)
-    bind_methods(
-        patched / WORKER,
-        "EAGLEWorkerV2",
-        ns,
-        w,
-        "_spec_fallback_init",
-        "_spec_fallback_should_run",
-        "_spec_fallback_on_verify",
-    )
+    w = release_instance(_worker_class(patched), tp_rank=0, _spec_fallback_build=built.append)
     w._spec_fallback_init(server_args(server_args_cls))
     assert w._spec_fallback_should_run(_batch(patched, 64)) is False
     w._spec_fallback_on_verify([1, 2])
@@ -346,20 +336,22 @@ def test_one_rank_writes_the_stats_file(patched, server_args_cls, monkeypatch, t
     published = []
     monkeypatch.setattr(state_cls, "publish_stats", lambda self, path: published.append((self, path)))
     monkeypatch.setenv("SPECTOOL_FALLBACK_STATS", str(tmp_path / "stats.json"))
-    ns = {"logger": logging.getLogger("test"), "os": os, "SpecFallbackState": state_cls}
-    init = load_function(patched / WORKER, "EAGLEWorkerV2._spec_fallback_init", ns)
+    eagle, standalone = (_worker_class(patched, name, state_cls) for name in ("EAGLEWorkerV2", "StandaloneWorkerV2"))
+    target = release_type(patched, "TpModelWorker")
     args = server_args(server_args_cls, speculative_disable_batch_size_threshold=4)
+    skipped = {
+        "_spec_fallback_build": lambda server_args: None,
+        "_spec_fallback_refuse_unsupported_models": lambda: None,
+    }
     paths = {}
     for kind, rank in (("eagle", 0), ("eagle", 1), ("standalone", 0), ("standalone", 1)):
         w = (
-            SimpleNamespace(tp_rank=rank)
+            release_instance(eagle, tp_rank=rank, **skipped)
             if kind == "eagle"
-            else SimpleNamespace(_target_worker=SimpleNamespace(tp_rank=rank))
+            else release_instance(standalone, _target_worker=release_instance(target, tp_rank=rank), **skipped)
         )
-        w._spec_fallback_build = lambda server_args: None
-        w._spec_fallback_refuse_unsupported_models = lambda: None
         published.clear()
-        init(w, args)
+        w._spec_fallback_init(args)
         paths[kind, rank] = [(p, s is w._spec_fallback) for s, p in published]
     mine = [(str(tmp_path / "stats.json"), True)]
     assert paths == {("eagle", 0): mine, ("eagle", 1): [], ("standalone", 0): mine, ("standalone", 1): []}
@@ -408,9 +400,9 @@ def test_counters_read_after_a_workload_are_exact(patched, tmp_path):
 def test_acceptance_is_counted_per_phase(patched, server_args_cls):
     w = _worker(patched, server_args_cls, threshold=4)
     for bs in (2, 2, 8, 8, 2):
-        w.should(_batch(patched, bs))
+        w._spec_fallback_should_run(_batch(patched, bs))
     for drafts in ([3, 3], [2, 3], [0] * 8, [0] * 8, [3, 2]):
-        w.on_verify(drafts)
+        w._spec_fallback_on_verify(drafts)
     ph = w._spec_fallback.stats["phases"]
     assert [(p["mode"], p["reqs"], p["correct_drafts"]) for p in ph] == [
         ("spec", 4, 11),
@@ -435,12 +427,13 @@ def test_future_map_reads_an_unfiltered_batch_as_views_and_gathers_the_rest(patc
         chunked_prefill_size=8,
         context_len=16,
         device="cpu",
-        spec_algo=SimpleNamespace(is_none=lambda: False),
+        spec_algo=release_type(patched, "SpeculativeAlgorithm").EAGLE3,
     )
     torch.manual_seed(0)
+    draft_input = eagle_draft_input_class(patched)
 
     def stored(bs):
-        draft = SimpleNamespace(
+        draft = draft_input(
             topk_p=torch.rand(bs, 1),
             topk_index=torch.randint(0, 99, (bs, 1)),
             bonus_tokens=torch.randint(0, 99, (bs,), dtype=torch.int32),
@@ -459,8 +452,8 @@ def test_future_map_reads_an_unfiltered_batch_as_views_and_gathers_the_rest(patc
             pass
 
     def resolve(indices, interval):
-        got = SimpleNamespace(future_indices=future_indices(indices=indices.as_subclass(CpuIndices), interval=interval))
-        fm.resolve_future(SimpleNamespace(spec_info=got))
+        got = draft_input(future_indices=future_indices(indices=indices.as_subclass(CpuIndices), interval=interval))
+        fm.resolve_future(model_worker_batch(patched, spec_info=got))
         return got
 
     def is_view(t, name):
@@ -510,42 +503,90 @@ def test_the_fallback_memory_is_reserved_where_sglang_reserves_its_graphs(patche
         assert scope["reserved_mem"] == want
 
 
-class _Runner:
-    """The two model-runner properties SGLang's own verify reads to tell a hybrid
-    linear-attention target (ModelRunner.hybrid_gdn_config / mamba2_config)."""
+RUNNER = "sglang/srt/model_executor/model_runner.py"
 
-    def __init__(self, gdn=None, mamba=None):
-        self.hybrid_gdn_config, self.mamba2_config = gdn, mamba
+
+class PretrainedConfig:
+    """transformers' base of every model config (transformers is not installed here): the
+    text config of a plain model is the config itself."""
+
+    def get_text_config(self):
+        return self
+
+
+@functools.cache
+def _runner_classes(tree):
+    """The release's ModelRunner, ModelConfig and the model configs ModelRunner's
+    hybrid_gdn_config and mamba2_config properties test a model's config against."""
+    import ast
+
+    names = {
+        n.id
+        for prop in ("hybrid_gdn_config", "mamba2_config")
+        for n in ast.walk(ast.parse(function_source(tree / RUNNER, f"ModelRunner.{prop}")))
+        if isinstance(n, ast.Name) and n.id.endswith("Config")
+    }
+    configs = {name: release_type(tree, name, {"PretrainedConfig": PretrainedConfig}) for name in names}
+    model_config = release_type(
+        tree, "ModelConfig", {"ModelImpl": release_type(tree, "ModelImpl")}, rel="sglang/srt/configs/model_config.py"
+    )
+    return release_type(tree, "ModelRunner", configs, rel=RUNNER), model_config, configs
+
+
+def _target_runner(tree, config):
+    """A real ModelRunner of the release serving a model whose HF config is the release's own
+    `config` class (None: a plain transformers config); its hybrid_gdn_config and mamba2_config
+    properties, which SGLang's own verify reads, answer from that config."""
+    runner, model_config, configs = _runner_classes(tree)
+    hf_config = release_instance(configs[config]) if config else PretrainedConfig()
+    return release_instance(
+        runner, model_config=release_instance(model_config, hf_config=hf_config), is_draft_worker=False
+    )
+
+
+@functools.cache
+def _model_class(tree, name):
+    """The release's model class `name` (on its own bases, torch's nn.Module among them)."""
+    import torch
+
+    mapper = release_type(tree, "WeightsMapper", rel="sglang/srt/models/utils.py")
+    return release_type(tree, name, {"torch": torch, "nn": torch.nn, "WeightsMapper": mapper})
 
 
 @pytest.mark.parametrize(
     "target,draft,msg",
     [
-        (_Runner(gdn=object()), "LlamaForCausalLMEagle3", "hybrid linear-attention targets"),
-        (_Runner(mamba=object()), "LlamaForCausalLMEagle3", "hybrid linear-attention targets"),
-        (_Runner(), "DeepseekV3ForCausalLMNextN", "NEXTN/MTP drafts (the draft model is DeepseekV3ForCausalLMNextN"),
-        (_Runner(), "Qwen3NextForCausalLMMTP", "NEXTN/MTP drafts"),
-        (_Runner(), "LlamaForCausalLMEagle3", None),
-        (_Runner(), "LlamaForCausalLM", None),
+        ("Qwen3NextConfig", "LlamaForCausalLMEagle3", "hybrid linear-attention targets"),
+        ("FalconH1Config", "LlamaForCausalLMEagle3", "hybrid linear-attention targets"),
+        (None, "DeepseekV3ForCausalLMNextN", "NEXTN/MTP drafts (the draft model is DeepseekV3ForCausalLMNextN"),
+        (None, "Qwen3NextForCausalLMMTP", "NEXTN/MTP drafts"),
+        (None, "LlamaForCausalLMEagle3", None),
+        (None, "LlamaForCausalLM", None),
     ],
 )
 def test_start_up_refuses_models_the_fallback_cannot_serve(target, draft, msg, patched):
     """Hybrid GDN/Mamba targets (a fallback step would not update the recurrent state that
-    the speculative path updates after verify) and NEXTN/MTP drafts stop the server at
-    start-up with one message each; EAGLE-3 heads and STANDALONE drafts start."""
+    the speculative path updates after verify; here a Qwen3-Next and a Falcon-H1 config) and
+    NEXTN/MTP drafts stop the server at start-up with one message each; EAGLE-3 heads and
+    STANDALONE drafts start. The worker, its target and draft workers, their model runners
+    and the draft model are objects of the release's own classes."""
     import re
 
-    refuse = load_function(patched / WORKER, "EAGLEWorkerV2._spec_fallback_refuse_unsupported_models", {})
-    model = type(draft, (), {})()
-    worker = SimpleNamespace(
-        _target_worker=SimpleNamespace(model_runner=target),
-        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(model=model)),
+    runner = _target_runner(patched, target)
+    assert (runner.hybrid_gdn_config is not None or runner.mamba2_config is not None) == (target is not None)
+    draft_runner = release_instance(_runner_classes(patched)[0], model=release_instance(_model_class(patched, draft)))
+    worker = release_instance(
+        _worker_class(patched),
+        _target_worker=release_instance(release_type(patched, "TpModelWorker"), _model_runner=runner),
+        _draft_worker=release_instance(
+            release_type(patched, "EagleDraftWorker", rel=WORKER), draft_runner=draft_runner
+        ),
     )
     if msg is None:
-        refuse(worker)
+        worker._spec_fallback_refuse_unsupported_models()
     else:
         with pytest.raises(ValueError, match=re.escape(msg)):
-            refuse(worker)
+            worker._spec_fallback_refuse_unsupported_models()
     assert "model_runner.hybrid_gdn_config is not None" in (patched / WORKER).read_text(), (
         "the release's own verify tells hybrid targets by these properties"
     )

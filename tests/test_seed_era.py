@@ -1,7 +1,8 @@
 """Seed-era variants (0.5.6.post2 to 0.5.10) on the real fetched releases. These SGLang
 versions pin torch 2.8/2.9 and cannot run on the project's H200 image, so they are checked
 by applying, compiling, the undefined-name check (the plan does both), and by calling the
-patched functions with their collaborators simulated."""
+patched functions on objects of the release's own classes (its worker, ServerArgs and envs
+registry), with fakes only for the GPU libraries (triton, DeepGEMM)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,15 @@ import pytest
 
 from spectool.testing import load_function
 
-from .sglang_source import disable_flags_parser, server_args, server_args_class
+from .sglang_source import (
+    WORKER,
+    disable_flags_parser,
+    release_envs,
+    release_instance,
+    release_type,
+    server_args,
+    server_args_class,
+)
 
 pytestmark = pytest.mark.network
 
@@ -74,12 +83,16 @@ def test_sm120_fp8_dispatch_uses_triton(trees):
 
 
 @pytest.mark.parametrize("version", ["0.5.6.post2", "0.5.8", "0.5.10"])
-def test_deepgemm_opt_out(trees, version):
+def test_deepgemm_opt_out(trees, version, monkeypatch):
+    """The release's own envs registry, with SGLANG_ENABLE_JIT_DEEPGEMM at its default (on):
+    the patched configurer turns DeepGEMM off on SM120 only."""
     import sys
     import types
 
     sys.modules.setdefault("deep_gemm", types.ModuleType("deep_gemm"))
-    env = SimpleNamespace(SGLANG_ENABLE_JIT_DEEPGEMM=SimpleNamespace(get=lambda: True))
+    monkeypatch.delenv("SGLANG_ENABLE_JIT_DEEPGEMM", raising=False)
+    env = release_envs(trees[version])
+    assert env.SGLANG_ENABLE_JIT_DEEPGEMM.get() is True
     path = trees[version] / "sglang/srt/layers/deep_gemm_wrapper/configurer.py"
     for sm, want in ((120, False), (90, True), (100, True), (80, False)):
         fn = load_function(
@@ -90,8 +103,9 @@ def test_deepgemm_opt_out(trees, version):
         assert fn() is want, (version, sm)
 
 
-def test_seed_validation_tells_how_to_enable_spec_v2(trees):
-    env = SimpleNamespace(SGLANG_ENABLE_SPEC_V2=SimpleNamespace(get=lambda: False))
+def test_seed_validation_tells_how_to_enable_spec_v2(trees, monkeypatch):
+    monkeypatch.setenv("SGLANG_ENABLE_SPEC_V2", "false")
+    env = release_envs(trees["0.5.8"])
     cls = server_args_class(trees["0.5.8"], {"envs": env, "logger": logging.getLogger("t")})
     args = server_args(
         cls, speculative_disable_batch_size_threshold=8, speculative_algorithm="EAGLE3", speculative_eagle_topk=1
@@ -101,10 +115,11 @@ def test_seed_validation_tells_how_to_enable_spec_v2(trees):
 
 
 @pytest.mark.parametrize("version", ["0.5.6.post2", "0.5.10"])
-def test_seed_has_the_same_flags_and_refuses_the_same_values(trees, version):
+def test_seed_has_the_same_flags_and_refuses_the_same_values(trees, version, monkeypatch):
     """The era's ServerArgs takes every flag 0.5.12 has (a command line works on both) and
     refuses a hysteresis of the threshold or more."""
-    env = SimpleNamespace(SGLANG_ENABLE_SPEC_V2=SimpleNamespace(get=lambda: True))
+    monkeypatch.setenv("SGLANG_ENABLE_SPEC_V2", "true")
+    env = release_envs(trees[version])
     cls = server_args_class(trees[version], {"envs": env, "logger": logging.getLogger("t")})
     parser = disable_flags_parser(trees[version], cls)
     assert sorted(a.dest for a in parser._actions[1:]) == sorted(
@@ -127,10 +142,8 @@ def test_seed_worker_says_the_draft_sync_flags_have_no_effect(trees, caplog):
     to anything but its default is named in a warning at start-up."""
     tree = trees["0.5.10"]
     cls = server_args_class(tree, {})
-    worker = "sglang/srt/speculative/eagle_worker_v2.py"
-    build = load_function(
-        tree / worker, "EAGLEWorkerV2._spec_fallback_build", {"ServerArgs": cls, "logger": logging.getLogger("t")}
-    )
+    worker_cls = release_type(tree, "EAGLEWorkerV2", {"ServerArgs": cls, "logger": logging.getLogger("t")}, rel=WORKER)
+    target_cls = release_type(tree, "TpModelWorker")
     stop = RuntimeError("stop after the flags")  # the graph capture that follows needs a GPU
     both = ["--speculative-disable-draft-decode-min-bs", "--speculative-disable-kv-only-margin"]
     for values, named in (
@@ -138,13 +151,14 @@ def test_seed_worker_says_the_draft_sync_flags_have_no_effect(trees, caplog):
         ({"speculative_disable_kv_only_margin": None, "speculative_disable_draft_decode_min_bs": 1}, both),
     ):
         caplog.clear()
-        w = SimpleNamespace(
+        w = release_instance(
+            worker_cls,
             _spec_fallback=None,
-            _target_worker=SimpleNamespace(model_runner=None),
+            _target_worker=release_instance(target_cls, _model_runner=None),
             _spec_fallback_plain_attn_backend=lambda runner: (_ for _ in ()).throw(stop),
         )
         with caplog.at_level(logging.WARNING), pytest.raises(RuntimeError, match="stop after"):
-            build(w, server_args(cls, speculative_disable_batch_size_threshold=8, **values))
+            w._spec_fallback_build(server_args(cls, speculative_disable_batch_size_threshold=8, **values))
         assert [m for m in caplog.messages if "has no effect" in m] == [
             f"spec-fallback: {flag} has no effect on this SGLang: its draft KV sync is always a one-token draft extend"
             for flag in named
