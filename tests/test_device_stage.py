@@ -93,15 +93,22 @@ def test_the_transition_runs_only_in_the_stage_that_asks_for_it(tmp_path):
     assert "--no-transition" not in argv
 
 
-def _bench_tiers(tmp_path, upstream_has_adaptive_steps: bool):
-    """Run bench-tiers.sh in a stand-in checkout whose carried runtime archive setup.sh unpacks
-    into SITE, with UPSTREAM_SITE naming that tree; `python3` is a stub exiting 9, so a call
-    that passes the check stops at its next step (applying the recipes)."""
+def _checkout(tmp_path) -> Path:
+    """A stand-in checkout: the device scripts, and one file in each folder whose hashes a
+    call records."""
     root = tmp_path / "checkout"
     shutil.copytree(ROOT / "tools/device", root / "tools/device")
     for folder in ("recipes", "golden", "spectool"):
         (root / folder).mkdir()
         (root / folder / "f").write_text(folder)
+    return root
+
+
+def _bench_tiers(tmp_path, upstream_has_adaptive_steps: bool):
+    """Run bench-tiers.sh in a stand-in checkout whose carried runtime archive setup.sh unpacks
+    into SITE, with UPSTREAM_SITE naming that tree; `python3` is a stub exiting 9, so a call
+    that passes the check stops at its next step (applying the recipes)."""
+    root = _checkout(tmp_path)
     tree = tmp_path / "runtime"
     (tree / "sglang/srt").mkdir(parents=True)
     (tree / ".spectool-wheels").touch()
@@ -145,11 +152,7 @@ def test_bench_tiers_refuses_an_upstream_tree_without_adaptive_steps(tmp_path):
 def _unpack_from_parts(tmp_path, parts_carried: int):
     """Run unpack.sh in a stand-in checkout that holds the runtime archive only as the first
     `parts_carried` of its two parts (`split -b` pieces, as the calls before left them)."""
-    root = tmp_path / "checkout"
-    shutil.copytree(ROOT / "tools/device", root / "tools/device")
-    for folder in ("recipes", "golden", "spectool"):
-        (root / folder).mkdir()
-        (root / folder / "f").write_text(folder)
+    root = _checkout(tmp_path)
     tree = tmp_path / "runtime"
     (tree / "sglang").mkdir(parents=True)
     (tree / "sglang/version.py").write_text("__version__ = '0.5.17'\n" + "#" * 4000)
