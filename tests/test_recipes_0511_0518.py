@@ -6,6 +6,7 @@ speculative arguments."""
 
 from __future__ import annotations
 
+import abc
 import ast
 import dataclasses
 import enum
@@ -22,14 +23,27 @@ import pytest
 from packaging.version import Version
 
 from spectool import api
-from spectool.testing import bind_methods, load_function
+from spectool.testing import load_function
 
-from .sglang_source import disable_flags_parser, fallback_state_class, server_args, server_args_class
+from .sglang_source import (
+    disable_flags_parser,
+    fallback_state_class,
+    forward_modes,
+    generation_batch_result_class,
+    logits_output_class,
+    model_worker_batch,
+    release_class,
+    release_instance,
+    release_type,
+    server_args,
+    server_args_class,
+)
 from .test_fallback_kv_only import H, V, _eagle3_model
 
 pytestmark = pytest.mark.network
 
 WORKER = "sglang/srt/speculative/eagle_worker_v2.py"
+BATCH = "sglang/srt/managers/schedule_batch.py"
 STANDALONE = "sglang/srt/speculative/standalone_worker_v2.py"
 ARGS = "sglang/srt/server_args.py"
 HOOK = "sglang/srt/arg_groups/speculative_hook.py"
@@ -40,6 +54,49 @@ RELEASES = ["0.5.11", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post
 ERAS = ["0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.18"]
 LATER = ("0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18")  # graphs built after the workers
 ARGUMENT_CAPTURE = ("0.5.16", "0.5.17", "0.5.18")  # the capture passed to the forwards
+BASE_SPEC = "sglang/srt/speculative/base_spec_worker.py"
+CUDA_GRAPH_CONFIG = "sglang/srt/model_executor/cuda_graph_config.py"
+
+
+@functools.cache
+def _sglang(tree, name):
+    """The release's class `name` (a pool, a batch, a model runner, an enum), its methods'
+    globals the libraries and enums they read."""
+    import torch
+
+    forward_mode, capture = forward_modes(tree)
+    ns = {"torch": torch, "nn": torch.nn, "abc": abc, "ForwardMode": forward_mode, "CaptureHiddenMode": capture}
+    return release_type(tree, name, ns)
+
+
+def _new(tree, name, **attrs):
+    """An object of the release's class `name` holding `attrs` (release_instance)."""
+    return release_instance(_sglang(tree, name), **attrs)
+
+
+def _worker(tree, ns, cls="EAGLEWorkerV2", **attrs):
+    """An object of the patched release's worker class `cls` (EAGLEWorkerV2 or the draft
+    worker EagleDraftWorker of eagle_worker_v2.py), its methods, the recipes' inserted ones
+    among them, reading `ns` as their globals; `attrs` are its state (a method given there
+    shadows the class's)."""
+    ns = dict(ns)
+    base = tree / BASE_SPEC
+    if base.exists() and "class HiCacheDraftPlan" in base.read_text():  # BaseSpecWorker makes one
+        mode = release_type(tree, "HiCacheDraftMode", {"str": str}, rel=BASE_SPEC)
+        ns["HiCacheDraftPlan"] = release_type(tree, "HiCacheDraftPlan", {"HiCacheDraftMode": mode}, rel=BASE_SPEC)
+    return release_instance(release_type(tree, cls, ns, rel=WORKER), **attrs)
+
+
+def _target(tree, runner, **attrs):
+    """The release's TpModelWorker holding model runner `runner` (its model_runner property
+    reads _model_runner)."""
+    return _new(tree, "TpModelWorker", _model_runner=runner, **attrs)
+
+
+def _algorithm(tree, standalone=False):
+    """The release's SpeculativeAlgorithm member: STANDALONE or EAGLE3."""
+    algorithm = _sglang(tree, "SpeculativeAlgorithm")
+    return algorithm.STANDALONE if standalone else algorithm.EAGLE3
 
 
 def _at_least(version, floor):
@@ -226,21 +283,6 @@ def test_hooks_sit_where_the_release_runs_them(version, patched_release):
             assert text[at - 1] == "self.plan_stream, self.plan_stream_ctx = _get_plan_stream(self.device)"
 
 
-def _generation_batch_result(tree):
-    """The release's GenerationBatchResult dataclass (managers/utils.py), as the scheduler uses it."""
-    import torch
-
-    ns = {"dataclasses": dataclasses, "torch": torch, **{n: getattr(typing, n) for n in typing.__all__}}
-    return load_function(tree / "sglang/srt/managers/utils.py", "GenerationBatchResult", ns)
-
-
-class _DraftInput:
-    """EagleDraftInput's constructor as the fallback calls it: keyword fields only."""
-
-    def __init__(self, **fields):
-        self.__dict__.update(fields)
-
-
 class _null:
     def __enter__(self):
         return self
@@ -249,43 +291,70 @@ class _null:
         return False
 
 
-class _Req:
-    """What the release's result consumer reads and writes of a running request."""
+@functools.cache
+def _draft_inputs(tree):
+    """The release's EagleDraftInput and (0.5.13 on) EagleDraftExtendInput, on their real
+    bases."""
+    import torch
 
-    def __init__(self):
-        self.is_retracted, self.grammar, self.kv_committed_len = False, None, 10
-        self.spec_verify_ct = self.spec_num_correct_drafts = 0
-        self.histogram = []
+    from .sglang_source import EAGLE_INFO, SPEC_INFO
 
-    def finished(self):
-        return False
+    ns = {
+        "torch": torch,
+        "CaptureHiddenMode": forward_modes(tree)[1],
+        "SpecInputType": release_class(tree, SPEC_INFO, "SpecInputType"),
+    }
+    draft = release_type(tree, "EagleDraftInput", ns, rel=EAGLE_INFO)
+    if "class EagleDraftExtendInput" not in (tree / EAGLE_INFO).read_text():
+        return draft, None
+    return draft, release_type(tree, "EagleDraftExtendInput", ns, rel=EAGLE_INFO)
 
-    def update_spec_correct_drafts_histogram(self, n):
-        self.histogram.append(n)
+
+def _running(tree, n):
+    """`n` running requests of the release's Req as its result consumer finds them: 10
+    tokens committed, no grammar, not finished, nothing verified yet (0.5.11 counts accepted
+    drafts into spec_acceptance_histogram, later releases correct ones into
+    spec_correct_drafts_histogram)."""
+    old = "self.spec_acceptance_histogram" in (tree / BATCH).read_text()
+    counters = (
+        {"spec_accepted_drafts": 0, "spec_acceptance_histogram": []}
+        if old
+        else {"spec_num_correct_drafts": 0, "spec_correct_drafts_histogram": []}
+    )
+    return [
+        _new(
+            tree,
+            "Req",
+            is_retracted=False,
+            grammar=None,
+            finished_reason=None,
+            kv_committed_len=10,
+            spec_verify_ct=0,
+            return_hidden_states=False,
+            **counters,
+        )
+        for _ in range(n)
+    ]
 
 
 def _consume(tree, result, bs):
-    """The release's own SchedulerBatchResultProcessor._resolve_spec_v2_tokens on `result`."""
+    """The release's own SchedulerBatchResultProcessor._resolve_spec_v2_tokens on `result`,
+    for a ScheduleBatch of `bs` running requests; what it reports to the worker's
+    on_verify_complete_cpu is recorded."""
     import torch
 
-    path = tree / "sglang/srt/managers/scheduler_components/batch_result_processor.py"
-    resolve = load_function(
-        path,
-        "SchedulerBatchResultProcessor._resolve_spec_v2_tokens",
-        {"torch": torch, **{n: getattr(typing, n) for n in typing.__all__}},
-    )
     reported = []
-    processor = SimpleNamespace(
-        model_worker=SimpleNamespace(
-            on_verify_complete_cpu=lambda drafts, batch_size: reported.append((drafts, batch_size))
-        )
+    worker = _worker(
+        tree,
+        {},
+        on_verify_complete_cpu=lambda drafts, batch_size: reported.append((drafts, batch_size)),
     )
-    if "def advance_grammar_fsm(" in path.read_text():  # 0.5.17 on: the consumer calls it first
-        advance = load_function(path, "SchedulerBatchResultProcessor.advance_grammar_fsm", {})
-        processor.advance_grammar_fsm = lambda result, batch: advance(processor, result, batch)
-    reqs = [_Req() for _ in range(bs)]
-    batch = SimpleNamespace(reqs=reqs, has_grammar=False, spec_algorithm=SimpleNamespace(is_dflash=lambda: False))
-    return resolve(processor, result, batch), reqs, reported
+    processor = release_instance(
+        release_type(tree, "SchedulerBatchResultProcessor", {"torch": torch}), model_worker=worker
+    )
+    reqs = _running(tree, bs)
+    batch = _new(tree, "ScheduleBatch", reqs=reqs, has_grammar=False, spec_algorithm=_algorithm(tree))
+    return processor._resolve_spec_v2_tokens(result, batch), reqs, reported
 
 
 @pytest.mark.parametrize("version", ERAS)
@@ -303,26 +372,22 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
     tree = patched_release(version)
-    path = tree / WORKER
-    result_cls = _generation_batch_result(tree)
+    result_cls = generation_batch_result_class(tree)
+    forward_mode, capture = forward_modes(tree)
+    draft_input, _ = _draft_inputs(tree)
     ns = {
         "torch": torch,
         "GenerationBatchResult": result_cls,
-        "EagleDraftInput": _DraftInput,
-        "ForwardMode": SimpleNamespace(DECODE="DECODE"),
-        "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
+        "EagleDraftInput": draft_input,
+        "ForwardMode": forward_mode,
+        "CaptureHiddenMode": capture,
         "speculative_moe_backend_context": _null,
         "speculative_moe_a2a_backend_context": _null,
     }
-    decode = load_function(path, "EAGLEWorkerV2._spec_fallback_decode", ns)
     graph_attr = "graph_runner" if version == "0.5.13" else "decode_cuda_graph_runner"
     order, seen = [], {}
-
-    class ModelRunner:  # the attributes the step swaps, under this release's names
-        attn_backend = "spec-backend"
-
-    mr = ModelRunner()
-    setattr(mr, graph_attr, "verify-graph")
+    # The model runner's attributes the step swaps, under this release's names.
+    mr = _new(tree, "ModelRunner", attn_backend="spec-backend", **{graph_attr: "verify-graph"})
 
     def target_forward(batch, **kwargs):
         order.append("target")
@@ -337,8 +402,10 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(
             installed=(mr.attn_backend, getattr(mr, graph_attr)),
         )
         return result_cls(
-            logits_output=SimpleNamespace(
-                hidden_states=torch.zeros(3, 6), next_token_logprobs=torch.tensor([-0.5, -1.0, -2.0])
+            logits_output=logits_output_class(tree)(
+                next_token_logits=None,
+                hidden_states=torch.zeros(3, 6),
+                next_token_logprobs=torch.tensor([-0.5, -1.0, -2.0]),
             ),
             next_token_ids=torch.tensor([7, 8, 9]),
             can_run_cuda_graph=True,
@@ -346,53 +413,47 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(
             indexer_topk_output="indexer",
         )
 
-    worker = SimpleNamespace(
+    worker = _worker(
+        tree,
+        ns,
         device="cpu",
-        req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(100).reshape(5, 20)),
-        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
-        _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
+        req_to_token_pool=_new(tree, "ReqToTokenPool", req_to_token=torch.arange(100).reshape(5, 20)),
+        speculative_algorithm=_algorithm(tree),
+        _target_worker=_target(tree, mr, forward_batch_generation=target_forward),
         _spec_fallback=fallback_state_class(tree)(
             threshold=0, attn_backend="decode-backend", graph_runner="decode-graph"
         ),
-        draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
+        _draft_worker=_worker(
+            tree,
+            ns,
+            "EagleDraftWorker",
+            draft_tp_context=lambda group: _null(),
+            draft_runner=_new(tree, "ModelRunner", tp_group=None),
+        ),
         _spec_fallback_draft_extend=lambda batch, tokens, hidden, nxt: order.append(("draft", tokens.tolist())),
     )
-    bind_methods(
-        path,
-        "EAGLEWorkerV2",
-        ns,
-        worker,
-        "_spec_fallback_target_decode",
-        "_spec_fallback_as_decode",
-        "_spec_fallback_sync_draft",
-        "_spec_fallback_constant",
-        *(
-            ("_spec_fallback_capture_mode", "_spec_fallback_returns_hidden_states")
-            if version in ARGUMENT_CAPTURE
-            else ()
-        ),
-    )
     lens = torch.tensor([3, 5, 10])
-    running = [_Req() for _ in range(3)]
-    for r in running:
-        r.return_hidden_states = False  # Req.return_hidden_states: what the request asked for
-    batch = SimpleNamespace(
+    running = _running(tree, 3)  # none asks for hidden states (Req.return_hidden_states)
+    batch = _new(
+        tree,
+        "ScheduleBatch",
         reqs=running,
         return_logprob=False,
         seq_lens=lens.clone(),
         seq_lens_cpu=lens.clone() if host_lengths else None,
         seq_lens_sum=18 if host_lengths else None,
         req_pool_indices=torch.tensor([0, 2, 4]),
-        spec_info=_DraftInput(bonus_tokens=torch.tensor([1, 2, 3], dtype=torch.int32)),
+        spec_info=draft_input(bonus_tokens=torch.tensor([1, 2, 3], dtype=torch.int32)),
     )
-    res = decode(worker, batch, lambda new: order.append(("publish", new.tolist(), new)))
+    decode = worker._spec_fallback_decode
+    res = decode(batch, lambda new: order.append(("publish", new.tolist(), new)))
 
     (_, published, published_tensor), target = order[0], order.index("target")
     assert published == [4, 6, 11] and target == 1, order
     assert order[2] == ("draft", [7, 8, 9]), "the draft KV sync over the tokens the target produced"
     assert seen["ids"] == [1, 2, 3] and seen["lens"] == [4, 6, 11] and seen["slots"] == [3, 45, 90]
-    assert seen["mode"] == "DECODE" and seen["installed"] == ("decode-backend", "decode-graph")
-    assert seen["capture"] == "FULL", "EAGLE-3's draft reads the target's auxiliary hidden states"
+    assert seen["mode"] == forward_mode.DECODE and seen["installed"] == ("decode-backend", "decode-graph")
+    assert seen["capture"] == capture.FULL, "EAGLE-3's draft reads the target's auxiliary hidden states"
     assert (mr.attn_backend, getattr(mr, graph_attr)) == ("spec-backend", "verify-graph"), "the verify graph is back"
     if host_lengths:
         assert seen["host"].tolist() == [4, 6, 11] and seen["total"] == 21
@@ -414,17 +475,17 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(
     assert reported == [([0, 0, 0], 3)] and [r.spec_verify_ct for r in reqs] == [1, 1, 1]
 
     # The non-overlap scheduler passes no on_publish; it reads the lengths from the result.
-    batch.spec_info = _DraftInput(bonus_tokens=torch.tensor([4, 5, 6], dtype=torch.int32))
-    again = decode(worker, batch, None)
+    batch.spec_info = draft_input(bonus_tokens=torch.tensor([4, 5, 6], dtype=torch.int32))
+    again = decode(batch, None)
     assert again.new_seq_lens.tolist() == [4, 6, 11] and again.accept_lens.data_ptr() == res.accept_lens.data_ptr()
 
     if version in ARGUMENT_CAPTURE:  # from 0.5.16 logprob and hidden-state batches fall back too
-        batch.spec_info = _DraftInput(bonus_tokens=torch.tensor([4, 5, 6], dtype=torch.int32))
+        batch.spec_info = draft_input(bonus_tokens=torch.tensor([4, 5, 6], dtype=torch.int32))
         batch.return_logprob = True
         running[1].return_hidden_states = True
-        worker.speculative_algorithm = SimpleNamespace(is_standalone=lambda: True)
-        served = decode(worker, batch, None)
-        assert seen["capture"] == "FULL", "STANDALONE captures hidden states for the requests that ask"
+        worker.speculative_algorithm = _algorithm(tree, standalone=True)
+        served = decode(batch, None)
+        assert seen["capture"] == capture.FULL, "STANDALONE captures hidden states for the requests that ask"
         # One row of accepted tokens per request, as the scheduler reads a speculative result.
         assert served.logits_output.next_token_logprobs.tolist() == [[-0.5], [-1.0], [-2.0]]
         assert tuple(served.logits_output.hidden_states.shape) == (3, 6), "one row per request"
