@@ -501,59 +501,68 @@ def test_draft_sync_replays_its_one_token_graph(version, graph_fits, patched_rel
     forward runs eagerly on the metadata the preparation planned."""
     torch = pytest.importorskip("torch")
     tree = patched_release(version)
-    path = tree / WORKER
     bs = 3
     seen = {}
-    buffer = SimpleNamespace(next_token_logits=torch.zeros(8, 10), hidden_states=torch.rand(8, H))
+    logits_output = logits_output_class(tree)
+    buffer = logits_output(next_token_logits=torch.zeros(8, 10), hidden_states=torch.rand(8, H))
     buffer.next_token_logits[:, 5] = 4.0
-    graph_out = SimpleNamespace(
-        next_token_logits=buffer.next_token_logits[:bs], hidden_states=buffer.hidden_states[:bs]
-    )
+    graph_out = logits_output(next_token_logits=buffer.next_token_logits[:bs], hidden_states=buffer.hidden_states[:bs])
 
     def prepare(draft_input, batch, predict, n, runner_, graph_runner):
         seen["prepare"] = (predict.tolist(), predict.dtype, n, graph_runner)
-        return SimpleNamespace(spec_info=draft_input, batch_size=bs)
+        return _new(tree, "ForwardBatch", spec_info=draft_input, batch_size=bs)
 
     def counts(fb):  # what the forward reads: zero correct drafts, one accepted token each
         seen["counts"] = (fb.spec_info.num_correct_drafts.tolist(), fb.spec_info.num_accept_tokens.tolist())
-
-    class Runner:
-        def __init__(self):
-            self.can_run = self.can_run_graph = lambda fb: graph_fits
-            self.replay = self.execute = lambda fb: counts(fb) or seen.setdefault("replayed", graph_out)
 
     def eager(fb, **kw):
         counts(fb)
         seen["eager"] = kw
         logits = torch.zeros(bs, 10)
         logits[:, 2] = 3.0
-        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
+        return _new(
+            tree,
+            "ModelRunnerOutput",
+            logits_output=logits_output(next_token_logits=logits, hidden_states=torch.ones(bs, H)),
+            can_run_graph=False,
+        )
 
-    class DraftInput(_DraftInput):  # 0.5.13: the draft input prepares itself
+    draft_input, extend_input = _draft_inputs(tree)
+
+    class DraftInput(draft_input):  # 0.5.13: the draft input prepares itself
         def prepare_for_extend_to_fill_draft_kvcache(self, *a):
             return prepare(self, *a)
 
-    runner = Runner()
+    # The release's draft-extend graph runner, its fit test and replay (0.5.13: can_run and
+    # replay, then can_run_graph and execute) logged.
+    runner_cls = _sglang(tree, "EAGLEDraftExtendCudaGraphRunner")
+    fit, run = ("can_run_graph", "execute") if hasattr(runner_cls, "can_run_graph") else ("can_run", "replay")
+    runner = release_instance(
+        runner_cls,
+        **{fit: lambda fb: graph_fits, run: lambda fb: counts(fb) or seen.setdefault("replayed", graph_out)},
+    )
     ns = {
         "torch": torch,
         "EagleDraftInput": DraftInput,
-        "EagleDraftExtendInput": _DraftInput,
+        "EagleDraftExtendInput": extend_input,
         "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim),
         # 0.5.16 on: eagle_worker_common's, which takes return_hidden_states_before_norm too
         "prepare_for_draft_extend": lambda ext, batch, predict, n, r, g, **kw: prepare(ext, batch, predict, n, r, g),
     }
-    extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
-    worker = SimpleNamespace(
+    draft_worker = {"draft_runner": _new(tree, "ModelRunner", forward=eager)}
+    if version in ("0.5.14", "0.5.15"):  # the draft worker prepares the extend
+        draft_worker["prepare_for_draft_extend"] = prepare
+    worker = _worker(
+        tree,
+        ns,
         device="cpu",
         topk=1,
         _spec_fallback=fallback_state_class(tree)(draft_extend_runner=runner),
-        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=eager), prepare_for_draft_extend=prepare),
+        _draft_worker=_worker(tree, ns, "EagleDraftWorker", **draft_worker),
     )
-    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_next_draft_input", "_spec_fallback_kv_only_flush")
-    nxt = SimpleNamespace()
-    extend(
-        worker,
-        SimpleNamespace(seq_lens=torch.tensor([3, 5, 10])),
+    nxt = draft_input()
+    worker._spec_fallback_draft_extend(
+        _new(tree, "ScheduleBatch", seq_lens=torch.tensor([3, 5, 10])),
         torch.tensor([7, 8, 9], dtype=torch.int32),
         torch.zeros(bs, 3 * H),
         nxt,
