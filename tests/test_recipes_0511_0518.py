@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import ast
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -582,19 +583,21 @@ def test_draft_sync_replays_its_one_token_graph(version, graph_fits, patched_rel
 
 
 def _schedule_prefill(torch, tree, chunked):
-    """Three prompts as a ScheduleBatch carries them: 4 new tokens, 2 after a cached prefix of
-    3, 5 new; with `chunked`, the third is a prompt's non-final chunk whose next prompt token
-    is 47. Each request's slots, and the tokens the target produced."""
+    """Three prompts as the release's ScheduleBatch carries them: 4 new tokens, 2 after a
+    cached prefix of 3, 5 new; with `chunked`, the third is a prompt's non-final chunk whose
+    next prompt token is 47. Each request's slots, and the tokens the target produced."""
     torch.manual_seed(1)
     ext, prefix = [4, 2, 5], [0, 3, 0]
-    reqs = [object(), object(), object()]
-    batch = SimpleNamespace(
+    reqs = [_new(tree, "Req") for _ in range(3)]
+    batch = _new(
+        tree,
+        "ScheduleBatch",
         input_ids=torch.randint(1, V, (sum(ext),), dtype=torch.int64),
         extend_lens=ext,
         prefix_lens=prefix,
         seq_lens=torch.tensor([p + e for p, e in zip(prefix, ext)]),
         out_cache_loc=torch.arange(20, 20 + sum(ext)),
-        forward_mode=SimpleNamespace(is_idle=lambda: False),
+        forward_mode=forward_modes(tree)[0].EXTEND,
         has_grammar=False,
         return_logprob=False,
         return_hidden_states=False,
@@ -603,29 +606,47 @@ def _schedule_prefill(torch, tree, chunked):
         reqs=reqs,
         chunked_req=reqs[2] if chunked else None,
         chunked_req_next_prompt_token=47 if chunked else None,
-        capture_hidden_mode=None,
         sampling_info=None,
     )
+    if "capture_hidden_mode" in {f.name for f in dataclasses.fields(batch)}:  # up to 0.5.15
+        batch.capture_hidden_mode = None
     return batch, torch.tensor([41, 42, 43])
 
 
-def _schedule_init_new(torch):
-    """ForwardBatch.init_new in miniature, on a ScheduleBatch: positions continue each
-    request's cached prefix."""
+def _schedule_forward_batch(torch, tree):
+    """The release's ForwardBatch, its init_new in miniature on a ScheduleBatch: an extend
+    batch without multimodal inputs whose positions continue each request's cached prefix."""
 
-    def init_new(batch, runner, **kwargs):
-        positions = torch.cat([torch.arange(p, p + e) for p, e in zip(batch.prefix_lens, batch.extend_lens)])
-        return SimpleNamespace(
-            input_ids=batch.input_ids,
-            positions=positions,
-            out_cache_loc=batch.out_cache_loc,
-            spec_info=batch.spec_info,
-            mm_input_embeds=None,
-            contains_mm_inputs=lambda: False,
-            forward_mode=SimpleNamespace(is_extend=lambda: True, is_draft_extend=lambda include_v2=False: False),
-        )
+    class ForwardBatch(_sglang(tree, "ForwardBatch")):
+        @classmethod
+        def init_new(cls, batch, runner, **kwargs):
+            positions = torch.cat([torch.arange(p, p + e) for p, e in zip(batch.prefix_lens, batch.extend_lens)])
+            return release_instance(
+                cls,
+                input_ids=batch.input_ids,
+                positions=positions,
+                out_cache_loc=batch.out_cache_loc,
+                spec_info=batch.spec_info,
+                mm_input_embeds=None,
+                mm_inputs=None,
+                forward_mode=forward_modes(tree)[0].EXTEND,
+            )
 
-    return SimpleNamespace(init_new=init_new)
+    return ForwardBatch
+
+
+def _spec_settings(tree, **values):
+    """0.5.17's get_spec(): the runtime context's spec config bag (the release's _ConfigBag)
+    holding `values`; None where the release has none."""
+    path = tree / "sglang/srt/runtime_context.py"
+    if not path.exists() or "class _ConfigBag" not in path.read_text():
+        return None
+    bag = release_class(tree, str(path.relative_to(tree)), "_ConfigBag", {"contextmanager": contextlib.contextmanager})(
+        "spec"
+    )
+    for name, value in values.items():
+        bag._set(name, value)
+    return bag
 
 
 @pytest.mark.parametrize("version", ERAS)
@@ -636,21 +657,22 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(version, chunked
     prompt token, _eagle_prefill_tail_tokens), the same K/V at the same slots, and the next
     draft input in the release's shapes, zeros, with the sampled tokens as bonus tokens."""
     torch = pytest.importorskip("torch")
-    import contextlib
 
     tree = patched_release(version)
-    path = tree / WORKER
     model, forward = _eagle3_model(torch, tree, fc_norm=False, sliced=True)
     tails = load_function(
         tree / "sglang/srt/speculative/eagle_utils.py", "_eagle_prefill_tail_tokens", {"torch": torch}
     )
+    forward_mode, capture = forward_modes(tree)
+    draft_input, extend_input = _draft_inputs(tree)
+    spec = _spec_settings(tree, speculative_use_rejection_sampling=False)
     ns = {
         "torch": torch,
-        "EagleDraftInput": _DraftInput,
-        "EagleDraftExtendInput": _DraftInput,
-        "ForwardBatch": _schedule_init_new(torch),
-        "ForwardMode": SimpleNamespace(EXTEND="EXTEND"),
-        "CaptureHiddenMode": SimpleNamespace(NULL="NULL", LAST="LAST", FULL="FULL"),
+        "EagleDraftInput": draft_input,
+        "EagleDraftExtendInput": extend_input,
+        "ForwardBatch": _schedule_forward_batch(torch, tree),
+        "ForwardMode": forward_mode,
+        "CaptureHiddenMode": capture,
         "contextlib": contextlib,
         "context_tuple": None,
         "maybe_detect_nan": lambda *a: None,
@@ -659,56 +681,53 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(version, chunked
         "_eagle_prefill_tail_tokens": tails,
         "renorm_draft_probs": lambda logits, info, rejection: torch.softmax(logits, -1),
         # 0.5.17 reads the speculative settings from the runtime context
-        "get_spec": lambda: SimpleNamespace(speculative_use_rejection_sampling=False),
+        "get_spec": lambda: spec,
     }
     target_hidden = torch.randn(11, 3 * H)
+    logits_output = logits_output_class(tree)
 
     def runner_forward(fb):
         forward(fb.input_ids, fb.positions, fb)
-        return SimpleNamespace(
-            logits_output=SimpleNamespace(next_token_logits=torch.rand(3, V), hidden_states=torch.rand(3, H))
+        return _new(
+            tree,
+            "ModelRunnerOutput",
+            logits_output=logits_output(next_token_logits=torch.rand(3, V), hidden_states=torch.rand(3, H)),
+            can_run_graph=False,
         )
 
-    release = load_function(path, "EagleDraftWorker._draft_extend_for_prefill", ns)
-    ref_batch, tokens = _schedule_prefill(torch, tree, chunked)
-    ref_batch.forward_mode = SimpleNamespace(is_idle=lambda: False)
-    draft_worker = SimpleNamespace(
+    draft_state = dict(
         topk=1,
-        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
-        server_args=SimpleNamespace(speculative_use_rejection_sampling=False),
-        seed_dsa_topk_from_draft_extend=False,  # 0.5.15: DSA drafts only
-        draft_runner=SimpleNamespace(forward=runner_forward, canary_manager=None),
+        speculative_algorithm=_algorithm(tree),
+        server_args=server_args(server_args_class(tree, {})),  # rejection sampling off, its default
+        draft_runner=_new(tree, "ModelRunner", forward=runner_forward, canary_manager=None),
     )
+    if _at_least(version, "0.5.15"):
+        draft_state["seed_dsa_topk_from_draft_extend"] = False  # DSA drafts only
+    ref_batch, tokens = _schedule_prefill(torch, tree, chunked)
     with torch.no_grad():
-        ref_out = release(draft_worker, ref_batch, target_hidden, tokens)
+        ref_out = _worker(tree, ns, "EagleDraftWorker", **draft_state)._draft_extend_for_prefill(
+            ref_batch, target_hidden, tokens
+        )
     ref = model.layers[0].self_attn.seen
 
     writes = []
-    pool = SimpleNamespace(set_kv_buffer=lambda *a: writes.append(a))
-    dw = SimpleNamespace(
-        draft_runner=SimpleNamespace(model=SimpleNamespace(model=model), token_to_kv_pool=pool),
+    # The release's KV pool and EAGLE-3 draft model, the pool's writes logged.
+    pool = _new(tree, "MHATokenToKVPool", set_kv_buffer=lambda *a: writes.append(a))
+    dw = _worker(
+        tree,
+        ns,
+        "EagleDraftWorker",
+        draft_runner=_new(
+            tree, "ModelRunner", model=_new(tree, "LlamaForCausalLMEagle3", model=model), token_to_kv_pool=pool
+        ),
         _draft_extend_for_prefill=lambda *a: pytest.fail("the full draft prefill ran"),
     )
-    worker = SimpleNamespace(
-        device="cpu", topk=1, draft_worker=dw, _spec_fallback=fallback_state_class(tree)(kv_only_above=2)
+    worker = _worker(
+        tree, ns, device="cpu", topk=1, _draft_worker=dw, _spec_fallback=fallback_state_class(tree)(kv_only_above=2)
     )
-    bind_methods(
-        path,
-        "EAGLEWorkerV2",
-        ns,
-        worker,
-        "_spec_fallback_kv_only_prefill_applies",
-        "_spec_fallback_kv_only_write",
-        "_spec_fallback_kv_only_flush",
-        "_spec_fallback_zero_draft_input",
-        "_spec_fallback_constant",
-        "_spec_fallback_eligible",
-    )
-    prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
     batch, _ = _schedule_prefill(torch, tree, chunked)
-    batch.forward_mode = "EXTEND"
     with torch.no_grad():
-        out = prefill(worker, batch, target_hidden, tokens, None)
+        out = worker._spec_fallback_draft_prefill(batch, target_hidden, tokens, None)
 
     assert batch.input_ids.tolist() == ref_batch.input_ids.tolist(), "ids shifted as the release shifts them"
     assert (batch.input_ids[-1] == 47) == chunked
