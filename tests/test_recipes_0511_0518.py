@@ -743,17 +743,23 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(version, chunked
     assert worker._spec_fallback.stats["draft_kv_only_prefills"] == 1
 
 
-class _Envs:
-    """SGLang's envs as the validation reads them: 0.5.13 has SGLANG_ENABLE_SPEC_V2 (spec_v2), 0.5.14
-    has not (None: spec v2 always)."""
+@functools.cache
+def _envs(tree):
+    """SGLang's envs registry of the release: its Envs class over its own EnvField types
+    (0.5.13 has SGLANG_ENABLE_SPEC_V2; 0.5.14 has not: spec v2 always)."""
+    import os
+    import warnings
 
-    def __init__(self, spec_v2):
-        if spec_v2 is not None:
-            self.SGLANG_ENABLE_SPEC_V2 = SimpleNamespace(get=lambda: spec_v2)
+    rel = "sglang/srt/environ.py"
+    ns = {"os": os, "warnings": warnings, "contextmanager": contextlib.contextmanager}
+    for node in ast.parse((tree / rel).read_text()).body:
+        if isinstance(node, ast.ClassDef):
+            ns[node.name] = release_class(tree, rel, node.name, ns)
+    return ns["Envs"]()
 
 
 def _validate(tree, version, spec_v2=True, **kw):
-    envs = _Envs(None if version in LATER else spec_v2)
+    envs = _envs(tree)
     cls = server_args_class(tree, {"envs": envs, "logger": logging.getLogger("test")})
     base = dict(
         speculative_disable_batch_size_threshold=8,
@@ -761,7 +767,13 @@ def _validate(tree, version, spec_v2=True, **kw):
         speculative_eagle_topk=1,
         max_running_requests=64,
     )
-    server_args(cls, **{**base, **kw})._validate_speculative_disable_threshold()
+    args = server_args(cls, **{**base, **kw})
+    if version in LATER:
+        assert not hasattr(envs, "SGLANG_ENABLE_SPEC_V2")
+        args._validate_speculative_disable_threshold()
+        return
+    with envs.SGLANG_ENABLE_SPEC_V2.override(spec_v2):
+        args._validate_speculative_disable_threshold()
 
 
 @pytest.mark.parametrize("version", RELEASES)
@@ -835,14 +847,15 @@ def test_the_fallback_settings_are_server_flags(version, patched_release):
     after = '"--tool-call-parser"' if version in LATER else '"--speculative-adaptive-config"'
     assert src.index(after) < src.index('"--speculative-disable-batch-size-threshold"')
     if version in LATER:
+        arg_utils = "sglang/srt/arg_groups/arg_utils.py"
         unwrap = load_function(
-            tree / "sglang/srt/arg_groups/arg_utils.py",
+            tree / arg_utils,
             "_unwrap_annotated",
             {
                 "get_origin": typing.get_origin,
                 "get_args": typing.get_args,
                 "Annotated": typing.Annotated,
-                "Arg": type("Arg", (), {}),
+                "Arg": release_class(tree, arg_utils, "Arg"),
             },
         )
         fields = ast.unparse(_class(tree / ARGS, "ServerArgs"))
