@@ -317,10 +317,10 @@ def _running(tree, n):
     drafts into spec_acceptance_histogram, later releases correct ones into
     spec_correct_drafts_histogram)."""
     old = "self.spec_acceptance_histogram" in (tree / BATCH).read_text()
-    counters = (
-        {"spec_accepted_drafts": 0, "spec_acceptance_histogram": []}
+    drafts, histogram = (
+        ("spec_accepted_drafts", "spec_acceptance_histogram")
         if old
-        else {"spec_num_correct_drafts": 0, "spec_correct_drafts_histogram": []}
+        else ("spec_num_correct_drafts", "spec_correct_drafts_histogram")
     )
     return [
         _new(
@@ -332,7 +332,7 @@ def _running(tree, n):
             kv_committed_len=10,
             spec_verify_ct=0,
             return_hidden_states=False,
-            **counters,
+            **{drafts: 0, histogram: []},
         )
         for _ in range(n)
     ]
@@ -888,81 +888,81 @@ def test_0511_decode_step_is_the_padded_one_its_consumer_reads(patched_release, 
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
     tree = patched_release("0.5.11")
-    path = tree / WORKER
-    result_cls = _generation_batch_result(tree)
+    result_cls = generation_batch_result_class(tree)
     order = []
+    # torch's device-event API, the event's record logged; the rest is torch's own.
     events = SimpleNamespace(
         Event=lambda: SimpleNamespace(record=lambda: order.append("verify_done")), current_stream=lambda: None
     )
     fake_torch = SimpleNamespace(
         **{k: getattr(torch, k) for k in ("int32", "int64", "ones")}, get_device_module=lambda device: events
     )
+    forward_mode, capture = forward_modes(tree)
+    draft_input, _ = _draft_inputs(tree)
     ns = {
         "torch": fake_torch,
         "GenerationBatchResult": result_cls,
-        "EagleDraftInput": _DraftInput,
-        "ForwardMode": SimpleNamespace(DECODE="DECODE"),
-        "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
+        "EagleDraftInput": draft_input,
+        "ForwardMode": forward_mode,
+        "CaptureHiddenMode": capture,
         "speculative_moe_backend_context": _null,
         "speculative_moe_a2a_backend_context": _null,
     }
-    decode = load_function(path, "EAGLEWorkerV2._spec_fallback_decode", ns)
 
     def target_forward(batch):
         order.append("target")
         return result_cls(
-            logits_output=SimpleNamespace(hidden_states=torch.zeros(3, 6)),
+            logits_output=logits_output_class(tree)(next_token_logits=None, hidden_states=torch.zeros(3, 6)),
             next_token_ids=torch.tensor([7, 8, 9]),
             can_run_cuda_graph=True,
         )
 
-    mr = SimpleNamespace(attn_backend="spec-backend", graph_runner="verify-graph")
-    worker = SimpleNamespace(
+    mr = _new(tree, "ModelRunner", attn_backend="spec-backend", graph_runner="verify-graph")
+    worker = _worker(
+        tree,
+        ns,
         device="cpu",
         speculative_num_draft_tokens=4,
-        req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(100).reshape(5, 20)),
-        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
-        _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
+        req_to_token_pool=_new(tree, "ReqToTokenPool", req_to_token=torch.arange(100).reshape(5, 20)),
+        speculative_algorithm=_algorithm(tree),
+        _target_worker=_target(tree, mr, forward_batch_generation=target_forward),
         _spec_fallback=fallback_state_class(tree)(threshold=0, attn_backend="d", graph_runner="dg"),
-        draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
+        _draft_worker=_worker(
+            tree,
+            ns,
+            "EagleDraftWorker",
+            draft_tp_context=lambda group: _null(),
+            draft_runner=_new(tree, "ModelRunner", tp_group=None),
+        ),
         _spec_fallback_draft_extend=lambda batch, tokens, hidden, nxt: order.append("draft"),
     )
-    bind_methods(
-        path,
-        "EAGLEWorkerV2",
-        ns,
-        worker,
-        "_spec_fallback_target_decode",
-        "_spec_fallback_as_decode",
-        "_spec_fallback_sync_draft",
-    )
     lens = torch.tensor([3, 5, 10])
-    batch = SimpleNamespace(
+    batch = model_worker_batch(
+        tree,
         seq_lens=lens.clone(),
         seq_lens_cpu=lens.clone(),
         seq_lens_sum=18,
         req_pool_indices=torch.tensor([0, 2, 4]),
-        spec_info=_DraftInput(verified_id=torch.tensor([1, 2, 3], dtype=torch.int32)),
+        spec_info=draft_input(verified_id=torch.tensor([1, 2, 3], dtype=torch.int32)),
     )
-    res = decode(worker, batch)
+    res = worker._spec_fallback_decode(batch)
     assert order == ["target", "verify_done", "draft"]
     assert res.next_draft_input.verified_id.tolist() == [7, 8, 9]
     assert res.next_draft_input.new_seq_lens.tolist() == [4, 6, 11]
 
-    consume = load_function(
-        tree / "sglang/srt/managers/scheduler_output_processor_mixin.py",
-        "SchedulerOutputProcessorMixin._resolve_spec_overlap_token_ids",
-        {n: getattr(typing, n) for n in typing.__all__},
+    # The release's Scheduler (its grad-mode decorator aside), the stride from its worker.
+    scheduler_cls = release_type(
+        tree,
+        "Scheduler",
+        {"torch": torch, "DynamicGradMode": lambda *a, **kw: lambda fn: fn},
+        rel="sglang/srt/managers/scheduler.py",
     )
-    reqs = [_Req() for _ in range(3)]
-    for req in reqs:  # what 0.5.11's _Req records under its counter names
-        req.spec_accepted_drafts = 0
-        req.update_spec_acceptance_histogram = req.update_spec_correct_drafts_histogram
-    scheduler = SimpleNamespace(draft_worker=worker)  # the stride comes from the worker
-    tokens = consume(scheduler, res, SimpleNamespace(reqs=reqs))
+    scheduler = release_instance(scheduler_cls, draft_worker=worker)
+    reqs = _running(tree, 3)
+    tokens = scheduler._resolve_spec_overlap_token_ids(res, _new(tree, "ScheduleBatch", reqs=reqs))
     assert tokens == [[7], [8], [9]]
     assert [r.kv_committed_len for r in reqs] == [10, 10, 10], "the pre-claimed bonus slot is the token's"
-    assert [r.histogram for r in reqs] == [[0], [0], [0]]
+    assert [r.spec_acceptance_histogram for r in reqs] == [[1], [1], [1]], "one step of no accepted drafts"
 
 
 @pytest.mark.parametrize("draft_decode", [False, True])
