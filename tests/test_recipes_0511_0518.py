@@ -972,14 +972,15 @@ def test_0511_draft_sync_below_the_kv_only_margin(draft_decode, patched_release)
     correct drafts, one accepted token each). No one-token draft-extend graph is built."""
     torch = pytest.importorskip("torch")
     tree = patched_release("0.5.11")
-    path = tree / WORKER
     bs = 3
     seen = []
+    draft_input, _ = _draft_inputs(tree)
+    logits_output = logits_output_class(tree)
 
-    class DraftInput(_DraftInput):
+    class DraftInput(draft_input):
         def prepare_for_extend_to_fill_draft_kvcache(self, batch, predict, n, runner, graph_runner):
             seen.append(("prepare", predict.tolist(), n, graph_runner))
-            return SimpleNamespace(spec_info=self)
+            return _new(tree, "ForwardBatch", spec_info=self)
 
     def forward(fb, skip_attn_backend_init):
         seen.append(
@@ -992,29 +993,37 @@ def test_0511_draft_sync_below_the_kv_only_margin(draft_decode, patched_release)
         )
         logits = torch.zeros(bs, 10)
         logits[:, 3] = 2.0
-        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
+        return _new(
+            tree,
+            "ModelRunnerOutput",
+            logits_output=logits_output(next_token_logits=logits, hidden_states=torch.ones(bs, H)),
+            can_run_graph=False,
+        )
 
     ns = {"torch": torch, "EagleDraftInput": DraftInput, "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
-    extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
-    worker = SimpleNamespace(
+    worker = _worker(
+        tree,
+        ns,
         device="cpu",
         topk=1,
         _spec_fallback=fallback_state_class(tree)(draft_decode_min_bs=2 if draft_decode else None),
-        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=forward)),
+        _draft_worker=_worker(tree, ns, "EagleDraftWorker", draft_runner=_new(tree, "ModelRunner", forward=forward)),
         _spec_fallback_draft_decode=lambda *a: seen.append(("decode",)),
     )
-    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_next_draft_input")
-    nxt = SimpleNamespace()
-    extend(
-        worker, SimpleNamespace(seq_lens=torch.tensor([3, 5, 10])), torch.tensor([7, 8, 9]), torch.zeros(bs, 3 * H), nxt
+    nxt = draft_input()
+    worker._spec_fallback_draft_extend(
+        model_worker_batch(tree, seq_lens=torch.tensor([3, 5, 10])),
+        torch.tensor([7, 8, 9]),
+        torch.zeros(bs, 3 * H),
+        nxt,
     )
     if draft_decode:
         assert seen == [("decode",)]
     else:
         assert seen == [("prepare", [7, 8, 9], 1, None), ("forward", True, [0, 0, 0], [1, 1, 1])]
         assert nxt.topk_index.squeeze(1).tolist() == [3, 3, 3] and nxt.hidden_states.shape == (bs, H)
-    build = load_function(path, "EAGLEWorkerV2._spec_fallback_build_draft_extend_graph", {})
-    assert build(worker, None) is None and worker._spec_fallback.draft_extend_runner is None
+    assert worker._spec_fallback_build_draft_extend_graph(None) is None
+    assert worker._spec_fallback.draft_extend_runner is None
 
 
 def test_0511_has_no_kv_only_sync_and_says_why(patched_release):
@@ -1027,16 +1036,15 @@ def test_0511_has_no_kv_only_sync_and_says_why(patched_release):
     assert "self.midlayer = " in ast.unparse(model) and "self.layers = " not in ast.unparse(model)
     path = tree / WORKER
     informed = []
-    ns = {"logger": SimpleNamespace(info=lambda *a: informed.append(a))}
-    init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_kv_only", ns)
-    worker = SimpleNamespace(_spec_fallback=fallback_state_class(tree)(threshold=32))
-    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_kv_only_unsupported")
-    init(worker, server_args(server_args_class(tree, {}), speculative_disable_kv_only_margin=8))
+    ns = {"logger": SimpleNamespace(info=lambda *a: informed.append(a))}  # the logging call recorded
+    worker = _worker(tree, ns, _spec_fallback=fallback_state_class(tree)(threshold=32))
+    worker._spec_fallback_init_draft_kv_only(
+        server_args(server_args_class(tree, {}), speculative_disable_kv_only_margin=8)
+    )
     assert worker._spec_fallback.kv_only_above is None and "midlayer" in informed[-1][1]
     text = path.read_text()
     assert "_spec_fallback_draft_prefill" not in text and "_spec_fallback_kv_only_stash" not in text
-    flush = load_function(path, "EAGLEWorkerV2._spec_fallback_kv_only_flush", {})
-    assert flush(worker, "spec") is None
+    assert worker._spec_fallback_kv_only_flush("spec") is None
 
 
 @pytest.mark.parametrize("version", RELEASES)
