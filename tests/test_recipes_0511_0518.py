@@ -1053,17 +1053,15 @@ def test_batches_whose_outputs_the_era_does_not_serve_stay_speculative(version, 
     0.5.15 serve none of them, 0.5.16 to 0.5.18 logprobs and hidden states: the others stay
     on the speculative path, every other batch may fall back."""
     tree = patched_release(version)
-    path = tree / WORKER
-    worker = SimpleNamespace()
-    bind_methods(path, "EAGLEWorkerV2", {}, worker, "_spec_fallback_eligible", "_spec_fallback_returns_hidden_states")
-
-    def req(hidden):
-        r = _Req()
-        r.return_hidden_states = hidden  # Req.return_hidden_states: what the request asked for
-        return r
+    worker = _worker(tree, {})
 
     def batch(grammar=False, logprob=False, hidden=False):
-        return SimpleNamespace(has_grammar=grammar, return_logprob=logprob, reqs=[req(False), req(hidden)])
+        """The worker's batch (0.5.11: a ModelWorkerBatch, then a ScheduleBatch), its second
+        request asking for hidden states with `hidden` (Req.return_hidden_states)."""
+        reqs = _running(tree, 2)
+        reqs[1].return_hidden_states = hidden
+        values = dict(has_grammar=grammar, return_logprob=logprob, reqs=reqs)
+        return model_worker_batch(tree, **values) if version == "0.5.11" else _new(tree, "ScheduleBatch", **values)
 
     assert worker._spec_fallback_eligible(batch()) is True
     # From 0.5.16 the step serves logprobs and hidden states as 0.5.12's does.
