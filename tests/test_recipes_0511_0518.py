@@ -1073,40 +1073,37 @@ def test_batches_whose_outputs_the_era_does_not_serve_stay_speculative(version, 
             assert worker._spec_fallback_eligible(batch(**kw)) is False, kw
 
 
-def _phase_config(tree):
-    """The release's own PhaseConfig (0.5.14 on: cuda_graph_config.py)."""
-    return load_function(
-        tree / "sglang/srt/model_executor/cuda_graph_config.py",
-        "PhaseConfig",
-        {
-            "dataclass": dataclasses.dataclass,
-            "Optional": typing.Optional,
-            "List": list,
-            "Backend": SimpleNamespace(DISABLED="disabled"),
-        },
-    )
+def _graph_config(tree, sizes):
+    """The release's own CudaGraphConfig (0.5.14 on: cuda_graph_config.py), its decode phase
+    (a PhaseConfig) capturing batch sizes `sizes` with the full backend."""
+    ns = {}
+    for name in ("Phase", "Backend", "PhaseConfig"):
+        ns[name] = release_class(tree, CUDA_GRAPH_CONFIG, name, ns)
+    ns["default_prefill_backend"] = lambda: ns["Backend"].FULL  # 0.5.17: asks the machine
+    config = release_class(tree, CUDA_GRAPH_CONFIG, "CudaGraphConfig", ns)()
+    config.decode.backend, config.decode.bs = "full", list(sizes)
+    return config
+
+
+def _decode_graph_runner(tree, init):
+    """The release's DecodeCudaGraphRunner, its __init__ (which captures on the GPU) `init`."""
+    return type("DecodeCudaGraphRunner", (_sglang(tree, "DecodeCudaGraphRunner"),), {"__init__": init})
 
 
 def _graph_builder(tree, args, ns, seen, decode, threshold, hysteresis, standalone=False):
-    """(worker, model runner) with the patched graph builder of 0.5.14 on bound to logged
-    stand-ins for the GPU work: the draft-extend and KV-only captures record into `seen`."""
-    mr = SimpleNamespace(server_args=args, spec_algorithm="EAGLE3")
-    w = SimpleNamespace(
-        _target_worker=SimpleNamespace(model_runner=mr),
+    """(worker, model runner): the patched worker, its target's and draft's model runners
+    holding `args`, the GPU work of its graph builder logged: the draft-extend and KV-only
+    captures record into `seen`."""
+    mr = _new(tree, "ModelRunner", server_args=args, spec_algorithm=_algorithm(tree))
+    w = _worker(
+        tree,
+        ns,
+        _target_worker=_target(tree, mr),
         _spec_fallback=fallback_state_class(tree)(threshold=threshold, hysteresis=hysteresis, attn_backend="b"),
-        speculative_algorithm=SimpleNamespace(is_standalone=lambda: standalone),
-        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(server_args=args)),
+        speculative_algorithm=_algorithm(tree, standalone),
+        _draft_worker=_worker(tree, ns, "EagleDraftWorker", draft_runner=_new(tree, "ModelRunner", server_args=args)),
         _spec_fallback_build_draft_extend_graph=lambda a: seen.setdefault("draft", list(decode.bs)),
         _spec_fallback_build_kv_only_graphs=lambda a: seen.setdefault("kv_only", True),
-    )
-    bind_methods(
-        tree / WORKER,
-        "EAGLEWorkerV2",
-        ns,
-        w,
-        "_spec_fallback_build_graphs",
-        "_spec_fallback_capture",
-        "_spec_fallback_decode_runner",
     )
     return w, mr
 
@@ -1115,17 +1112,17 @@ def _graph_builder(tree, args, ns, seen, decode, threshold, hysteresis, standalo
 @pytest.mark.parametrize("threshold,hysteresis,want", [(4, 2, [4, 8, 12, 16, 24, 32]), (32, 0, [])])
 def test_graph_sizes_go_through_the_releases_cuda_graph_config(version, threshold, hysteresis, want, patched_release):
     """From 0.5.14 the graph runners read their capture sizes from
-    server_args.cuda_graph_config.decode.bs (the release's own PhaseConfig): the fallback's
-    graphs are captured only above threshold - hysteresis, and the list is put back after,
-    also when a capture fails."""
+    server_args.cuda_graph_config.decode.bs (the release's own CudaGraphConfig): the
+    fallback's graphs are captured only above threshold - hysteresis, and the list is put
+    back after, also when a capture fails."""
     tree = patched_release(version)
-    phase_cls = _phase_config(tree)
     sizes = [1, 2, 4, 8, 12, 16, 24, 32]
-    decode = phase_cls(backend="full", bs=list(sizes))
-    args = SimpleNamespace(cuda_graph_config=SimpleNamespace(decode=decode), enable_return_hidden_states=False)
+    config = _graph_config(tree, sizes)
+    decode = config.decode
+    args = server_args(server_args_class(tree, {}), cuda_graph_config=config, enable_return_hidden_states=False)
     seen = {}
 
-    def runner(mr, attn_backend):
+    def capture(runner, mr, attn_backend):
         seen["decode"] = (
             list(mr.server_args.cuda_graph_config.decode.bs),
             mr.spec_algorithm,
@@ -1133,16 +1130,17 @@ def test_graph_sizes_go_through_the_releases_cuda_graph_config(version, threshol
         )
         if seen.get("fail"):
             raise RuntimeError("CUDA out of memory")
-        return SimpleNamespace(capture_bs=list(mr.server_args.cuda_graph_config.decode.bs))
+        runner.capture_bs = list(mr.server_args.cuda_graph_config.decode.bs)
 
-    ns = {"CudaGraphRunner": runner, "SpeculativeAlgorithm": SimpleNamespace(NONE="NONE")}
+    algorithm = _sglang(tree, "SpeculativeAlgorithm")
+    ns = {"CudaGraphRunner": _decode_graph_runner(tree, capture), "SpeculativeAlgorithm": algorithm}
     w, mr = _graph_builder(tree, args, ns, seen, decode, threshold, hysteresis)
     what = w._spec_fallback_build_graphs(args)
-    assert decode.bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == "EAGLE3"
+    assert decode.bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == algorithm.EAGLE3
     if not want:
         assert "decode" not in seen and what.startswith("none")
         return
-    assert seen["decode"] == (want, "NONE", True) and seen["draft"] == want and what == f"batch sizes {want}"
+    assert seen["decode"] == (want, algorithm.NONE, True) and seen["draft"] == want and what == f"batch sizes {want}"
     seen.clear()
     seen["fail"] = True
     with pytest.raises(RuntimeError, match="could not capture a decode CUDA graph"):
@@ -1158,48 +1156,43 @@ def test_0516_decode_graph_captures_hidden_states_without_writing_server_args(ve
     runner class (FULL for EAGLE-3, the release's NULL for STANDALONE), captured only above
     threshold - hysteresis, with the release's real ServerArgs left untouched."""
     tree = patched_release(version)
-    forward_py = tree / "sglang/srt/model_executor/forward_batch_info.py"
-    capture_mode = load_function(
-        forward_py, "CaptureHiddenMode", {"IntEnum": enum.IntEnum, "total_ordering": functools.total_ordering}
-    )
-    phase_cls = _phase_config(tree)
+    _, capture_mode = forward_modes(tree)
     sizes = [1, 2, 4, 8, 12, 16, 24, 32]
-    decode = phase_cls(backend="full", bs=list(sizes))
-    args = server_args(server_args_class(tree, {}), enable_return_hidden_states=False)
-    object.__setattr__(args, "cuda_graph_config", SimpleNamespace(decode=decode))
+    config = _graph_config(tree, sizes)
+    decode = config.decode
+    args = server_args(server_args_class(tree, {}), enable_return_hidden_states=False, cuda_graph_config=config)
     if version != "0.5.16":  # 0.5.16 raises only under SGLANG_STRICT_CONFIG_MUTATION
         object.__setattr__(args, "_declarations_materialized", True)
         with pytest.raises(AttributeError, match="read-only"):
             args.enable_return_hidden_states = True
     seen = {}
 
-    class DecodeRunner:
+    def capture(runner, mr, attn_backend):
         """The release's runner as far as the capture mode goes: BaseRunner.__init__ sets it
         from the server arguments, then the graphs are captured with it."""
+        on = mr.server_args.enable_return_hidden_states
+        runner.return_hidden_states_mode = capture_mode.FULL if on else capture_mode.NULL
+        runner.enable_return_hidden_states = runner.return_hidden_states_mode.need_capture()
+        runner.capture_hidden_mode = runner.return_hidden_states_mode
+        seen["decode"] = (
+            list(decode.bs),
+            mr.spec_algorithm,
+            runner.capture_hidden_mode,
+            runner.enable_return_hidden_states,
+        )
 
-        def __init__(self, mr, attn_backend):
-            on = mr.server_args.enable_return_hidden_states
-            self.return_hidden_states_mode = capture_mode.FULL if on else capture_mode.NULL
-            self.enable_return_hidden_states = self.return_hidden_states_mode.need_capture()
-            self.capture_hidden_mode = self.return_hidden_states_mode
-            seen["decode"] = (
-                list(decode.bs),
-                mr.spec_algorithm,
-                self.capture_hidden_mode,
-                self.enable_return_hidden_states,
-            )
-
+    algorithm = _sglang(tree, "SpeculativeAlgorithm")
     ns = {
-        "CudaGraphRunner": DecodeRunner,
+        "CudaGraphRunner": _decode_graph_runner(tree, capture),
         "CaptureHiddenMode": capture_mode,
-        "SpeculativeAlgorithm": SimpleNamespace(NONE="NONE"),
+        "SpeculativeAlgorithm": algorithm,
     }
     w, mr = _graph_builder(tree, args, ns, seen, decode, 4, 2, standalone)
     assert w._spec_fallback_build_graphs(args) == "batch sizes [4, 8, 12, 16, 24, 32]"
     want_mode = capture_mode.NULL if standalone else capture_mode.FULL
-    assert seen["decode"] == ([4, 8, 12, 16, 24, 32], "NONE", want_mode, not standalone)
+    assert seen["decode"] == ([4, 8, 12, 16, 24, 32], algorithm.NONE, want_mode, not standalone)
     assert seen["draft"] == [4, 8, 12, 16, 24, 32] and seen["kv_only"]
-    assert decode.bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == "EAGLE3"
+    assert decode.bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == algorithm.EAGLE3
     # Decode graphs switched off by backend alone (--cuda-graph-backend-decode disabled):
     # the fallback captures none either.
     seen.clear()
