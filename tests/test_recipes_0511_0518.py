@@ -1208,69 +1208,77 @@ def test_0516_draft_decode_passes_the_capture_to_init_new(version, patched_relea
     plan again); the batch and the draft runner's backend are put back."""
     torch = pytest.importorskip("torch")
     tree = patched_release(version)
-    path = tree / WORKER
     bs = 3
     seen = {}
+    forward_mode, capture = forward_modes(tree)
+    draft_input, _ = _draft_inputs(tree)
+    logits_output = logits_output_class(tree)
 
-    class Backend:
-        def init_forward_metadata(self, fb):
-            seen["planned"] = (fb.spec_info, fb.seq_lens.tolist())
-
-    class ForwardBatch:
-        @staticmethod
-        def init_new(batch, runner, **kwargs):
+    class ForwardBatch(_sglang(tree, "ForwardBatch")):
+        @classmethod
+        def init_new(cls, batch, runner, **kwargs):
             seen["init_new"] = (runner.attn_backend, kwargs)
-            fb = SimpleNamespace(spec_info=batch.spec_info, seq_lens=batch.seq_lens.clone(), input_ids=batch.input_ids)
-            fb.mark_forward_metadata_ready = lambda: seen.setdefault("marked", True)
-            return fb
+            return release_instance(
+                cls,
+                spec_info=batch.spec_info,
+                seq_lens=batch.seq_lens.clone(),
+                input_ids=batch.input_ids,
+                batch_size=len(batch.seq_lens),
+            )
 
     def draft_forward(fb, **kw):
-        seen["forward"] = (kw, fb.spec_info.hidden_states, fb.input_ids.tolist())
+        seen["forward"] = (kw, fb.spec_info.hidden_states, fb.input_ids.tolist(), fb.forward_metadata_ready)
         logits = torch.zeros(bs, 10)
         logits[:, 6] = 3.0
-        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
+        return _new(
+            tree,
+            "ModelRunnerOutput",
+            logits_output=logits_output(next_token_logits=logits, hidden_states=torch.ones(bs, H)),
+            can_run_graph=False,
+        )
 
     ns = {
         "torch": torch,
-        "EagleDraftInput": _DraftInput,
+        "EagleDraftInput": draft_input,
         "ForwardBatch": ForwardBatch,
-        "ForwardMode": SimpleNamespace(DECODE="DECODE"),
-        "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
+        "ForwardMode": forward_mode,
+        "CaptureHiddenMode": capture,
         "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim),
     }
-    plain = Backend()
-    dr = SimpleNamespace(attn_backend="draft-extend-backend", forward=draft_forward)
-    worker = SimpleNamespace(
+    # The release's attention backend (its kernel-call logging decorator aside), its
+    # metadata planning logged.
+    plain = release_instance(
+        release_type(tree, "AttentionBackend", {"torch": torch, "debug_kernel_api": lambda fn: fn}),
+        init_forward_metadata=lambda fb: seen.setdefault("planned", (fb.spec_info, fb.seq_lens.tolist())),
+    )
+    dr = _new(tree, "ModelRunner", attn_backend="draft-extend-backend", forward=draft_forward)
+    worker = _worker(
+        tree,
+        ns,
         topk=1,
         _spec_fallback=fallback_state_class(tree)(draft_attn_backend=plain),
-        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
-        draft_worker=SimpleNamespace(draft_runner=dr),
+        speculative_algorithm=_algorithm(tree),
+        _draft_worker=_worker(tree, ns, "EagleDraftWorker", draft_runner=dr),
     )
-    bind_methods(
-        path,
-        "EAGLEWorkerV2",
-        ns,
-        worker,
-        "_spec_fallback_as_decode",
-        "_spec_fallback_capture_mode",
-        "_spec_fallback_next_draft_input",
-    )
-    decode = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_decode", ns)
     target_hidden = torch.rand(bs, 3 * H)
-    batch = SimpleNamespace(
+    batch = _new(
+        tree,
+        "ScheduleBatch",
         seq_lens=torch.tensor([3, 5, 10]),
         seq_lens_cpu=None,
         seq_lens_sum=None,
-        spec_info="stale",
-        forward_mode="DECODE",
+        spec_info=draft_input(),  # the speculative step's, stale for this forward
+        forward_mode=forward_mode.DECODE,
     )
-    nxt = SimpleNamespace()
-    decode(worker, batch, torch.tensor([7, 8, 9], dtype=torch.int32), target_hidden, nxt)
+    nxt = draft_input()
+    worker._spec_fallback_draft_decode(batch, torch.tensor([7, 8, 9], dtype=torch.int32), target_hidden, nxt)
 
     backend, kwargs = seen["init_new"]
-    assert backend is plain and kwargs == {"capture_hidden_mode": "FULL", "return_hidden_states_before_norm": False}
-    assert seen["planned"] == (None, [4, 6, 11]) and seen["marked"] is True
+    assert backend is plain
+    assert kwargs == {"capture_hidden_mode": capture.FULL, "return_hidden_states_before_norm": False}
+    assert seen["planned"] == (None, [4, 6, 11])
     assert seen["forward"][0] == {} and seen["forward"][1] is target_hidden and seen["forward"][2] == [7, 8, 9]
+    assert seen["forward"][3] is True, "the forward batch is marked planned (ForwardBatch.mark_forward_metadata_ready)"
     assert nxt.topk_index.squeeze(1).tolist() == [6, 6, 6] and nxt.hidden_states.shape == (bs, H)
     assert dr.attn_backend == "draft-extend-backend" and batch.seq_lens.tolist() == [3, 5, 10]
     assert batch.seq_lens_cpu is None and batch.seq_lens_sum is None
