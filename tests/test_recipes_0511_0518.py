@@ -1290,10 +1290,7 @@ def test_0516_one_token_draft_extend_graph_is_built_as_upstreams_steps_0_tier(ve
     the worker state of steps 0 / one draft token (whose exit puts the spec path's backends
     and graphs back) inside the draft's TP context; a failed capture stops start-up; without
     a spec-path draft-extend graph none is built."""
-    import contextlib
-
     tree = patched_release(version)
-    path = tree / WORKER
     state = {"steps": 3, "tp": False}
     seen = []
 
@@ -1325,10 +1322,10 @@ def test_0516_one_token_draft_extend_graph_is_built_as_upstreams_steps_0_tier(ve
     if version != "0.5.16":
         object.__setattr__(args, "_declarations_materialized", True)
 
-    class DraftExtendRunner:
-        """Sized as the release sizes it: 0.5.16 and 0.5.17 from
-        server_args.speculative_num_draft_tokens, 0.5.18 from the runtime context, which the
-        worker state sets to one draft token."""
+    class DraftExtendRunner(_sglang(tree, "EAGLEDraftExtendCudaGraphRunner")):
+        """The release's draft-extend graph runner, sized as the release sizes it: 0.5.16 and
+        0.5.17 from server_args.speculative_num_draft_tokens, 0.5.18 from the runtime
+        context, which the worker state sets to one draft token."""
 
         def __init__(self, steps):
             self.steps = steps
@@ -1340,29 +1337,25 @@ def test_0516_one_token_draft_extend_graph_is_built_as_upstreams_steps_0_tier(ve
             raise RuntimeError("CUDA out of memory")
         dw.cuda_graph_runner_for_draft_extend = DraftExtendRunner(state["steps"])
 
-    dw = SimpleNamespace(
-        cuda_graph_runner_for_draft_extend="spec-graph",
-        draft_runner=SimpleNamespace(tp_group="g", server_args=args),
-        draft_tp_context=tp_context,
-        init_attention_backend=lambda: seen.append(("backends", state["steps"])),
-        _capture_cuda_graphs=capture_graphs,
-    )
     ns = {
         "contextlib": contextlib,
         "speculative_moe_backend_context": _null,
         "speculative_moe_a2a_backend_context": _null,
     }
-    worker = SimpleNamespace(
-        draft_worker=dw, _override_worker_state=override, _spec_fallback=fallback_state_class(tree)()
-    )
-    bind_methods(
-        path,
-        "EAGLEWorkerV2",
+    # The draft worker's state the worker-state override swaps, its TP context, backends
+    # and capture logged.
+    dw = _worker(
+        tree,
         ns,
-        worker,
-        "_spec_fallback_build_draft_extend_graph",
-        "_spec_fallback_draft_extend_width",
-        "_spec_fallback_capture",
+        "EagleDraftWorker",
+        cuda_graph_runner_for_draft_extend="spec-graph",
+        draft_runner=_new(tree, "ModelRunner", tp_group="g", server_args=args),
+        draft_tp_context=tp_context,
+        init_attention_backend=lambda: seen.append(("backends", state["steps"])),
+        _capture_cuda_graphs=capture_graphs,
+    )
+    worker = _worker(
+        tree, ns, _draft_worker=dw, _override_worker_state=override, _spec_fallback=fallback_state_class(tree)()
     )
     worker._spec_fallback_build_draft_extend_graph(None)
     assert seen == [("backends", 0), ("capture", 0, True)]
