@@ -1391,11 +1391,13 @@ def test_startup_memory_goes_where_the_release_records_graph_memory(version, pat
         "logger": logging.getLogger("spec-fallback-test"),
     }
     record = {"decode": 1.0, "prefill": 0.5} if per_phase else 1.5
-    mr = SimpleNamespace(**{"graph_memory_usage" if per_phase else "graph_mem_usage": record})
+    mr = _new(tree, "ModelRunner", **{"graph_memory_usage" if per_phase else "graph_mem_usage": record})
     state = fallback_state_class(tree)(threshold=8)
-    worker = SimpleNamespace(
+    worker = _worker(
+        tree,
+        ns,
         _spec_fallback=state,
-        _target_worker=SimpleNamespace(model_runner=mr),
+        _target_worker=_target(tree, mr),
         device="cuda",
         gpu_id=0,
         _spec_fallback_plain_attn_backend=lambda runner: "backend",
@@ -1403,7 +1405,6 @@ def test_startup_memory_goes_where_the_release_records_graph_memory(version, pat
         _spec_fallback_init_draft_kv_only=lambda args: None,
         _spec_fallback_build_graphs=lambda args: "batch sizes [16]",
     )
-    bind_methods(tree / WORKER, "EAGLEWorkerV2", ns, worker, "_spec_fallback_build")
     worker._spec_fallback_build(server_args(server_args_class(tree, {}), disable_cuda_graph=False))
     assert state.stats["startup_memory_gib"] == 0.75 and state.attn_backend == "backend"
     if per_phase:
@@ -1426,20 +1427,34 @@ def test_0516_hybrid_targets_are_told_by_the_releases_mambaish_config(version, h
     arch = ast.parse((tree / "sglang/srt/configs/hybrid_arch.py").read_text())
     fn = next(n for n in arch.body if isinstance(n, ast.FunctionDef) and n.name == "mambaish_config")
     assert [a.arg for a in fn.args.args] == ["model_config"]
+    # The target's ModelConfig (the release's) and the release's EAGLE-3 draft model; the
+    # hybrid-arch module, which needs all of SGLang, answers for the target's config only.
+    model_config_cls = release_type(
+        tree,
+        "ModelConfig",
+        {"ModelImpl": release_type(tree, "ModelImpl"), "cached_property": functools.cached_property},
+    )
+    model_config = release_instance(model_config_cls)
+    linear = object() if hybrid else None
     module = types.ModuleType("sglang.srt.configs.hybrid_arch")
-    module.mambaish_config = lambda model_config: model_config.get("linear_attention")
+    module.mambaish_config = lambda config: linear if config is model_config else pytest.fail("not the target's")
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    refuse = load_function(tree / WORKER, "EAGLEWorkerV2._spec_fallback_refuse_unsupported_models", {})
-    model_config = {"linear_attention": object() if hybrid else None}
-    worker = SimpleNamespace(
-        _target_worker=SimpleNamespace(model_runner=SimpleNamespace(model_config=model_config)),
-        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(model=type("LlamaForCausalLMEagle3", (), {})())),
+    worker = _worker(
+        tree,
+        {},
+        _target_worker=_target(tree, _new(tree, "ModelRunner", model_config=model_config)),
+        _draft_worker=_worker(
+            tree,
+            {},
+            "EagleDraftWorker",
+            draft_runner=_new(tree, "ModelRunner", model=_new(tree, "LlamaForCausalLMEagle3")),
+        ),
     )
     if hybrid:
         with pytest.raises(ValueError, match="hybrid linear-attention targets"):
-            refuse(worker)
+            worker._spec_fallback_refuse_unsupported_models()
     else:
-        refuse(worker)
+        worker._spec_fallback_refuse_unsupported_models()
 
 
 @pytest.mark.parametrize("version", ARGUMENT_CAPTURE)
@@ -1449,24 +1464,27 @@ def test_0516_capture_mode_never_asks_more_than_the_standalone_graph_captured(ve
     decode graph captured (the server's mode, LAST with --return-hidden-states-mode last):
     the runner refuses a replay that asks more than it captured."""
     tree = patched_release(version)
-    capture_mode = load_function(
-        tree / "sglang/srt/model_executor/forward_batch_info.py",
-        "CaptureHiddenMode",
-        {"IntEnum": enum.IntEnum, "total_ordering": functools.total_ordering},
-    )
-    mode = load_function(
-        tree / WORKER, "EAGLEWorkerV2._spec_fallback_capture_mode", {"CaptureHiddenMode": capture_mode}
-    )
+    _, capture_mode = forward_modes(tree)
 
-    def worker(standalone, graph_mode):
+    def mode(standalone, graph_mode, **kw):
+        """The patched worker's capture mode, STANDALONE or not, its fallback decode graph
+        (the release's DecodeCudaGraphRunner) captured with `graph_mode` (None: no graph)."""
         state = fallback_state_class(tree)()
-        state.graph_runner = None if graph_mode is None else SimpleNamespace(capture_hidden_mode=graph_mode)
-        return SimpleNamespace(
-            speculative_algorithm=SimpleNamespace(is_standalone=lambda: standalone), _spec_fallback=state
+        state.graph_runner = (
+            None
+            if graph_mode is None
+            else release_instance(_sglang(tree, "DecodeCudaGraphRunner"), capture_hidden_mode=graph_mode)
         )
+        worker = _worker(
+            tree,
+            {"CaptureHiddenMode": capture_mode},
+            speculative_algorithm=_algorithm(tree, standalone),
+            _spec_fallback=state,
+        )
+        return worker._spec_fallback_capture_mode(**kw)
 
-    assert mode(worker(False, capture_mode.FULL)) == capture_mode.FULL
-    assert mode(worker(False, capture_mode.FULL), hidden=True) == capture_mode.FULL
-    assert mode(worker(True, capture_mode.LAST)) == capture_mode.NULL
-    assert mode(worker(True, capture_mode.LAST), hidden=True) == capture_mode.LAST
-    assert mode(worker(True, None), hidden=True) == capture_mode.FULL  # eager: whatever the request asks
+    assert mode(False, capture_mode.FULL) == capture_mode.FULL
+    assert mode(False, capture_mode.FULL, hidden=True) == capture_mode.FULL
+    assert mode(True, capture_mode.LAST) == capture_mode.NULL
+    assert mode(True, capture_mode.LAST, hidden=True) == capture_mode.LAST
+    assert mode(True, None, hidden=True) == capture_mode.FULL  # eager: whatever the request asks
