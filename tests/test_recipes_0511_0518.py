@@ -10,7 +10,6 @@ import abc
 import ast
 import contextlib
 import dataclasses
-import enum
 import functools
 import hashlib
 import logging
@@ -1036,12 +1035,19 @@ def test_0511_has_no_kv_only_sync_and_says_why(patched_release):
     assert "self.midlayer = " in ast.unparse(model) and "self.layers = " not in ast.unparse(model)
     path = tree / WORKER
     informed = []
-    ns = {"logger": SimpleNamespace(info=lambda *a: informed.append(a))}  # the logging call recorded
+    logger = logging.getLogger("spec-fallback-0511-test")
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: informed.append((record.levelno, record.getMessage()))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    ns = {"logger": logger}
     worker = _worker(tree, ns, _spec_fallback=fallback_state_class(tree)(threshold=32))
     worker._spec_fallback_init_draft_kv_only(
         server_args(server_args_class(tree, {}), speculative_disable_kv_only_margin=8)
     )
-    assert worker._spec_fallback.kv_only_above is None and "midlayer" in informed[-1][1]
+    logger.removeHandler(handler)
+    assert worker._spec_fallback.kv_only_above is None
+    assert informed[-1][0] == logging.INFO and "midlayer" in informed[-1][1]
     text = path.read_text()
     assert "_spec_fallback_draft_prefill" not in text and "_spec_fallback_kv_only_stash" not in text
     assert worker._spec_fallback_kv_only_flush("spec") is None
