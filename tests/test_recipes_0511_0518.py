@@ -33,6 +33,7 @@ from .sglang_source import (
     logits_output_class,
     model_worker_batch,
     release_class,
+    release_envs,
     release_instance,
     release_type,
     server_args,
@@ -658,7 +659,7 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(version, chunked
     torch = pytest.importorskip("torch")
 
     tree = patched_release(version)
-    model, forward = _eagle3_model(torch, tree, fc_norm=False, sliced=True)
+    model, forward, ref = _eagle3_model(torch, tree, fc_norm=False, sliced=True)
     tails = load_function(
         tree / "sglang/srt/speculative/eagle_utils.py", "_eagle_prefill_tail_tokens", {"torch": torch}
     )
@@ -707,7 +708,6 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(version, chunked
         ref_out = _worker(tree, ns, "EagleDraftWorker", **draft_state)._draft_extend_for_prefill(
             ref_batch, target_hidden, tokens
         )
-    ref = model.layers[0].self_attn.seen
 
     writes = []
     # The release's KV pool and EAGLE-3 draft model, the pool's writes logged.
@@ -742,23 +742,8 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(version, chunked
     assert worker._spec_fallback.stats["draft_kv_only_prefills"] == 1
 
 
-@functools.cache
-def _envs(tree):
-    """SGLang's envs registry of the release: its Envs class over its own EnvField types
-    (0.5.13 has SGLANG_ENABLE_SPEC_V2; 0.5.14 has not: spec v2 always)."""
-    import os
-    import warnings
-
-    rel = "sglang/srt/environ.py"
-    ns = {"os": os, "warnings": warnings, "contextmanager": contextlib.contextmanager}
-    for node in ast.parse((tree / rel).read_text()).body:
-        if isinstance(node, ast.ClassDef):
-            ns[node.name] = release_class(tree, rel, node.name, ns)
-    return ns["Envs"]()
-
-
 def _validate(tree, version, spec_v2=True, **kw):
-    envs = _envs(tree)
+    envs = release_envs(tree)
     cls = server_args_class(tree, {"envs": envs, "logger": logging.getLogger("test")})
     base = dict(
         speculative_disable_batch_size_threshold=8,
