@@ -6,9 +6,10 @@ speculative arguments."""
 
 from __future__ import annotations
 
+import abc
 import ast
+import contextlib
 import dataclasses
-import enum
 import functools
 import hashlib
 import logging
@@ -22,14 +23,28 @@ import pytest
 from packaging.version import Version
 
 from spectool import api
-from spectool.testing import bind_methods, load_function
+from spectool.testing import load_function
 
-from .sglang_source import disable_flags_parser, fallback_state_class, server_args, server_args_class
+from .sglang_source import (
+    disable_flags_parser,
+    fallback_state_class,
+    forward_modes,
+    generation_batch_result_class,
+    logits_output_class,
+    model_worker_batch,
+    release_class,
+    release_envs,
+    release_instance,
+    release_type,
+    server_args,
+    server_args_class,
+)
 from .test_fallback_kv_only import H, V, _eagle3_model
 
 pytestmark = pytest.mark.network
 
 WORKER = "sglang/srt/speculative/eagle_worker_v2.py"
+BATCH = "sglang/srt/managers/schedule_batch.py"
 STANDALONE = "sglang/srt/speculative/standalone_worker_v2.py"
 ARGS = "sglang/srt/server_args.py"
 HOOK = "sglang/srt/arg_groups/speculative_hook.py"
@@ -40,6 +55,49 @@ RELEASES = ["0.5.11", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post
 ERAS = ["0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.18"]
 LATER = ("0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18")  # graphs built after the workers
 ARGUMENT_CAPTURE = ("0.5.16", "0.5.17", "0.5.18")  # the capture passed to the forwards
+BASE_SPEC = "sglang/srt/speculative/base_spec_worker.py"
+CUDA_GRAPH_CONFIG = "sglang/srt/model_executor/cuda_graph_config.py"
+
+
+@functools.cache
+def _sglang(tree, name):
+    """The release's class `name` (a pool, a batch, a model runner, an enum), its methods'
+    globals the libraries and enums they read."""
+    import torch
+
+    forward_mode, capture = forward_modes(tree)
+    ns = {"torch": torch, "nn": torch.nn, "abc": abc, "ForwardMode": forward_mode, "CaptureHiddenMode": capture}
+    return release_type(tree, name, ns)
+
+
+def _new(tree, name, **attrs):
+    """An object of the release's class `name` holding `attrs` (release_instance)."""
+    return release_instance(_sglang(tree, name), **attrs)
+
+
+def _worker(tree, ns, cls="EAGLEWorkerV2", **attrs):
+    """An object of the patched release's worker class `cls` (EAGLEWorkerV2 or the draft
+    worker EagleDraftWorker of eagle_worker_v2.py), its methods, the recipes' inserted ones
+    among them, reading `ns` as their globals; `attrs` are its state (a method given there
+    shadows the class's)."""
+    ns = dict(ns)
+    base = tree / BASE_SPEC
+    if base.exists() and "class HiCacheDraftPlan" in base.read_text():  # BaseSpecWorker makes one
+        mode = release_type(tree, "HiCacheDraftMode", {"str": str}, rel=BASE_SPEC)
+        ns["HiCacheDraftPlan"] = release_type(tree, "HiCacheDraftPlan", {"HiCacheDraftMode": mode}, rel=BASE_SPEC)
+    return release_instance(release_type(tree, cls, ns, rel=WORKER), **attrs)
+
+
+def _target(tree, runner, **attrs):
+    """The release's TpModelWorker holding model runner `runner` (its model_runner property
+    reads _model_runner)."""
+    return _new(tree, "TpModelWorker", _model_runner=runner, **attrs)
+
+
+def _algorithm(tree, standalone=False):
+    """The release's SpeculativeAlgorithm member: STANDALONE or EAGLE3."""
+    algorithm = _sglang(tree, "SpeculativeAlgorithm")
+    return algorithm.STANDALONE if standalone else algorithm.EAGLE3
 
 
 def _at_least(version, floor):
@@ -226,21 +284,6 @@ def test_hooks_sit_where_the_release_runs_them(version, patched_release):
             assert text[at - 1] == "self.plan_stream, self.plan_stream_ctx = _get_plan_stream(self.device)"
 
 
-def _generation_batch_result(tree):
-    """The release's GenerationBatchResult dataclass (managers/utils.py), as the scheduler uses it."""
-    import torch
-
-    ns = {"dataclasses": dataclasses, "torch": torch, **{n: getattr(typing, n) for n in typing.__all__}}
-    return load_function(tree / "sglang/srt/managers/utils.py", "GenerationBatchResult", ns)
-
-
-class _DraftInput:
-    """EagleDraftInput's constructor as the fallback calls it: keyword fields only."""
-
-    def __init__(self, **fields):
-        self.__dict__.update(fields)
-
-
 class _null:
     def __enter__(self):
         return self
@@ -249,43 +292,70 @@ class _null:
         return False
 
 
-class _Req:
-    """What the release's result consumer reads and writes of a running request."""
+@functools.cache
+def _draft_inputs(tree):
+    """The release's EagleDraftInput and (0.5.13 on) EagleDraftExtendInput, on their real
+    bases."""
+    import torch
 
-    def __init__(self):
-        self.is_retracted, self.grammar, self.kv_committed_len = False, None, 10
-        self.spec_verify_ct = self.spec_num_correct_drafts = 0
-        self.histogram = []
+    from .sglang_source import EAGLE_INFO, SPEC_INFO
 
-    def finished(self):
-        return False
+    ns = {
+        "torch": torch,
+        "CaptureHiddenMode": forward_modes(tree)[1],
+        "SpecInputType": release_class(tree, SPEC_INFO, "SpecInputType"),
+    }
+    draft = release_type(tree, "EagleDraftInput", ns, rel=EAGLE_INFO)
+    if "class EagleDraftExtendInput" not in (tree / EAGLE_INFO).read_text():
+        return draft, None
+    return draft, release_type(tree, "EagleDraftExtendInput", ns, rel=EAGLE_INFO)
 
-    def update_spec_correct_drafts_histogram(self, n):
-        self.histogram.append(n)
+
+def _running(tree, n):
+    """`n` running requests of the release's Req as its result consumer finds them: 10
+    tokens committed, no grammar, not finished, nothing verified yet (0.5.11 counts accepted
+    drafts into spec_acceptance_histogram, later releases correct ones into
+    spec_correct_drafts_histogram)."""
+    old = "self.spec_acceptance_histogram" in (tree / BATCH).read_text()
+    drafts, histogram = (
+        ("spec_accepted_drafts", "spec_acceptance_histogram")
+        if old
+        else ("spec_num_correct_drafts", "spec_correct_drafts_histogram")
+    )
+    return [
+        _new(
+            tree,
+            "Req",
+            is_retracted=False,
+            grammar=None,
+            finished_reason=None,
+            kv_committed_len=10,
+            spec_verify_ct=0,
+            return_hidden_states=False,
+            **{drafts: 0, histogram: []},
+        )
+        for _ in range(n)
+    ]
 
 
 def _consume(tree, result, bs):
-    """The release's own SchedulerBatchResultProcessor._resolve_spec_v2_tokens on `result`."""
+    """The release's own SchedulerBatchResultProcessor._resolve_spec_v2_tokens on `result`,
+    for a ScheduleBatch of `bs` running requests; what it reports to the worker's
+    on_verify_complete_cpu is recorded."""
     import torch
 
-    path = tree / "sglang/srt/managers/scheduler_components/batch_result_processor.py"
-    resolve = load_function(
-        path,
-        "SchedulerBatchResultProcessor._resolve_spec_v2_tokens",
-        {"torch": torch, **{n: getattr(typing, n) for n in typing.__all__}},
-    )
     reported = []
-    processor = SimpleNamespace(
-        model_worker=SimpleNamespace(
-            on_verify_complete_cpu=lambda drafts, batch_size: reported.append((drafts, batch_size))
-        )
+    worker = _worker(
+        tree,
+        {},
+        on_verify_complete_cpu=lambda drafts, batch_size: reported.append((drafts, batch_size)),
     )
-    if "def advance_grammar_fsm(" in path.read_text():  # 0.5.17 on: the consumer calls it first
-        advance = load_function(path, "SchedulerBatchResultProcessor.advance_grammar_fsm", {})
-        processor.advance_grammar_fsm = lambda result, batch: advance(processor, result, batch)
-    reqs = [_Req() for _ in range(bs)]
-    batch = SimpleNamespace(reqs=reqs, has_grammar=False, spec_algorithm=SimpleNamespace(is_dflash=lambda: False))
-    return resolve(processor, result, batch), reqs, reported
+    processor = release_instance(
+        release_type(tree, "SchedulerBatchResultProcessor", {"torch": torch}), model_worker=worker
+    )
+    reqs = _running(tree, bs)
+    batch = _new(tree, "ScheduleBatch", reqs=reqs, has_grammar=False, spec_algorithm=_algorithm(tree))
+    return processor._resolve_spec_v2_tokens(result, batch), reqs, reported
 
 
 @pytest.mark.parametrize("version", ERAS)
@@ -303,26 +373,22 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
     tree = patched_release(version)
-    path = tree / WORKER
-    result_cls = _generation_batch_result(tree)
+    result_cls = generation_batch_result_class(tree)
+    forward_mode, capture = forward_modes(tree)
+    draft_input, _ = _draft_inputs(tree)
     ns = {
         "torch": torch,
         "GenerationBatchResult": result_cls,
-        "EagleDraftInput": _DraftInput,
-        "ForwardMode": SimpleNamespace(DECODE="DECODE"),
-        "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
+        "EagleDraftInput": draft_input,
+        "ForwardMode": forward_mode,
+        "CaptureHiddenMode": capture,
         "speculative_moe_backend_context": _null,
         "speculative_moe_a2a_backend_context": _null,
     }
-    decode = load_function(path, "EAGLEWorkerV2._spec_fallback_decode", ns)
     graph_attr = "graph_runner" if version == "0.5.13" else "decode_cuda_graph_runner"
     order, seen = [], {}
-
-    class ModelRunner:  # the attributes the step swaps, under this release's names
-        attn_backend = "spec-backend"
-
-    mr = ModelRunner()
-    setattr(mr, graph_attr, "verify-graph")
+    # The model runner's attributes the step swaps, under this release's names.
+    mr = _new(tree, "ModelRunner", attn_backend="spec-backend", **{graph_attr: "verify-graph"})
 
     def target_forward(batch, **kwargs):
         order.append("target")
@@ -337,8 +403,10 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(
             installed=(mr.attn_backend, getattr(mr, graph_attr)),
         )
         return result_cls(
-            logits_output=SimpleNamespace(
-                hidden_states=torch.zeros(3, 6), next_token_logprobs=torch.tensor([-0.5, -1.0, -2.0])
+            logits_output=logits_output_class(tree)(
+                next_token_logits=None,
+                hidden_states=torch.zeros(3, 6),
+                next_token_logprobs=torch.tensor([-0.5, -1.0, -2.0]),
             ),
             next_token_ids=torch.tensor([7, 8, 9]),
             can_run_cuda_graph=True,
@@ -346,53 +414,47 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(
             indexer_topk_output="indexer",
         )
 
-    worker = SimpleNamespace(
+    worker = _worker(
+        tree,
+        ns,
         device="cpu",
-        req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(100).reshape(5, 20)),
-        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
-        _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
+        req_to_token_pool=_new(tree, "ReqToTokenPool", req_to_token=torch.arange(100).reshape(5, 20)),
+        speculative_algorithm=_algorithm(tree),
+        _target_worker=_target(tree, mr, forward_batch_generation=target_forward),
         _spec_fallback=fallback_state_class(tree)(
             threshold=0, attn_backend="decode-backend", graph_runner="decode-graph"
         ),
-        draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
+        _draft_worker=_worker(
+            tree,
+            ns,
+            "EagleDraftWorker",
+            draft_tp_context=lambda group: _null(),
+            draft_runner=_new(tree, "ModelRunner", tp_group=None),
+        ),
         _spec_fallback_draft_extend=lambda batch, tokens, hidden, nxt: order.append(("draft", tokens.tolist())),
     )
-    bind_methods(
-        path,
-        "EAGLEWorkerV2",
-        ns,
-        worker,
-        "_spec_fallback_target_decode",
-        "_spec_fallback_as_decode",
-        "_spec_fallback_sync_draft",
-        "_spec_fallback_constant",
-        *(
-            ("_spec_fallback_capture_mode", "_spec_fallback_returns_hidden_states")
-            if version in ARGUMENT_CAPTURE
-            else ()
-        ),
-    )
     lens = torch.tensor([3, 5, 10])
-    running = [_Req() for _ in range(3)]
-    for r in running:
-        r.return_hidden_states = False  # Req.return_hidden_states: what the request asked for
-    batch = SimpleNamespace(
+    running = _running(tree, 3)  # none asks for hidden states (Req.return_hidden_states)
+    batch = _new(
+        tree,
+        "ScheduleBatch",
         reqs=running,
         return_logprob=False,
         seq_lens=lens.clone(),
         seq_lens_cpu=lens.clone() if host_lengths else None,
         seq_lens_sum=18 if host_lengths else None,
         req_pool_indices=torch.tensor([0, 2, 4]),
-        spec_info=_DraftInput(bonus_tokens=torch.tensor([1, 2, 3], dtype=torch.int32)),
+        spec_info=draft_input(bonus_tokens=torch.tensor([1, 2, 3], dtype=torch.int32)),
     )
-    res = decode(worker, batch, lambda new: order.append(("publish", new.tolist(), new)))
+    decode = worker._spec_fallback_decode
+    res = decode(batch, lambda new: order.append(("publish", new.tolist(), new)))
 
     (_, published, published_tensor), target = order[0], order.index("target")
     assert published == [4, 6, 11] and target == 1, order
     assert order[2] == ("draft", [7, 8, 9]), "the draft KV sync over the tokens the target produced"
     assert seen["ids"] == [1, 2, 3] and seen["lens"] == [4, 6, 11] and seen["slots"] == [3, 45, 90]
-    assert seen["mode"] == "DECODE" and seen["installed"] == ("decode-backend", "decode-graph")
-    assert seen["capture"] == "FULL", "EAGLE-3's draft reads the target's auxiliary hidden states"
+    assert seen["mode"] == forward_mode.DECODE and seen["installed"] == ("decode-backend", "decode-graph")
+    assert seen["capture"] == capture.FULL, "EAGLE-3's draft reads the target's auxiliary hidden states"
     assert (mr.attn_backend, getattr(mr, graph_attr)) == ("spec-backend", "verify-graph"), "the verify graph is back"
     if host_lengths:
         assert seen["host"].tolist() == [4, 6, 11] and seen["total"] == 21
@@ -414,17 +476,17 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(
     assert reported == [([0, 0, 0], 3)] and [r.spec_verify_ct for r in reqs] == [1, 1, 1]
 
     # The non-overlap scheduler passes no on_publish; it reads the lengths from the result.
-    batch.spec_info = _DraftInput(bonus_tokens=torch.tensor([4, 5, 6], dtype=torch.int32))
-    again = decode(worker, batch, None)
+    batch.spec_info = draft_input(bonus_tokens=torch.tensor([4, 5, 6], dtype=torch.int32))
+    again = decode(batch, None)
     assert again.new_seq_lens.tolist() == [4, 6, 11] and again.accept_lens.data_ptr() == res.accept_lens.data_ptr()
 
     if version in ARGUMENT_CAPTURE:  # from 0.5.16 logprob and hidden-state batches fall back too
-        batch.spec_info = _DraftInput(bonus_tokens=torch.tensor([4, 5, 6], dtype=torch.int32))
+        batch.spec_info = draft_input(bonus_tokens=torch.tensor([4, 5, 6], dtype=torch.int32))
         batch.return_logprob = True
         running[1].return_hidden_states = True
-        worker.speculative_algorithm = SimpleNamespace(is_standalone=lambda: True)
-        served = decode(worker, batch, None)
-        assert seen["capture"] == "FULL", "STANDALONE captures hidden states for the requests that ask"
+        worker.speculative_algorithm = _algorithm(tree, standalone=True)
+        served = decode(batch, None)
+        assert seen["capture"] == capture.FULL, "STANDALONE captures hidden states for the requests that ask"
         # One row of accepted tokens per request, as the scheduler reads a speculative result.
         assert served.logits_output.next_token_logprobs.tolist() == [[-0.5], [-1.0], [-2.0]]
         assert tuple(served.logits_output.hidden_states.shape) == (3, 6), "one row per request"
@@ -440,59 +502,68 @@ def test_draft_sync_replays_its_one_token_graph(version, graph_fits, patched_rel
     forward runs eagerly on the metadata the preparation planned."""
     torch = pytest.importorskip("torch")
     tree = patched_release(version)
-    path = tree / WORKER
     bs = 3
     seen = {}
-    buffer = SimpleNamespace(next_token_logits=torch.zeros(8, 10), hidden_states=torch.rand(8, H))
+    logits_output = logits_output_class(tree)
+    buffer = logits_output(next_token_logits=torch.zeros(8, 10), hidden_states=torch.rand(8, H))
     buffer.next_token_logits[:, 5] = 4.0
-    graph_out = SimpleNamespace(
-        next_token_logits=buffer.next_token_logits[:bs], hidden_states=buffer.hidden_states[:bs]
-    )
+    graph_out = logits_output(next_token_logits=buffer.next_token_logits[:bs], hidden_states=buffer.hidden_states[:bs])
 
     def prepare(draft_input, batch, predict, n, runner_, graph_runner):
         seen["prepare"] = (predict.tolist(), predict.dtype, n, graph_runner)
-        return SimpleNamespace(spec_info=draft_input, batch_size=bs)
+        return _new(tree, "ForwardBatch", spec_info=draft_input, batch_size=bs)
 
     def counts(fb):  # what the forward reads: zero correct drafts, one accepted token each
         seen["counts"] = (fb.spec_info.num_correct_drafts.tolist(), fb.spec_info.num_accept_tokens.tolist())
-
-    class Runner:
-        def __init__(self):
-            self.can_run = self.can_run_graph = lambda fb: graph_fits
-            self.replay = self.execute = lambda fb: counts(fb) or seen.setdefault("replayed", graph_out)
 
     def eager(fb, **kw):
         counts(fb)
         seen["eager"] = kw
         logits = torch.zeros(bs, 10)
         logits[:, 2] = 3.0
-        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
+        return _new(
+            tree,
+            "ModelRunnerOutput",
+            logits_output=logits_output(next_token_logits=logits, hidden_states=torch.ones(bs, H)),
+            can_run_graph=False,
+        )
 
-    class DraftInput(_DraftInput):  # 0.5.13: the draft input prepares itself
+    draft_input, extend_input = _draft_inputs(tree)
+
+    class DraftInput(draft_input):  # 0.5.13: the draft input prepares itself
         def prepare_for_extend_to_fill_draft_kvcache(self, *a):
             return prepare(self, *a)
 
-    runner = Runner()
+    # The release's draft-extend graph runner, its fit test and replay (0.5.13: can_run and
+    # replay, then can_run_graph and execute) logged.
+    runner_cls = _sglang(tree, "EAGLEDraftExtendCudaGraphRunner")
+    fit, run = ("can_run_graph", "execute") if hasattr(runner_cls, "can_run_graph") else ("can_run", "replay")
+    runner = release_instance(
+        runner_cls,
+        **{fit: lambda fb: graph_fits, run: lambda fb: counts(fb) or seen.setdefault("replayed", graph_out)},
+    )
     ns = {
         "torch": torch,
         "EagleDraftInput": DraftInput,
-        "EagleDraftExtendInput": _DraftInput,
+        "EagleDraftExtendInput": extend_input,
         "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim),
         # 0.5.16 on: eagle_worker_common's, which takes return_hidden_states_before_norm too
         "prepare_for_draft_extend": lambda ext, batch, predict, n, r, g, **kw: prepare(ext, batch, predict, n, r, g),
     }
-    extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
-    worker = SimpleNamespace(
+    draft_worker = {"draft_runner": _new(tree, "ModelRunner", forward=eager)}
+    if version in ("0.5.14", "0.5.15"):  # the draft worker prepares the extend
+        draft_worker["prepare_for_draft_extend"] = prepare
+    worker = _worker(
+        tree,
+        ns,
         device="cpu",
         topk=1,
         _spec_fallback=fallback_state_class(tree)(draft_extend_runner=runner),
-        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=eager), prepare_for_draft_extend=prepare),
+        _draft_worker=_worker(tree, ns, "EagleDraftWorker", **draft_worker),
     )
-    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_next_draft_input", "_spec_fallback_kv_only_flush")
-    nxt = SimpleNamespace()
-    extend(
-        worker,
-        SimpleNamespace(seq_lens=torch.tensor([3, 5, 10])),
+    nxt = draft_input()
+    worker._spec_fallback_draft_extend(
+        _new(tree, "ScheduleBatch", seq_lens=torch.tensor([3, 5, 10])),
         torch.tensor([7, 8, 9], dtype=torch.int32),
         torch.zeros(bs, 3 * H),
         nxt,
@@ -512,19 +583,21 @@ def test_draft_sync_replays_its_one_token_graph(version, graph_fits, patched_rel
 
 
 def _schedule_prefill(torch, tree, chunked):
-    """Three prompts as a ScheduleBatch carries them: 4 new tokens, 2 after a cached prefix of
-    3, 5 new; with `chunked`, the third is a prompt's non-final chunk whose next prompt token
-    is 47. Each request's slots, and the tokens the target produced."""
+    """Three prompts as the release's ScheduleBatch carries them: 4 new tokens, 2 after a
+    cached prefix of 3, 5 new; with `chunked`, the third is a prompt's non-final chunk whose
+    next prompt token is 47. Each request's slots, and the tokens the target produced."""
     torch.manual_seed(1)
     ext, prefix = [4, 2, 5], [0, 3, 0]
-    reqs = [object(), object(), object()]
-    batch = SimpleNamespace(
+    reqs = [_new(tree, "Req") for _ in range(3)]
+    batch = _new(
+        tree,
+        "ScheduleBatch",
         input_ids=torch.randint(1, V, (sum(ext),), dtype=torch.int64),
         extend_lens=ext,
         prefix_lens=prefix,
         seq_lens=torch.tensor([p + e for p, e in zip(prefix, ext)]),
         out_cache_loc=torch.arange(20, 20 + sum(ext)),
-        forward_mode=SimpleNamespace(is_idle=lambda: False),
+        forward_mode=forward_modes(tree)[0].EXTEND,
         has_grammar=False,
         return_logprob=False,
         return_hidden_states=False,
@@ -533,29 +606,47 @@ def _schedule_prefill(torch, tree, chunked):
         reqs=reqs,
         chunked_req=reqs[2] if chunked else None,
         chunked_req_next_prompt_token=47 if chunked else None,
-        capture_hidden_mode=None,
         sampling_info=None,
     )
+    if "capture_hidden_mode" in {f.name for f in dataclasses.fields(batch)}:  # up to 0.5.15
+        batch.capture_hidden_mode = None
     return batch, torch.tensor([41, 42, 43])
 
 
-def _schedule_init_new(torch):
-    """ForwardBatch.init_new in miniature, on a ScheduleBatch: positions continue each
-    request's cached prefix."""
+def _schedule_forward_batch(torch, tree):
+    """The release's ForwardBatch, its init_new in miniature on a ScheduleBatch: an extend
+    batch without multimodal inputs whose positions continue each request's cached prefix."""
 
-    def init_new(batch, runner, **kwargs):
-        positions = torch.cat([torch.arange(p, p + e) for p, e in zip(batch.prefix_lens, batch.extend_lens)])
-        return SimpleNamespace(
-            input_ids=batch.input_ids,
-            positions=positions,
-            out_cache_loc=batch.out_cache_loc,
-            spec_info=batch.spec_info,
-            mm_input_embeds=None,
-            contains_mm_inputs=lambda: False,
-            forward_mode=SimpleNamespace(is_extend=lambda: True, is_draft_extend=lambda include_v2=False: False),
-        )
+    class ForwardBatch(_sglang(tree, "ForwardBatch")):
+        @classmethod
+        def init_new(cls, batch, runner, **kwargs):
+            positions = torch.cat([torch.arange(p, p + e) for p, e in zip(batch.prefix_lens, batch.extend_lens)])
+            return release_instance(
+                cls,
+                input_ids=batch.input_ids,
+                positions=positions,
+                out_cache_loc=batch.out_cache_loc,
+                spec_info=batch.spec_info,
+                mm_input_embeds=None,
+                mm_inputs=None,
+                forward_mode=forward_modes(tree)[0].EXTEND,
+            )
 
-    return SimpleNamespace(init_new=init_new)
+    return ForwardBatch
+
+
+def _spec_settings(tree, **values):
+    """0.5.17's get_spec(): the runtime context's spec config bag (the release's _ConfigBag)
+    holding `values`; None where the release has none."""
+    path = tree / "sglang/srt/runtime_context.py"
+    if not path.exists() or "class _ConfigBag" not in path.read_text():
+        return None
+    bag = release_class(tree, str(path.relative_to(tree)), "_ConfigBag", {"contextmanager": contextlib.contextmanager})(
+        "spec"
+    )
+    for name, value in values.items():
+        bag._set(name, value)
+    return bag
 
 
 @pytest.mark.parametrize("version", ERAS)
@@ -566,21 +657,22 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(version, chunked
     prompt token, _eagle_prefill_tail_tokens), the same K/V at the same slots, and the next
     draft input in the release's shapes, zeros, with the sampled tokens as bonus tokens."""
     torch = pytest.importorskip("torch")
-    import contextlib
 
     tree = patched_release(version)
-    path = tree / WORKER
-    model, forward = _eagle3_model(torch, tree, fc_norm=False, sliced=True)
+    model, forward, ref = _eagle3_model(torch, tree, fc_norm=False, sliced=True)
     tails = load_function(
         tree / "sglang/srt/speculative/eagle_utils.py", "_eagle_prefill_tail_tokens", {"torch": torch}
     )
+    forward_mode, capture = forward_modes(tree)
+    draft_input, extend_input = _draft_inputs(tree)
+    spec = _spec_settings(tree, speculative_use_rejection_sampling=False)
     ns = {
         "torch": torch,
-        "EagleDraftInput": _DraftInput,
-        "EagleDraftExtendInput": _DraftInput,
-        "ForwardBatch": _schedule_init_new(torch),
-        "ForwardMode": SimpleNamespace(EXTEND="EXTEND"),
-        "CaptureHiddenMode": SimpleNamespace(NULL="NULL", LAST="LAST", FULL="FULL"),
+        "EagleDraftInput": draft_input,
+        "EagleDraftExtendInput": extend_input,
+        "ForwardBatch": _schedule_forward_batch(torch, tree),
+        "ForwardMode": forward_mode,
+        "CaptureHiddenMode": capture,
         "contextlib": contextlib,
         "context_tuple": None,
         "maybe_detect_nan": lambda *a: None,
@@ -589,56 +681,52 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(version, chunked
         "_eagle_prefill_tail_tokens": tails,
         "renorm_draft_probs": lambda logits, info, rejection: torch.softmax(logits, -1),
         # 0.5.17 reads the speculative settings from the runtime context
-        "get_spec": lambda: SimpleNamespace(speculative_use_rejection_sampling=False),
+        "get_spec": lambda: spec,
     }
     target_hidden = torch.randn(11, 3 * H)
+    logits_output = logits_output_class(tree)
 
     def runner_forward(fb):
         forward(fb.input_ids, fb.positions, fb)
-        return SimpleNamespace(
-            logits_output=SimpleNamespace(next_token_logits=torch.rand(3, V), hidden_states=torch.rand(3, H))
+        return _new(
+            tree,
+            "ModelRunnerOutput",
+            logits_output=logits_output(next_token_logits=torch.rand(3, V), hidden_states=torch.rand(3, H)),
+            can_run_graph=False,
         )
 
-    release = load_function(path, "EagleDraftWorker._draft_extend_for_prefill", ns)
-    ref_batch, tokens = _schedule_prefill(torch, tree, chunked)
-    ref_batch.forward_mode = SimpleNamespace(is_idle=lambda: False)
-    draft_worker = SimpleNamespace(
+    draft_state = dict(
         topk=1,
-        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
-        server_args=SimpleNamespace(speculative_use_rejection_sampling=False),
-        seed_dsa_topk_from_draft_extend=False,  # 0.5.15: DSA drafts only
-        draft_runner=SimpleNamespace(forward=runner_forward, canary_manager=None),
+        speculative_algorithm=_algorithm(tree),
+        server_args=server_args(server_args_class(tree, {})),  # rejection sampling off, its default
+        draft_runner=_new(tree, "ModelRunner", forward=runner_forward, canary_manager=None),
     )
+    if _at_least(version, "0.5.15"):
+        draft_state["seed_dsa_topk_from_draft_extend"] = False  # DSA drafts only
+    ref_batch, tokens = _schedule_prefill(torch, tree, chunked)
     with torch.no_grad():
-        ref_out = release(draft_worker, ref_batch, target_hidden, tokens)
-    ref = model.layers[0].self_attn.seen
+        ref_out = _worker(tree, ns, "EagleDraftWorker", **draft_state)._draft_extend_for_prefill(
+            ref_batch, target_hidden, tokens
+        )
 
     writes = []
-    pool = SimpleNamespace(set_kv_buffer=lambda *a: writes.append(a))
-    dw = SimpleNamespace(
-        draft_runner=SimpleNamespace(model=SimpleNamespace(model=model), token_to_kv_pool=pool),
+    # The release's KV pool and EAGLE-3 draft model, the pool's writes logged.
+    pool = _new(tree, "MHATokenToKVPool", set_kv_buffer=lambda *a: writes.append(a))
+    dw = _worker(
+        tree,
+        ns,
+        "EagleDraftWorker",
+        draft_runner=_new(
+            tree, "ModelRunner", model=_new(tree, "LlamaForCausalLMEagle3", model=model), token_to_kv_pool=pool
+        ),
         _draft_extend_for_prefill=lambda *a: pytest.fail("the full draft prefill ran"),
     )
-    worker = SimpleNamespace(
-        device="cpu", topk=1, draft_worker=dw, _spec_fallback=fallback_state_class(tree)(kv_only_above=2)
+    worker = _worker(
+        tree, ns, device="cpu", topk=1, _draft_worker=dw, _spec_fallback=fallback_state_class(tree)(kv_only_above=2)
     )
-    bind_methods(
-        path,
-        "EAGLEWorkerV2",
-        ns,
-        worker,
-        "_spec_fallback_kv_only_prefill_applies",
-        "_spec_fallback_kv_only_write",
-        "_spec_fallback_kv_only_flush",
-        "_spec_fallback_zero_draft_input",
-        "_spec_fallback_constant",
-        "_spec_fallback_eligible",
-    )
-    prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
     batch, _ = _schedule_prefill(torch, tree, chunked)
-    batch.forward_mode = "EXTEND"
     with torch.no_grad():
-        out = prefill(worker, batch, target_hidden, tokens, None)
+        out = worker._spec_fallback_draft_prefill(batch, target_hidden, tokens, None)
 
     assert batch.input_ids.tolist() == ref_batch.input_ids.tolist(), "ids shifted as the release shifts them"
     assert (batch.input_ids[-1] == 47) == chunked
@@ -654,17 +742,8 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(version, chunked
     assert worker._spec_fallback.stats["draft_kv_only_prefills"] == 1
 
 
-class _Envs:
-    """SGLang's envs as the validation reads them: 0.5.13 has SGLANG_ENABLE_SPEC_V2 (spec_v2), 0.5.14
-    has not (None: spec v2 always)."""
-
-    def __init__(self, spec_v2):
-        if spec_v2 is not None:
-            self.SGLANG_ENABLE_SPEC_V2 = SimpleNamespace(get=lambda: spec_v2)
-
-
 def _validate(tree, version, spec_v2=True, **kw):
-    envs = _Envs(None if version in LATER else spec_v2)
+    envs = release_envs(tree)
     cls = server_args_class(tree, {"envs": envs, "logger": logging.getLogger("test")})
     base = dict(
         speculative_disable_batch_size_threshold=8,
@@ -672,7 +751,13 @@ def _validate(tree, version, spec_v2=True, **kw):
         speculative_eagle_topk=1,
         max_running_requests=64,
     )
-    server_args(cls, **{**base, **kw})._validate_speculative_disable_threshold()
+    args = server_args(cls, **{**base, **kw})
+    if version in LATER:
+        assert not hasattr(envs, "SGLANG_ENABLE_SPEC_V2")
+        args._validate_speculative_disable_threshold()
+        return
+    with envs.SGLANG_ENABLE_SPEC_V2.override(spec_v2):
+        args._validate_speculative_disable_threshold()
 
 
 @pytest.mark.parametrize("version", RELEASES)
@@ -746,14 +831,15 @@ def test_the_fallback_settings_are_server_flags(version, patched_release):
     after = '"--tool-call-parser"' if version in LATER else '"--speculative-adaptive-config"'
     assert src.index(after) < src.index('"--speculative-disable-batch-size-threshold"')
     if version in LATER:
+        arg_utils = "sglang/srt/arg_groups/arg_utils.py"
         unwrap = load_function(
-            tree / "sglang/srt/arg_groups/arg_utils.py",
+            tree / arg_utils,
             "_unwrap_annotated",
             {
                 "get_origin": typing.get_origin,
                 "get_args": typing.get_args,
                 "Annotated": typing.Annotated,
-                "Arg": type("Arg", (), {}),
+                "Arg": release_class(tree, arg_utils, "Arg"),
             },
         )
         fields = ast.unparse(_class(tree / ARGS, "ServerArgs"))
@@ -786,81 +872,81 @@ def test_0511_decode_step_is_the_padded_one_its_consumer_reads(patched_release, 
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
     tree = patched_release("0.5.11")
-    path = tree / WORKER
-    result_cls = _generation_batch_result(tree)
+    result_cls = generation_batch_result_class(tree)
     order = []
+    # torch's device-event API, the event's record logged; the rest is torch's own.
     events = SimpleNamespace(
         Event=lambda: SimpleNamespace(record=lambda: order.append("verify_done")), current_stream=lambda: None
     )
     fake_torch = SimpleNamespace(
         **{k: getattr(torch, k) for k in ("int32", "int64", "ones")}, get_device_module=lambda device: events
     )
+    forward_mode, capture = forward_modes(tree)
+    draft_input, _ = _draft_inputs(tree)
     ns = {
         "torch": fake_torch,
         "GenerationBatchResult": result_cls,
-        "EagleDraftInput": _DraftInput,
-        "ForwardMode": SimpleNamespace(DECODE="DECODE"),
-        "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
+        "EagleDraftInput": draft_input,
+        "ForwardMode": forward_mode,
+        "CaptureHiddenMode": capture,
         "speculative_moe_backend_context": _null,
         "speculative_moe_a2a_backend_context": _null,
     }
-    decode = load_function(path, "EAGLEWorkerV2._spec_fallback_decode", ns)
 
     def target_forward(batch):
         order.append("target")
         return result_cls(
-            logits_output=SimpleNamespace(hidden_states=torch.zeros(3, 6)),
+            logits_output=logits_output_class(tree)(next_token_logits=None, hidden_states=torch.zeros(3, 6)),
             next_token_ids=torch.tensor([7, 8, 9]),
             can_run_cuda_graph=True,
         )
 
-    mr = SimpleNamespace(attn_backend="spec-backend", graph_runner="verify-graph")
-    worker = SimpleNamespace(
+    mr = _new(tree, "ModelRunner", attn_backend="spec-backend", graph_runner="verify-graph")
+    worker = _worker(
+        tree,
+        ns,
         device="cpu",
         speculative_num_draft_tokens=4,
-        req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(100).reshape(5, 20)),
-        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
-        _target_worker=SimpleNamespace(model_runner=mr, forward_batch_generation=target_forward),
+        req_to_token_pool=_new(tree, "ReqToTokenPool", req_to_token=torch.arange(100).reshape(5, 20)),
+        speculative_algorithm=_algorithm(tree),
+        _target_worker=_target(tree, mr, forward_batch_generation=target_forward),
         _spec_fallback=fallback_state_class(tree)(threshold=0, attn_backend="d", graph_runner="dg"),
-        draft_worker=SimpleNamespace(draft_tp_context=lambda g: _null(), draft_runner=SimpleNamespace(tp_group=None)),
+        _draft_worker=_worker(
+            tree,
+            ns,
+            "EagleDraftWorker",
+            draft_tp_context=lambda group: _null(),
+            draft_runner=_new(tree, "ModelRunner", tp_group=None),
+        ),
         _spec_fallback_draft_extend=lambda batch, tokens, hidden, nxt: order.append("draft"),
     )
-    bind_methods(
-        path,
-        "EAGLEWorkerV2",
-        ns,
-        worker,
-        "_spec_fallback_target_decode",
-        "_spec_fallback_as_decode",
-        "_spec_fallback_sync_draft",
-    )
     lens = torch.tensor([3, 5, 10])
-    batch = SimpleNamespace(
+    batch = model_worker_batch(
+        tree,
         seq_lens=lens.clone(),
         seq_lens_cpu=lens.clone(),
         seq_lens_sum=18,
         req_pool_indices=torch.tensor([0, 2, 4]),
-        spec_info=_DraftInput(verified_id=torch.tensor([1, 2, 3], dtype=torch.int32)),
+        spec_info=draft_input(verified_id=torch.tensor([1, 2, 3], dtype=torch.int32)),
     )
-    res = decode(worker, batch)
+    res = worker._spec_fallback_decode(batch)
     assert order == ["target", "verify_done", "draft"]
     assert res.next_draft_input.verified_id.tolist() == [7, 8, 9]
     assert res.next_draft_input.new_seq_lens.tolist() == [4, 6, 11]
 
-    consume = load_function(
-        tree / "sglang/srt/managers/scheduler_output_processor_mixin.py",
-        "SchedulerOutputProcessorMixin._resolve_spec_overlap_token_ids",
-        {n: getattr(typing, n) for n in typing.__all__},
+    # The release's Scheduler (its grad-mode decorator aside), the stride from its worker.
+    scheduler_cls = release_type(
+        tree,
+        "Scheduler",
+        {"torch": torch, "DynamicGradMode": lambda *a, **kw: lambda fn: fn},
+        rel="sglang/srt/managers/scheduler.py",
     )
-    reqs = [_Req() for _ in range(3)]
-    for req in reqs:  # what 0.5.11's _Req records under its counter names
-        req.spec_accepted_drafts = 0
-        req.update_spec_acceptance_histogram = req.update_spec_correct_drafts_histogram
-    scheduler = SimpleNamespace(draft_worker=worker)  # the stride comes from the worker
-    tokens = consume(scheduler, res, SimpleNamespace(reqs=reqs))
+    scheduler = release_instance(scheduler_cls, draft_worker=worker)
+    reqs = _running(tree, 3)
+    tokens = scheduler._resolve_spec_overlap_token_ids(res, _new(tree, "ScheduleBatch", reqs=reqs))
     assert tokens == [[7], [8], [9]]
     assert [r.kv_committed_len for r in reqs] == [10, 10, 10], "the pre-claimed bonus slot is the token's"
-    assert [r.histogram for r in reqs] == [[0], [0], [0]]
+    assert [r.spec_acceptance_histogram for r in reqs] == [[1], [1], [1]], "one step of no accepted drafts"
 
 
 @pytest.mark.parametrize("draft_decode", [False, True])
@@ -870,14 +956,15 @@ def test_0511_draft_sync_below_the_kv_only_margin(draft_decode, patched_release)
     correct drafts, one accepted token each). No one-token draft-extend graph is built."""
     torch = pytest.importorskip("torch")
     tree = patched_release("0.5.11")
-    path = tree / WORKER
     bs = 3
     seen = []
+    draft_input, _ = _draft_inputs(tree)
+    logits_output = logits_output_class(tree)
 
-    class DraftInput(_DraftInput):
+    class DraftInput(draft_input):
         def prepare_for_extend_to_fill_draft_kvcache(self, batch, predict, n, runner, graph_runner):
             seen.append(("prepare", predict.tolist(), n, graph_runner))
-            return SimpleNamespace(spec_info=self)
+            return _new(tree, "ForwardBatch", spec_info=self)
 
     def forward(fb, skip_attn_backend_init):
         seen.append(
@@ -890,29 +977,37 @@ def test_0511_draft_sync_below_the_kv_only_margin(draft_decode, patched_release)
         )
         logits = torch.zeros(bs, 10)
         logits[:, 3] = 2.0
-        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
+        return _new(
+            tree,
+            "ModelRunnerOutput",
+            logits_output=logits_output(next_token_logits=logits, hidden_states=torch.ones(bs, H)),
+            can_run_graph=False,
+        )
 
     ns = {"torch": torch, "EagleDraftInput": DraftInput, "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim)}
-    extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
-    worker = SimpleNamespace(
+    worker = _worker(
+        tree,
+        ns,
         device="cpu",
         topk=1,
         _spec_fallback=fallback_state_class(tree)(draft_decode_min_bs=2 if draft_decode else None),
-        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(forward=forward)),
+        _draft_worker=_worker(tree, ns, "EagleDraftWorker", draft_runner=_new(tree, "ModelRunner", forward=forward)),
         _spec_fallback_draft_decode=lambda *a: seen.append(("decode",)),
     )
-    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_next_draft_input")
-    nxt = SimpleNamespace()
-    extend(
-        worker, SimpleNamespace(seq_lens=torch.tensor([3, 5, 10])), torch.tensor([7, 8, 9]), torch.zeros(bs, 3 * H), nxt
+    nxt = draft_input()
+    worker._spec_fallback_draft_extend(
+        model_worker_batch(tree, seq_lens=torch.tensor([3, 5, 10])),
+        torch.tensor([7, 8, 9]),
+        torch.zeros(bs, 3 * H),
+        nxt,
     )
     if draft_decode:
         assert seen == [("decode",)]
     else:
         assert seen == [("prepare", [7, 8, 9], 1, None), ("forward", True, [0, 0, 0], [1, 1, 1])]
         assert nxt.topk_index.squeeze(1).tolist() == [3, 3, 3] and nxt.hidden_states.shape == (bs, H)
-    build = load_function(path, "EAGLEWorkerV2._spec_fallback_build_draft_extend_graph", {})
-    assert build(worker, None) is None and worker._spec_fallback.draft_extend_runner is None
+    assert worker._spec_fallback_build_draft_extend_graph(None) is None
+    assert worker._spec_fallback.draft_extend_runner is None
 
 
 def test_0511_has_no_kv_only_sync_and_says_why(patched_release):
@@ -925,16 +1020,22 @@ def test_0511_has_no_kv_only_sync_and_says_why(patched_release):
     assert "self.midlayer = " in ast.unparse(model) and "self.layers = " not in ast.unparse(model)
     path = tree / WORKER
     informed = []
-    ns = {"logger": SimpleNamespace(info=lambda *a: informed.append(a))}
-    init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_kv_only", ns)
-    worker = SimpleNamespace(_spec_fallback=fallback_state_class(tree)(threshold=32))
-    bind_methods(path, "EAGLEWorkerV2", ns, worker, "_spec_fallback_kv_only_unsupported")
-    init(worker, server_args(server_args_class(tree, {}), speculative_disable_kv_only_margin=8))
-    assert worker._spec_fallback.kv_only_above is None and "midlayer" in informed[-1][1]
+    logger = logging.getLogger("spec-fallback-0511-test")
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: informed.append((record.levelno, record.getMessage()))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    ns = {"logger": logger}
+    worker = _worker(tree, ns, _spec_fallback=fallback_state_class(tree)(threshold=32))
+    worker._spec_fallback_init_draft_kv_only(
+        server_args(server_args_class(tree, {}), speculative_disable_kv_only_margin=8)
+    )
+    logger.removeHandler(handler)
+    assert worker._spec_fallback.kv_only_above is None
+    assert informed[-1][0] == logging.INFO and "midlayer" in informed[-1][1]
     text = path.read_text()
     assert "_spec_fallback_draft_prefill" not in text and "_spec_fallback_kv_only_stash" not in text
-    flush = load_function(path, "EAGLEWorkerV2._spec_fallback_kv_only_flush", {})
-    assert flush(worker, "spec") is None
+    assert worker._spec_fallback_kv_only_flush("spec") is None
 
 
 @pytest.mark.parametrize("version", RELEASES)
@@ -943,17 +1044,15 @@ def test_batches_whose_outputs_the_era_does_not_serve_stay_speculative(version, 
     0.5.15 serve none of them, 0.5.16 to 0.5.18 logprobs and hidden states: the others stay
     on the speculative path, every other batch may fall back."""
     tree = patched_release(version)
-    path = tree / WORKER
-    worker = SimpleNamespace()
-    bind_methods(path, "EAGLEWorkerV2", {}, worker, "_spec_fallback_eligible", "_spec_fallback_returns_hidden_states")
-
-    def req(hidden):
-        r = _Req()
-        r.return_hidden_states = hidden  # Req.return_hidden_states: what the request asked for
-        return r
+    worker = _worker(tree, {})
 
     def batch(grammar=False, logprob=False, hidden=False):
-        return SimpleNamespace(has_grammar=grammar, return_logprob=logprob, reqs=[req(False), req(hidden)])
+        """The worker's batch (0.5.11: a ModelWorkerBatch, then a ScheduleBatch), its second
+        request asking for hidden states with `hidden` (Req.return_hidden_states)."""
+        reqs = _running(tree, 2)
+        reqs[1].return_hidden_states = hidden
+        values = dict(has_grammar=grammar, return_logprob=logprob, reqs=reqs)
+        return model_worker_batch(tree, **values) if version == "0.5.11" else _new(tree, "ScheduleBatch", **values)
 
     assert worker._spec_fallback_eligible(batch()) is True
     # From 0.5.16 the step serves logprobs and hidden states as 0.5.12's does.
@@ -965,40 +1064,37 @@ def test_batches_whose_outputs_the_era_does_not_serve_stay_speculative(version, 
             assert worker._spec_fallback_eligible(batch(**kw)) is False, kw
 
 
-def _phase_config(tree):
-    """The release's own PhaseConfig (0.5.14 on: cuda_graph_config.py)."""
-    return load_function(
-        tree / "sglang/srt/model_executor/cuda_graph_config.py",
-        "PhaseConfig",
-        {
-            "dataclass": dataclasses.dataclass,
-            "Optional": typing.Optional,
-            "List": list,
-            "Backend": SimpleNamespace(DISABLED="disabled"),
-        },
-    )
+def _graph_config(tree, sizes):
+    """The release's own CudaGraphConfig (0.5.14 on: cuda_graph_config.py), its decode phase
+    (a PhaseConfig) capturing batch sizes `sizes` with the full backend."""
+    ns = {}
+    for name in ("Phase", "Backend", "PhaseConfig"):
+        ns[name] = release_class(tree, CUDA_GRAPH_CONFIG, name, ns)
+    ns["default_prefill_backend"] = lambda: ns["Backend"].FULL  # 0.5.17: asks the machine
+    config = release_class(tree, CUDA_GRAPH_CONFIG, "CudaGraphConfig", ns)()
+    config.decode.backend, config.decode.bs = "full", list(sizes)
+    return config
+
+
+def _decode_graph_runner(tree, init):
+    """The release's DecodeCudaGraphRunner, its __init__ (which captures on the GPU) `init`."""
+    return type("DecodeCudaGraphRunner", (_sglang(tree, "DecodeCudaGraphRunner"),), {"__init__": init})
 
 
 def _graph_builder(tree, args, ns, seen, decode, threshold, hysteresis, standalone=False):
-    """(worker, model runner) with the patched graph builder of 0.5.14 on bound to logged
-    stand-ins for the GPU work: the draft-extend and KV-only captures record into `seen`."""
-    mr = SimpleNamespace(server_args=args, spec_algorithm="EAGLE3")
-    w = SimpleNamespace(
-        _target_worker=SimpleNamespace(model_runner=mr),
+    """(worker, model runner): the patched worker, its target's and draft's model runners
+    holding `args`, the GPU work of its graph builder logged: the draft-extend and KV-only
+    captures record into `seen`."""
+    mr = _new(tree, "ModelRunner", server_args=args, spec_algorithm=_algorithm(tree))
+    w = _worker(
+        tree,
+        ns,
+        _target_worker=_target(tree, mr),
         _spec_fallback=fallback_state_class(tree)(threshold=threshold, hysteresis=hysteresis, attn_backend="b"),
-        speculative_algorithm=SimpleNamespace(is_standalone=lambda: standalone),
-        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(server_args=args)),
+        speculative_algorithm=_algorithm(tree, standalone),
+        _draft_worker=_worker(tree, ns, "EagleDraftWorker", draft_runner=_new(tree, "ModelRunner", server_args=args)),
         _spec_fallback_build_draft_extend_graph=lambda a: seen.setdefault("draft", list(decode.bs)),
         _spec_fallback_build_kv_only_graphs=lambda a: seen.setdefault("kv_only", True),
-    )
-    bind_methods(
-        tree / WORKER,
-        "EAGLEWorkerV2",
-        ns,
-        w,
-        "_spec_fallback_build_graphs",
-        "_spec_fallback_capture",
-        "_spec_fallback_decode_runner",
     )
     return w, mr
 
@@ -1007,17 +1103,17 @@ def _graph_builder(tree, args, ns, seen, decode, threshold, hysteresis, standalo
 @pytest.mark.parametrize("threshold,hysteresis,want", [(4, 2, [4, 8, 12, 16, 24, 32]), (32, 0, [])])
 def test_graph_sizes_go_through_the_releases_cuda_graph_config(version, threshold, hysteresis, want, patched_release):
     """From 0.5.14 the graph runners read their capture sizes from
-    server_args.cuda_graph_config.decode.bs (the release's own PhaseConfig): the fallback's
-    graphs are captured only above threshold - hysteresis, and the list is put back after,
-    also when a capture fails."""
+    server_args.cuda_graph_config.decode.bs (the release's own CudaGraphConfig): the
+    fallback's graphs are captured only above threshold - hysteresis, and the list is put
+    back after, also when a capture fails."""
     tree = patched_release(version)
-    phase_cls = _phase_config(tree)
     sizes = [1, 2, 4, 8, 12, 16, 24, 32]
-    decode = phase_cls(backend="full", bs=list(sizes))
-    args = SimpleNamespace(cuda_graph_config=SimpleNamespace(decode=decode), enable_return_hidden_states=False)
+    config = _graph_config(tree, sizes)
+    decode = config.decode
+    args = server_args(server_args_class(tree, {}), cuda_graph_config=config, enable_return_hidden_states=False)
     seen = {}
 
-    def runner(mr, attn_backend):
+    def capture(runner, mr, attn_backend):
         seen["decode"] = (
             list(mr.server_args.cuda_graph_config.decode.bs),
             mr.spec_algorithm,
@@ -1025,16 +1121,17 @@ def test_graph_sizes_go_through_the_releases_cuda_graph_config(version, threshol
         )
         if seen.get("fail"):
             raise RuntimeError("CUDA out of memory")
-        return SimpleNamespace(capture_bs=list(mr.server_args.cuda_graph_config.decode.bs))
+        runner.capture_bs = list(mr.server_args.cuda_graph_config.decode.bs)
 
-    ns = {"CudaGraphRunner": runner, "SpeculativeAlgorithm": SimpleNamespace(NONE="NONE")}
+    algorithm = _sglang(tree, "SpeculativeAlgorithm")
+    ns = {"CudaGraphRunner": _decode_graph_runner(tree, capture), "SpeculativeAlgorithm": algorithm}
     w, mr = _graph_builder(tree, args, ns, seen, decode, threshold, hysteresis)
     what = w._spec_fallback_build_graphs(args)
-    assert decode.bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == "EAGLE3"
+    assert decode.bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == algorithm.EAGLE3
     if not want:
         assert "decode" not in seen and what.startswith("none")
         return
-    assert seen["decode"] == (want, "NONE", True) and seen["draft"] == want and what == f"batch sizes {want}"
+    assert seen["decode"] == (want, algorithm.NONE, True) and seen["draft"] == want and what == f"batch sizes {want}"
     seen.clear()
     seen["fail"] = True
     with pytest.raises(RuntimeError, match="could not capture a decode CUDA graph"):
@@ -1050,48 +1147,43 @@ def test_0516_decode_graph_captures_hidden_states_without_writing_server_args(ve
     runner class (FULL for EAGLE-3, the release's NULL for STANDALONE), captured only above
     threshold - hysteresis, with the release's real ServerArgs left untouched."""
     tree = patched_release(version)
-    forward_py = tree / "sglang/srt/model_executor/forward_batch_info.py"
-    capture_mode = load_function(
-        forward_py, "CaptureHiddenMode", {"IntEnum": enum.IntEnum, "total_ordering": functools.total_ordering}
-    )
-    phase_cls = _phase_config(tree)
+    _, capture_mode = forward_modes(tree)
     sizes = [1, 2, 4, 8, 12, 16, 24, 32]
-    decode = phase_cls(backend="full", bs=list(sizes))
-    args = server_args(server_args_class(tree, {}), enable_return_hidden_states=False)
-    object.__setattr__(args, "cuda_graph_config", SimpleNamespace(decode=decode))
+    config = _graph_config(tree, sizes)
+    decode = config.decode
+    args = server_args(server_args_class(tree, {}), enable_return_hidden_states=False, cuda_graph_config=config)
     if version != "0.5.16":  # 0.5.16 raises only under SGLANG_STRICT_CONFIG_MUTATION
         object.__setattr__(args, "_declarations_materialized", True)
         with pytest.raises(AttributeError, match="read-only"):
             args.enable_return_hidden_states = True
     seen = {}
 
-    class DecodeRunner:
+    def capture(runner, mr, attn_backend):
         """The release's runner as far as the capture mode goes: BaseRunner.__init__ sets it
         from the server arguments, then the graphs are captured with it."""
+        on = mr.server_args.enable_return_hidden_states
+        runner.return_hidden_states_mode = capture_mode.FULL if on else capture_mode.NULL
+        runner.enable_return_hidden_states = runner.return_hidden_states_mode.need_capture()
+        runner.capture_hidden_mode = runner.return_hidden_states_mode
+        seen["decode"] = (
+            list(decode.bs),
+            mr.spec_algorithm,
+            runner.capture_hidden_mode,
+            runner.enable_return_hidden_states,
+        )
 
-        def __init__(self, mr, attn_backend):
-            on = mr.server_args.enable_return_hidden_states
-            self.return_hidden_states_mode = capture_mode.FULL if on else capture_mode.NULL
-            self.enable_return_hidden_states = self.return_hidden_states_mode.need_capture()
-            self.capture_hidden_mode = self.return_hidden_states_mode
-            seen["decode"] = (
-                list(decode.bs),
-                mr.spec_algorithm,
-                self.capture_hidden_mode,
-                self.enable_return_hidden_states,
-            )
-
+    algorithm = _sglang(tree, "SpeculativeAlgorithm")
     ns = {
-        "CudaGraphRunner": DecodeRunner,
+        "CudaGraphRunner": _decode_graph_runner(tree, capture),
         "CaptureHiddenMode": capture_mode,
-        "SpeculativeAlgorithm": SimpleNamespace(NONE="NONE"),
+        "SpeculativeAlgorithm": algorithm,
     }
     w, mr = _graph_builder(tree, args, ns, seen, decode, 4, 2, standalone)
     assert w._spec_fallback_build_graphs(args) == "batch sizes [4, 8, 12, 16, 24, 32]"
     want_mode = capture_mode.NULL if standalone else capture_mode.FULL
-    assert seen["decode"] == ([4, 8, 12, 16, 24, 32], "NONE", want_mode, not standalone)
+    assert seen["decode"] == ([4, 8, 12, 16, 24, 32], algorithm.NONE, want_mode, not standalone)
     assert seen["draft"] == [4, 8, 12, 16, 24, 32] and seen["kv_only"]
-    assert decode.bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == "EAGLE3"
+    assert decode.bs == sizes and args.enable_return_hidden_states is False and mr.spec_algorithm == algorithm.EAGLE3
     # Decode graphs switched off by backend alone (--cuda-graph-backend-decode disabled):
     # the fallback captures none either.
     seen.clear()
@@ -1107,69 +1199,77 @@ def test_0516_draft_decode_passes_the_capture_to_init_new(version, patched_relea
     plan again); the batch and the draft runner's backend are put back."""
     torch = pytest.importorskip("torch")
     tree = patched_release(version)
-    path = tree / WORKER
     bs = 3
     seen = {}
+    forward_mode, capture = forward_modes(tree)
+    draft_input, _ = _draft_inputs(tree)
+    logits_output = logits_output_class(tree)
 
-    class Backend:
-        def init_forward_metadata(self, fb):
-            seen["planned"] = (fb.spec_info, fb.seq_lens.tolist())
-
-    class ForwardBatch:
-        @staticmethod
-        def init_new(batch, runner, **kwargs):
+    class ForwardBatch(_sglang(tree, "ForwardBatch")):
+        @classmethod
+        def init_new(cls, batch, runner, **kwargs):
             seen["init_new"] = (runner.attn_backend, kwargs)
-            fb = SimpleNamespace(spec_info=batch.spec_info, seq_lens=batch.seq_lens.clone(), input_ids=batch.input_ids)
-            fb.mark_forward_metadata_ready = lambda: seen.setdefault("marked", True)
-            return fb
+            return release_instance(
+                cls,
+                spec_info=batch.spec_info,
+                seq_lens=batch.seq_lens.clone(),
+                input_ids=batch.input_ids,
+                batch_size=len(batch.seq_lens),
+            )
 
     def draft_forward(fb, **kw):
-        seen["forward"] = (kw, fb.spec_info.hidden_states, fb.input_ids.tolist())
+        seen["forward"] = (kw, fb.spec_info.hidden_states, fb.input_ids.tolist(), fb.forward_metadata_ready)
         logits = torch.zeros(bs, 10)
         logits[:, 6] = 3.0
-        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.ones(bs, H)))
+        return _new(
+            tree,
+            "ModelRunnerOutput",
+            logits_output=logits_output(next_token_logits=logits, hidden_states=torch.ones(bs, H)),
+            can_run_graph=False,
+        )
 
     ns = {
         "torch": torch,
-        "EagleDraftInput": _DraftInput,
+        "EagleDraftInput": draft_input,
         "ForwardBatch": ForwardBatch,
-        "ForwardMode": SimpleNamespace(DECODE="DECODE"),
-        "CaptureHiddenMode": SimpleNamespace(NULL="NULL", FULL="FULL"),
+        "ForwardMode": forward_mode,
+        "CaptureHiddenMode": capture,
         "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim),
     }
-    plain = Backend()
-    dr = SimpleNamespace(attn_backend="draft-extend-backend", forward=draft_forward)
-    worker = SimpleNamespace(
+    # The release's attention backend (its kernel-call logging decorator aside), its
+    # metadata planning logged.
+    plain = release_instance(
+        release_type(tree, "AttentionBackend", {"torch": torch, "debug_kernel_api": lambda fn: fn}),
+        init_forward_metadata=lambda fb: seen.setdefault("planned", (fb.spec_info, fb.seq_lens.tolist())),
+    )
+    dr = _new(tree, "ModelRunner", attn_backend="draft-extend-backend", forward=draft_forward)
+    worker = _worker(
+        tree,
+        ns,
         topk=1,
         _spec_fallback=fallback_state_class(tree)(draft_attn_backend=plain),
-        speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),
-        draft_worker=SimpleNamespace(draft_runner=dr),
+        speculative_algorithm=_algorithm(tree),
+        _draft_worker=_worker(tree, ns, "EagleDraftWorker", draft_runner=dr),
     )
-    bind_methods(
-        path,
-        "EAGLEWorkerV2",
-        ns,
-        worker,
-        "_spec_fallback_as_decode",
-        "_spec_fallback_capture_mode",
-        "_spec_fallback_next_draft_input",
-    )
-    decode = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_decode", ns)
     target_hidden = torch.rand(bs, 3 * H)
-    batch = SimpleNamespace(
+    batch = _new(
+        tree,
+        "ScheduleBatch",
         seq_lens=torch.tensor([3, 5, 10]),
         seq_lens_cpu=None,
         seq_lens_sum=None,
-        spec_info="stale",
-        forward_mode="DECODE",
+        spec_info=draft_input(),  # the speculative step's, stale for this forward
+        forward_mode=forward_mode.DECODE,
     )
-    nxt = SimpleNamespace()
-    decode(worker, batch, torch.tensor([7, 8, 9], dtype=torch.int32), target_hidden, nxt)
+    nxt = draft_input()
+    worker._spec_fallback_draft_decode(batch, torch.tensor([7, 8, 9], dtype=torch.int32), target_hidden, nxt)
 
     backend, kwargs = seen["init_new"]
-    assert backend is plain and kwargs == {"capture_hidden_mode": "FULL", "return_hidden_states_before_norm": False}
-    assert seen["planned"] == (None, [4, 6, 11]) and seen["marked"] is True
+    assert backend is plain
+    assert kwargs == {"capture_hidden_mode": capture.FULL, "return_hidden_states_before_norm": False}
+    assert seen["planned"] == (None, [4, 6, 11])
     assert seen["forward"][0] == {} and seen["forward"][1] is target_hidden and seen["forward"][2] == [7, 8, 9]
+    assert seen["forward"][3] is True, "the forward batch is marked planned (ForwardBatch.mark_forward_metadata_ready)"
     assert nxt.topk_index.squeeze(1).tolist() == [6, 6, 6] and nxt.hidden_states.shape == (bs, H)
     assert dr.attn_backend == "draft-extend-backend" and batch.seq_lens.tolist() == [3, 5, 10]
     assert batch.seq_lens_cpu is None and batch.seq_lens_sum is None
@@ -1181,10 +1281,7 @@ def test_0516_one_token_draft_extend_graph_is_built_as_upstreams_steps_0_tier(ve
     the worker state of steps 0 / one draft token (whose exit puts the spec path's backends
     and graphs back) inside the draft's TP context; a failed capture stops start-up; without
     a spec-path draft-extend graph none is built."""
-    import contextlib
-
     tree = patched_release(version)
-    path = tree / WORKER
     state = {"steps": 3, "tp": False}
     seen = []
 
@@ -1216,10 +1313,10 @@ def test_0516_one_token_draft_extend_graph_is_built_as_upstreams_steps_0_tier(ve
     if version != "0.5.16":
         object.__setattr__(args, "_declarations_materialized", True)
 
-    class DraftExtendRunner:
-        """Sized as the release sizes it: 0.5.16 and 0.5.17 from
-        server_args.speculative_num_draft_tokens, 0.5.18 from the runtime context, which the
-        worker state sets to one draft token."""
+    class DraftExtendRunner(_sglang(tree, "EAGLEDraftExtendCudaGraphRunner")):
+        """The release's draft-extend graph runner, sized as the release sizes it: 0.5.16 and
+        0.5.17 from server_args.speculative_num_draft_tokens, 0.5.18 from the runtime
+        context, which the worker state sets to one draft token."""
 
         def __init__(self, steps):
             self.steps = steps
@@ -1231,29 +1328,25 @@ def test_0516_one_token_draft_extend_graph_is_built_as_upstreams_steps_0_tier(ve
             raise RuntimeError("CUDA out of memory")
         dw.cuda_graph_runner_for_draft_extend = DraftExtendRunner(state["steps"])
 
-    dw = SimpleNamespace(
-        cuda_graph_runner_for_draft_extend="spec-graph",
-        draft_runner=SimpleNamespace(tp_group="g", server_args=args),
-        draft_tp_context=tp_context,
-        init_attention_backend=lambda: seen.append(("backends", state["steps"])),
-        _capture_cuda_graphs=capture_graphs,
-    )
     ns = {
         "contextlib": contextlib,
         "speculative_moe_backend_context": _null,
         "speculative_moe_a2a_backend_context": _null,
     }
-    worker = SimpleNamespace(
-        draft_worker=dw, _override_worker_state=override, _spec_fallback=fallback_state_class(tree)()
-    )
-    bind_methods(
-        path,
-        "EAGLEWorkerV2",
+    # The draft worker's state the worker-state override swaps, its TP context, backends
+    # and capture logged.
+    dw = _worker(
+        tree,
         ns,
-        worker,
-        "_spec_fallback_build_draft_extend_graph",
-        "_spec_fallback_draft_extend_width",
-        "_spec_fallback_capture",
+        "EagleDraftWorker",
+        cuda_graph_runner_for_draft_extend="spec-graph",
+        draft_runner=_new(tree, "ModelRunner", tp_group="g", server_args=args),
+        draft_tp_context=tp_context,
+        init_attention_backend=lambda: seen.append(("backends", state["steps"])),
+        _capture_cuda_graphs=capture_graphs,
+    )
+    worker = _worker(
+        tree, ns, _draft_worker=dw, _override_worker_state=override, _spec_fallback=fallback_state_class(tree)()
     )
     worker._spec_fallback_build_draft_extend_graph(None)
     assert seen == [("backends", 0), ("capture", 0, True)]
@@ -1289,11 +1382,13 @@ def test_startup_memory_goes_where_the_release_records_graph_memory(version, pat
         "logger": logging.getLogger("spec-fallback-test"),
     }
     record = {"decode": 1.0, "prefill": 0.5} if per_phase else 1.5
-    mr = SimpleNamespace(**{"graph_memory_usage" if per_phase else "graph_mem_usage": record})
+    mr = _new(tree, "ModelRunner", **{"graph_memory_usage" if per_phase else "graph_mem_usage": record})
     state = fallback_state_class(tree)(threshold=8)
-    worker = SimpleNamespace(
+    worker = _worker(
+        tree,
+        ns,
         _spec_fallback=state,
-        _target_worker=SimpleNamespace(model_runner=mr),
+        _target_worker=_target(tree, mr),
         device="cuda",
         gpu_id=0,
         _spec_fallback_plain_attn_backend=lambda runner: "backend",
@@ -1301,7 +1396,6 @@ def test_startup_memory_goes_where_the_release_records_graph_memory(version, pat
         _spec_fallback_init_draft_kv_only=lambda args: None,
         _spec_fallback_build_graphs=lambda args: "batch sizes [16]",
     )
-    bind_methods(tree / WORKER, "EAGLEWorkerV2", ns, worker, "_spec_fallback_build")
     worker._spec_fallback_build(server_args(server_args_class(tree, {}), disable_cuda_graph=False))
     assert state.stats["startup_memory_gib"] == 0.75 and state.attn_backend == "backend"
     if per_phase:
@@ -1324,20 +1418,34 @@ def test_0516_hybrid_targets_are_told_by_the_releases_mambaish_config(version, h
     arch = ast.parse((tree / "sglang/srt/configs/hybrid_arch.py").read_text())
     fn = next(n for n in arch.body if isinstance(n, ast.FunctionDef) and n.name == "mambaish_config")
     assert [a.arg for a in fn.args.args] == ["model_config"]
+    # The target's ModelConfig (the release's) and the release's EAGLE-3 draft model; the
+    # hybrid-arch module, which needs all of SGLang, answers for the target's config only.
+    model_config_cls = release_type(
+        tree,
+        "ModelConfig",
+        {"ModelImpl": release_type(tree, "ModelImpl"), "cached_property": functools.cached_property},
+    )
+    model_config = release_instance(model_config_cls)
+    linear = object() if hybrid else None
     module = types.ModuleType("sglang.srt.configs.hybrid_arch")
-    module.mambaish_config = lambda model_config: model_config.get("linear_attention")
+    module.mambaish_config = lambda config: linear if config is model_config else pytest.fail("not the target's")
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    refuse = load_function(tree / WORKER, "EAGLEWorkerV2._spec_fallback_refuse_unsupported_models", {})
-    model_config = {"linear_attention": object() if hybrid else None}
-    worker = SimpleNamespace(
-        _target_worker=SimpleNamespace(model_runner=SimpleNamespace(model_config=model_config)),
-        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(model=type("LlamaForCausalLMEagle3", (), {})())),
+    worker = _worker(
+        tree,
+        {},
+        _target_worker=_target(tree, _new(tree, "ModelRunner", model_config=model_config)),
+        _draft_worker=_worker(
+            tree,
+            {},
+            "EagleDraftWorker",
+            draft_runner=_new(tree, "ModelRunner", model=_new(tree, "LlamaForCausalLMEagle3")),
+        ),
     )
     if hybrid:
         with pytest.raises(ValueError, match="hybrid linear-attention targets"):
-            refuse(worker)
+            worker._spec_fallback_refuse_unsupported_models()
     else:
-        refuse(worker)
+        worker._spec_fallback_refuse_unsupported_models()
 
 
 @pytest.mark.parametrize("version", ARGUMENT_CAPTURE)
@@ -1347,24 +1455,27 @@ def test_0516_capture_mode_never_asks_more_than_the_standalone_graph_captured(ve
     decode graph captured (the server's mode, LAST with --return-hidden-states-mode last):
     the runner refuses a replay that asks more than it captured."""
     tree = patched_release(version)
-    capture_mode = load_function(
-        tree / "sglang/srt/model_executor/forward_batch_info.py",
-        "CaptureHiddenMode",
-        {"IntEnum": enum.IntEnum, "total_ordering": functools.total_ordering},
-    )
-    mode = load_function(
-        tree / WORKER, "EAGLEWorkerV2._spec_fallback_capture_mode", {"CaptureHiddenMode": capture_mode}
-    )
+    _, capture_mode = forward_modes(tree)
 
-    def worker(standalone, graph_mode):
+    def mode(standalone, graph_mode, **kw):
+        """The patched worker's capture mode, STANDALONE or not, its fallback decode graph
+        (the release's DecodeCudaGraphRunner) captured with `graph_mode` (None: no graph)."""
         state = fallback_state_class(tree)()
-        state.graph_runner = None if graph_mode is None else SimpleNamespace(capture_hidden_mode=graph_mode)
-        return SimpleNamespace(
-            speculative_algorithm=SimpleNamespace(is_standalone=lambda: standalone), _spec_fallback=state
+        state.graph_runner = (
+            None
+            if graph_mode is None
+            else release_instance(_sglang(tree, "DecodeCudaGraphRunner"), capture_hidden_mode=graph_mode)
         )
+        worker = _worker(
+            tree,
+            {"CaptureHiddenMode": capture_mode},
+            speculative_algorithm=_algorithm(tree, standalone),
+            _spec_fallback=state,
+        )
+        return worker._spec_fallback_capture_mode(**kw)
 
-    assert mode(worker(False, capture_mode.FULL)) == capture_mode.FULL
-    assert mode(worker(False, capture_mode.FULL), hidden=True) == capture_mode.FULL
-    assert mode(worker(True, capture_mode.LAST)) == capture_mode.NULL
-    assert mode(worker(True, capture_mode.LAST), hidden=True) == capture_mode.LAST
-    assert mode(worker(True, None), hidden=True) == capture_mode.FULL  # eager: whatever the request asks
+    assert mode(False, capture_mode.FULL) == capture_mode.FULL
+    assert mode(False, capture_mode.FULL, hidden=True) == capture_mode.FULL
+    assert mode(True, capture_mode.LAST) == capture_mode.NULL
+    assert mode(True, capture_mode.LAST, hidden=True) == capture_mode.LAST
+    assert mode(True, None, hidden=True) == capture_mode.FULL  # eager: whatever the request asks
