@@ -279,10 +279,12 @@ def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sliced, input_norm, 
 BUFS = ("tokens", "hidden", "positions", "loc")
 
 
-def _stash_worker(tree, torch, graphs=(8, 16), defer=1, width=6, bufs=None, replay=None, pd_decode=False):
-    """A worker with the real stash, flush and last-write-wins methods over stand-in graphs
-    (capture itself needs a GPU: `spectool verify` runs it). A graph's replay runs
-    `replay(worker, bufs, size)`; by default it records the rows it would write."""
+def _stash_worker(tree, torch, graphs=(8, 16), defer=1, width=6, bufs=None, replay=None, pd_decode=False, **attrs):
+    """The patched release's EAGLEWorkerV2 (its real stash, flush and last-write-wins
+    methods) holding `attrs` and a KV-only queue over stand-in graphs. The capture stores
+    torch's CUDAGraph objects, which need a GPU (`spectool verify` runs them): each stand-in
+    is that torch type's replay(), which runs `replay(worker, bufs, size)`; by default it
+    records the rows it would write."""
     size = max(graphs)
     if bufs is None:
         bufs = {
@@ -297,19 +299,10 @@ def _stash_worker(tree, torch, graphs=(8, 16), defer=1, width=6, bufs=None, repl
         def replay(worker, bufs, n):
             seen.append((n, {k: v[:n].clone() for k, v in bufs.items()}))
 
-    worker = SimpleNamespace(_spec_fallback=fallback_state_class(tree)(kv_only_steps_per_replay=defer))
-    bind_methods(
-        tree / WORKER,
-        "EAGLEWorkerV2",
-        {"torch": torch},
-        worker,
-        "_spec_fallback_kv_only_stash",
-        "_spec_fallback_kv_only_flush",
-        "_spec_fallback_last_write_wins",
-        "_spec_fallback_kv_only_queue",
-    )
-    stand_ins = {n: SimpleNamespace(replay=lambda n=n: replay(worker, bufs, n)) for n in reversed(graphs)}
-    worker._spec_fallback.kv_only_graphs = worker._spec_fallback_kv_only_queue(stand_ins, bufs, pd_decode)
+    worker = _worker(tree, _spec_fallback=fallback_state_class(tree)(kv_only_steps_per_replay=defer), **attrs)
+    # torch.cuda.CUDAGraph stand-ins (a torch type, not SGLang's): replay() is all the queue calls.
+    cuda_graphs = {n: SimpleNamespace(replay=lambda n=n: replay(worker, bufs, n)) for n in reversed(graphs)}
+    worker._spec_fallback.kv_only_graphs = worker._spec_fallback_kv_only_queue(cuda_graphs, bufs, pd_decode)
     return worker, seen
 
 
@@ -340,15 +333,7 @@ def test_kv_only_graph_replay_pads_to_a_captured_size(version, patched_release):
     assert (b["hidden"][:5] == 2).all() and bufs["loc"][8:].tolist() == [9] * 8, "rows past the size untouched"
     assert worker._spec_fallback_kv_only_stash(*_step(torch, 0, 17)) is False
     assert worker._spec_fallback_kv_only_stash(tokens, torch.zeros(5, 4), positions, loc) is False
-    empty = SimpleNamespace(_spec_fallback=fallback_state_class(tree)())
-    bind_methods(
-        tree / WORKER,
-        "EAGLEWorkerV2",
-        {"torch": torch},
-        empty,
-        "_spec_fallback_kv_only_stash",
-        "_spec_fallback_kv_only_flush",
-    )
+    empty = _worker(tree, _spec_fallback=fallback_state_class(tree)())
     assert empty._spec_fallback_kv_only_stash(tokens, hidden, positions, loc) is False
     empty._spec_fallback_kv_only_flush("spec")  # nothing stashed, no graphs: nothing to do
     assert len(seen) == 1 and worker._spec_fallback.stats["draft_kv_only_flush_causes"] == {"queued": 1}
@@ -447,15 +432,15 @@ def test_every_other_draft_forward_writes_the_queue_first(version, patched_relea
     import ast
 
     tree = patched_release(version)
-    worker, seen = _stash_worker(tree, torch, defer=4)
     order = []
-    worker.draft_worker = SimpleNamespace(
-        _draft_extend_for_prefill=lambda *a: order.append(("release prefill", len(seen)))
+    draft_worker = release_instance(
+        _cls(tree, "EagleDraftWorker", WORKER),
+        _draft_extend_for_prefill=lambda *a: order.append(("release prefill", len(seen))),
     )
-    worker._spec_fallback_kv_only_prefill_applies = lambda batch, mm: False
-    prefill = load_function(tree / WORKER, "EAGLEWorkerV2._spec_fallback_draft_prefill", {"torch": torch})
+    worker, seen = _stash_worker(tree, torch, defer=4, _draft_worker=draft_worker)
     assert worker._spec_fallback_kv_only_stash(*_step(torch, 0, 3)) and not seen
-    prefill(worker, SimpleNamespace(), None, None, None)
+    # No KV-only threshold: the real _spec_fallback_kv_only_prefill_applies declines.
+    worker._spec_fallback_draft_prefill(release_instance(_batch_class(tree)), None, None, None)
     assert order == [("release prefill", 1)], "the queue was written before the draft prefill"
 
     fn = next(
@@ -474,8 +459,8 @@ def test_every_other_draft_forward_writes_the_queue_first(version, patched_relea
 
 @pytest.mark.parametrize("version", ERAS)
 def test_deferred_kv_only_writes_equal_the_step_by_step_ones(version, patched_release):
-    """End to end over the miniature EAGLE-3 head and a real KV pool (tensors indexed by
-    slot): four steps of changing batches, one slot handed on, written through the real
+    """End to end over the miniature EAGLE-3 head in the release's draft worker and model
+    runner, its KV pool the release's MHATokenToKVPool writing tensors indexed by slot: four steps of changing batches, one slot handed on, written through the real
     _spec_fallback_kv_only_write as the graphs' body, four steps per replay against one step
     per replay. The pools must be equal, and differ from a run that drops a step."""
     torch = pytest.importorskip("torch")
@@ -509,13 +494,8 @@ def test_deferred_kv_only_writes_equal_the_step_by_step_ones(version, patched_re
             defer=defer,
             bufs=bufs,  # the graph's body
             replay=lambda w, b, n: w._spec_fallback_kv_only_write(*(b[k][:n] for k in BUFS)),
+            _draft_worker=_draft_worker(tree, model, _kv_pool(tree, set_kv_buffer)),
         )
-        worker.draft_worker = SimpleNamespace(
-            draft_runner=SimpleNamespace(
-                model=SimpleNamespace(model=model), token_to_kv_pool=SimpleNamespace(set_kv_buffer=set_kv_buffer)
-            )
-        )
-        bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker, "_spec_fallback_kv_only_write")
         with torch.no_grad():
             for i, step in enumerate(steps):
                 if i != drop:
