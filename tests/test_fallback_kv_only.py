@@ -118,11 +118,17 @@ def _modules(torch, fc_norm: bool, sliced: bool = False):
 def _cls(tree, name, rel=None):
     """The release's class `name` (from `rel`, else the file defining it), its methods
     reading torch and the typing names they use; on its own bases (torch's nn.Module)."""
+    if rel == EAGLE3 and name == "LlamaDecoderLayer":  # the EAGLE-3 layer, on llama's own
+        return release_class(tree, rel, name, {**_names(tree, name), name: _cls(tree, name, LLAMA)})
+    return release_type(tree, name, _names(tree, name), rel=rel)
+
+
+def _names(tree, name):
+    """The globals _cls gives the methods of the release's class `name`: torch, the typing
+    names, and what its definition reads from its own module."""
     import torch
 
     ns = {"torch": torch, "nn": torch.nn, "abc": abc, "Optional": typing.Optional, "Tuple": tuple, "_is_npu": False}
-    if rel == EAGLE3 and name == "LlamaDecoderLayer":  # the EAGLE-3 layer, on llama's own
-        return release_class(tree, rel, name, {**ns, name: _cls(tree, name, LLAMA)})
     if name in ("EagleDraftInput", "ScheduleBatch"):  # their default capture mode
         ns["CaptureHiddenMode"] = _cls(tree, "CaptureHiddenMode")
     base = tree / "sglang/srt/speculative/base_spec_worker.py"
@@ -133,7 +139,7 @@ def _cls(tree, name, rel=None):
         ns["HiCacheDraftPlan"] = release_class(tree, rel_base, "HiCacheDraftPlan", ns)
     if name == "RadixAttention":  # its default attention type, from its own module
         ns["AttentionType"] = _cls(tree, "AttentionType", "sglang/srt/layers/radix_attention.py")
-    return release_type(tree, name, ns, rel=rel)
+    return ns
 
 
 def _module(cls, **attrs):
@@ -147,9 +153,9 @@ def _module(cls, **attrs):
     return obj
 
 
-def _eagle3_model(torch, tree, fc_norm: bool, sliced: bool = False, input_norm: bool = False):
-    """The release's LlamaForCausalLMEagle3 around its own EAGLE-3 LlamaModel with one real
-    LlamaDecoderLayer, holding the miniature's weights; and the LlamaModel's own forward."""
+def _eagle3_model(torch, tree, fc_norm: bool, sliced: bool = False, input_norm: bool = False, layers: int = 1):
+    """The release's EAGLE-3 LlamaModel with one real LlamaDecoderLayer (`layers` times),
+    holding the miniature's weights; its own forward; and the K/V that forward records."""
     RMS, attention = _modules(torch, fc_norm, sliced)
     self_attn, seen = attention(tree)
     layer = _module(
@@ -166,7 +172,7 @@ def _eagle3_model(torch, tree, fc_norm: bool, sliced: bool = False, input_norm: 
         fc=torch.nn.Linear(3 * H, H, bias=False),
         fc_norm=torch.nn.ModuleList([RMS(H) for _ in range(3)]) if fc_norm else None,
         num_aux_hidden_states=3,
-        layers=[layer],
+        layers=[layer] * layers,
         norm=RMS(H),
         norm_output=False,
         is_mrope_enabled=False,
@@ -177,13 +183,15 @@ def _eagle3_model(torch, tree, fc_norm: bool, sliced: bool = False, input_norm: 
     return model, model.forward, seen
 
 
-def _draft_worker(tree, model, pool=None, **attrs):
-    """The release's EagleDraftWorker whose draft model runner (a real ModelRunner) runs the
-    release's LlamaForCausalLMEagle3 around `model` and writes the draft KV into `pool`."""
+def _draft_worker(tree, model, pool=None, runner=None, **attrs):
+    """The release's EagleDraftWorker whose draft model runner (a real ModelRunner, holding
+    `runner`) runs the release's LlamaForCausalLMEagle3 around `model` and writes the draft
+    KV into `pool`."""
     runner = release_instance(
         _cls(tree, "ModelRunner", "sglang/srt/model_executor/model_runner.py"),
         model=release_instance(_cls(tree, "LlamaForCausalLMEagle3"), model=model),
         **({} if pool is None else {"token_to_kv_pool": pool}),
+        **(runner or {}),
     )
     return release_instance(_cls(tree, "EagleDraftWorker", WORKER), draft_runner=runner, **attrs)
 
@@ -203,13 +211,11 @@ def _kv_pool(tree, set_kv_buffer):
 
 def _worker(tree, ns=None, **attrs):
     """The patched release's EAGLEWorkerV2 (the recipe's methods with it), its methods'
-    globals torch and `ns`, holding `attrs`."""
-    import torch
-
+    globals those of _cls and `ns`, holding `attrs`."""
     if ns is None:
         cls = _cls(tree, "EAGLEWorkerV2", WORKER)
     else:
-        cls = release_type(tree, "EAGLEWorkerV2", {"torch": torch, **ns}, rel=WORKER)
+        cls = release_type(tree, "EAGLEWorkerV2", {**_names(tree, "EAGLEWorkerV2"), **ns}, rel=WORKER)
     return release_instance(cls, **attrs)
 
 
@@ -516,30 +522,27 @@ def test_deferred_kv_only_writes_equal_the_step_by_step_ones(version, patched_re
 def test_kv_only_switch_and_dispatch(version, patched_release):
     """On by default on every step above the threshold (margin 0);
     --speculative-disable-kv-only-margin sets the margin or None ('off'); refused, with the
-    reason at info level, for drafts whose K/V need more than the input layer; used only more
-    than the margin above the threshold, the full draft forward below."""
+    reason at info level, for drafts whose K/V need more than the input layer (a STANDALONE
+    draft, a two-layer head, an MLA runner); used only more than the margin above the
+    threshold, the full draft forward below. On the release's EAGLEWorkerV2, SpeculativeAlgorithm,
+    draft worker, ModelRunner and EAGLE-3 model, and its batch class."""
     torch = pytest.importorskip("torch")
 
     tree = patched_release(version)
-    path = tree / WORKER
     informed = []
-    ns = {"torch": torch, "logger": SimpleNamespace(info=lambda *a: informed.append(a))}
-    init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_kv_only", ns)
+    ns = {"torch": torch, "logger": SimpleNamespace(info=lambda *a: informed.append(a))}  # a logger's recorder
     cls = server_args_class(tree, {})
+    algorithm = _cls(tree, "SpeculativeAlgorithm", "sglang/srt/speculative/spec_info.py")
 
     def worker(eagle3=True, layers=1, mla=False):
-        layer = SimpleNamespace(is_input_layer=True, self_attn=SimpleNamespace(rotary_emb=None))
-        w = SimpleNamespace(
+        model, _, _ = _eagle3_model(torch, tree, fc_norm=False, layers=layers)
+        return _worker(
+            tree,
+            ns,
             _spec_fallback=fallback_state_class(tree)(threshold=32),
-            speculative_algorithm=SimpleNamespace(is_eagle3=lambda: eagle3),
-            draft_worker=SimpleNamespace(
-                draft_runner=SimpleNamespace(
-                    use_mla_backend=mla, model=SimpleNamespace(model=SimpleNamespace(layers=[layer] * layers))
-                )
-            ),
+            speculative_algorithm=algorithm.EAGLE3 if eagle3 else algorithm.STANDALONE,
+            _draft_worker=_draft_worker(tree, model, runner={"use_mla_backend": mla}),
         )
-        bind_methods(path, "EAGLEWorkerV2", ns, w, "_spec_fallback_kv_only_unsupported")
-        return w
 
     for flags, expect in (
         ({}, 32),
@@ -548,27 +551,28 @@ def test_kv_only_switch_and_dispatch(version, patched_release):
         ({"speculative_disable_kv_only_margin": 8, "speculative_disable_kv_only_steps_per_replay": 2}, 40),
     ):
         w = worker()
-        init(w, server_args(cls, **flags))
+        w._spec_fallback_init_draft_kv_only(server_args(cls, **flags))
         assert w._spec_fallback.kv_only_above == expect, flags
         want_steps = flags.get("speculative_disable_kv_only_steps_per_replay", 4) if expect is not None else 1
         assert w._spec_fallback.kv_only_steps_per_replay == want_steps
     for kw, reason in (({"eagle3": False}, "not EAGLE-3"), ({"layers": 2}, "one layer"), ({"mla": True}, "MLA")):
         informed.clear()
         w = worker(**kw)
-        init(w, server_args(cls, speculative_disable_kv_only_margin=8))
+        w._spec_fallback_init_draft_kv_only(server_args(cls, speculative_disable_kv_only_margin=8))
         assert w._spec_fallback.kv_only_above is None and reason in informed[-1][1]
 
-    extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
     taken = []
-    w = SimpleNamespace(
-        draft_worker=None,
+    w = _worker(
+        tree,
+        ns,
+        _draft_worker=None,
         _spec_fallback=fallback_state_class(tree)(kv_only_above=40, draft_decode_min_bs=16),
         _spec_fallback_draft_kv_only=lambda *a: taken.append("kv_only"),
         _spec_fallback_kv_only_flush=lambda cause: taken.append(f"flush:{cause}"),
         _spec_fallback_draft_decode=lambda *a: taken.append("decode"),
     )
     for bs in (41, 40, 33):
-        extend(w, SimpleNamespace(seq_lens=torch.zeros(bs)), None, None, None)
+        w._spec_fallback_draft_extend(release_instance(_batch_class(tree), seq_lens=torch.zeros(bs)), None, None, None)
     assert taken == ["kv_only", "flush:sync", "decode", "flush:sync", "decode"], (
         "stashed K/V written before the draft reads"
     )
