@@ -204,6 +204,19 @@ def _batch_class(tree):
         return _cls(tree, "ScheduleBatch")
 
 
+def _graph_runner_class(tree):
+    """The release's decode graph runner, as the patched worker imports it (CudaGraphRunner;
+    DecodeCudaGraphRunner from 0.5.14)."""
+    import ast
+
+    for node in ast.parse((tree / WORKER).read_text()).body:
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == "CudaGraphRunner":
+                    return _cls(tree, alias.name, node.module.replace(".", "/") + ".py")
+    raise AssertionError("the patched worker imports no CudaGraphRunner")
+
+
 def _kv_pool(tree, set_kv_buffer):
     """The release's MHATokenToKVPool, its set_kv_buffer the test's."""
     return release_instance(_cls(tree, "MHATokenToKVPool"), set_kv_buffer=set_kv_buffer)
@@ -583,34 +596,37 @@ def test_kv_only_graphs_are_built_only_where_they_can_replay(version, patched_re
     """Graphs are captured for the decode-graph batch sizes above the KV-only threshold, at
     every TP size (inside SGLang's graph_capture(): the draft's embedding all-reduces under
     TP), with buffers of the width and dtype of the draft's fc input; none without the
-    KV-only sync, or without the decode graph runner.
+    KV-only sync, or without the decode graph runner. On the release's worker, draft worker,
+    EAGLE-3 model, decode graph runner and ServerArgs; the capture itself is recorded.
     The capture itself needs a GPU (`spectool verify` checks that every KV-only step replayed
     a graph, at TP=1 and TP=2)."""
     torch = pytest.importorskip("torch")
     tree = patched_release(version)
-    ns = {"torch": torch, "logger": SimpleNamespace(warning=lambda *a: None)}
-    build = load_function(tree / WORKER, "EAGLEWorkerV2._spec_fallback_build_kv_only_graphs", ns)
+    ns = {"logger": SimpleNamespace(warning=lambda *a: None)}  # a logger's stand-in
     # The capture's graph_capture() is the release's own, imported into the patched module.
     assert "from sglang.srt.distributed.parallel_state import graph_capture" in (tree / WORKER).read_text()
     assert "def graph_capture(" in (tree / WORKER).parents[1].joinpath("distributed/parallel_state.py").read_text()
     fc = torch.nn.Linear(3 * H, H, bias=False).to(torch.bfloat16)
     captured = []
 
+    runner_class = _graph_runner_class(tree)
+    model = release_instance(_cls(tree, "LlamaModel", EAGLE3), fc=fc)
+    args_class = server_args_class(tree, {})
+
     def worker(above=12, runner=True):
-        graph_runner = SimpleNamespace(capture_bs=[1, 2, 4, 8, 12, 16, 24, 32]) if runner else None
-        w = SimpleNamespace(
+        graph_runner = release_instance(runner_class, capture_bs=[1, 2, 4, 8, 12, 16, 24, 32]) if runner else None
+        return _worker(
+            tree,
+            ns,
             _spec_fallback=fallback_state_class(tree)(kv_only_above=above, graph_runner=graph_runner),
             device="cpu",
-            draft_worker=SimpleNamespace(
-                draft_runner=SimpleNamespace(model=SimpleNamespace(model=SimpleNamespace(fc=fc)))
-            ),
+            _draft_worker=_draft_worker(tree, model),
             _spec_fallback_capture=lambda what, fn: captured.append((what, fn)) or "graphs",
         )
-        return w
 
-    args = SimpleNamespace(disaggregation_mode="null")
+    args = server_args(args_class, disaggregation_mode="null")
     w = worker()
-    build(w, args)
+    w._spec_fallback_build_kv_only_graphs(args)
     assert w._spec_fallback.kv_only_graphs == "graphs" and len(captured) == 1
     cells = captured[0][1].__closure__
     sizes = next(c.cell_contents for c in cells if isinstance(c.cell_contents, list))
@@ -621,14 +637,14 @@ def test_kv_only_graphs_are_built_only_where_they_can_replay(version, patched_re
     assert bufs["tokens"].shape == bufs["positions"].shape == bufs["loc"].shape == (32,)
     assert pd_decode is False
     captured.clear()
-    build(worker(), SimpleNamespace(disaggregation_mode="decode"))
+    worker()._spec_fallback_build_kv_only_graphs(server_args(args_class, disaggregation_mode="decode"))
     assert next(c.cell_contents for c in captured[0][1].__closure__ if isinstance(c.cell_contents, bool)) is True, (
         "a PD-disaggregated decode server deduplicates every queue"
     )
     for kw in ({"above": None}, {"runner": False}, {"above": 32}):
         captured.clear()
         w = worker(**kw)
-        build(w, args)
+        w._spec_fallback_build_kv_only_graphs(args)
         assert w._spec_fallback.kv_only_graphs is None and not captured, kw
 
 
