@@ -856,30 +856,15 @@ def test_an_engine_without_the_flag_runs_the_release_prefill(version, patched_re
 def test_zero_draft_inputs_come_from_one_buffer_per_engine(version, patched_release):
     """The zeros a KV-only step hands the scheduler (the next draft input) are views of
     buffers filled once, reused while batches fit and made again, larger, for a larger batch,
-    with the values, shapes and dtypes the FutureMap copies."""
+    with the values, shapes and dtypes the FutureMap copies (into the release's
+    EagleDraftInput; the hidden size and dtype are those of the draft's embedding)."""
     torch = pytest.importorskip("torch")
     tree = patched_release(version)
-    worker = SimpleNamespace(
-        device="cpu",
-        topk=1,
-        _spec_fallback=fallback_state_class(tree)(),
-        draft_worker=SimpleNamespace(
-            draft_runner=SimpleNamespace(
-                model=SimpleNamespace(
-                    model=SimpleNamespace(embed_tokens=SimpleNamespace(weight=torch.zeros(V, H, dtype=torch.bfloat16)))
-                )
-            )
-        ),
+    model = release_instance(_cls(tree, "LlamaModel", EAGLE3), embed_tokens=torch.nn.Embedding(V, H, dtype=torch.bfloat16))
+    worker = _worker(
+        tree, device="cpu", topk=1, _spec_fallback=fallback_state_class(tree)(), _draft_worker=_draft_worker(tree, model)
     )
-    bind_methods(
-        tree / WORKER,
-        "EAGLEWorkerV2",
-        {"torch": torch},
-        worker,
-        "_spec_fallback_zero_draft_input",
-        "_spec_fallback_constant",
-    )
-    first, second, bigger = SimpleNamespace(), SimpleNamespace(), SimpleNamespace()
+    first, second, bigger = (release_instance(_cls(tree, "EagleDraftInput")) for _ in range(3))
     worker._spec_fallback_zero_draft_input(first, 4)
     worker._spec_fallback_zero_draft_input(second, 3)
     worker._spec_fallback_zero_draft_input(bigger, 9)
