@@ -805,47 +805,40 @@ def test_an_engine_without_the_flag_runs_the_release_prefill(version, patched_re
     """Patched but with no threshold set (every engine whose user has not opted in, and the
     bench's A1): the prefill hook hands the draft's half to the release's own
     _draft_extend_for_prefill, the decode hook declines, the verify-complete hook counts
-    nothing. The worker's real _spec_fallback_init runs first, with the release's default
-    server args: the hooks must read only what it sets for such an engine."""
+    nothing. The worker (the release's EAGLEWorkerV2, its draft worker's prefill recorded)
+    runs its real _spec_fallback_init first, with the release's default server args: the
+    hooks must read only what it sets for such an engine. The decode batch is the release's."""
     torch = pytest.importorskip("torch")
     import logging
 
     tree = patched_release(version)
-    path = tree / WORKER
+    forward_mode = forward_modes(tree)[0]
     ns = {
-        "torch": torch,
         "logger": logging.getLogger("test"),
-        "ForwardMode": forward_modes(tree)[0],
+        "ForwardMode": forward_mode,
         "SpecFallbackState": fallback_state_class(tree),
     }
     calls = []
-    worker = SimpleNamespace(
-        _target_worker=SimpleNamespace(tp_rank=0),
-        draft_worker=SimpleNamespace(
-            _draft_extend_for_prefill=lambda *a: calls.append(a) or "the release's draft input"
+    worker = _worker(
+        tree,
+        ns,
+        _target_worker=release_instance(_cls(tree, "TpModelWorker"), tp_rank=0),
+        _draft_worker=release_instance(
+            _cls(tree, "EagleDraftWorker", WORKER),
+            _draft_extend_for_prefill=lambda *a: calls.append(a) or "the release's draft input",
         ),
     )
-    bind_methods(
-        path,
-        "EAGLEWorkerV2",
-        ns,
-        worker,
-        "_spec_fallback_init",
-        "_spec_fallback_should_run",
-        "_spec_fallback_on_verify",
-        "_spec_fallback_kv_only_prefill_applies",
-        "_spec_fallback_eligible",
-        "_spec_fallback_kv_only_flush",
-    )
     worker._spec_fallback_init(server_args(server_args_class(tree, {})))
-    prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
     batch, tokens = _prefill_batch(torch, tree)
     hidden = torch.zeros(11, 3 * H)
 
-    assert prefill(worker, batch, hidden, tokens, None) == "the release's draft input"
+    assert worker._spec_fallback_draft_prefill(batch, hidden, tokens, None) == "the release's draft input"
     assert calls == [(batch, hidden, tokens, None)]
-    decode = SimpleNamespace(
-        forward_mode=SimpleNamespace(is_idle=lambda: False), spec_info=object(), seq_lens=torch.zeros(64)
+    decode = release_instance(
+        _batch_class(tree),
+        forward_mode=forward_mode.DECODE,
+        spec_info=release_instance(_cls(tree, "EagleDraftInput")),
+        seq_lens=torch.zeros(64),
     )
     assert worker._spec_fallback_should_run(decode) is False
     worker._spec_fallback_on_verify([1, 2])  # the verify-complete hook: nothing pending, nothing counted
