@@ -769,13 +769,11 @@ def test_kv_only_prefill_only_when_the_steps_after_it_fall_back(version, patched
     on; grammar, logprob and hidden-state prefills too (the decode steps after them fall
     back as well, and the target's own prefill serves those outputs); never for multimodal
     inputs, a batch that is not a plain EXTEND, or without the KV-only sync. On real
-    ModelWorkerBatches of the release."""
+    ModelWorkerBatches of the release, asked of its EAGLEWorkerV2."""
     torch = pytest.importorskip("torch")
     tree = patched_release(version)
-    path = tree / WORKER
     forward_mode, _ = forward_modes(tree)
-    ns = {"ForwardMode": forward_mode}
-    applies = load_function(path, "EAGLEWorkerV2._spec_fallback_kv_only_prefill_applies", ns)
+    w = _worker(tree, {"ForwardMode": forward_mode})
 
     def case(n=3, above=2, active=False, last=0, mm=None, hidden=False, **values):
         batch = model_worker_batch(
@@ -788,9 +786,9 @@ def test_kv_only_prefill_only_when_the_steps_after_it_fall_back(version, patched
                 **values,
             },
         )
-        w = SimpleNamespace(_spec_fallback=fallback_state_class(tree)(kv_only_above=above, active=active))
+        w._spec_fallback = fallback_state_class(tree)(kv_only_above=above, active=active)
         w._spec_fallback.stats["last_batch_size"] = last
-        return applies(w, batch, mm)
+        return w._spec_fallback_kv_only_prefill_applies(batch, mm)
 
     assert case() and not case(n=2)
     assert case(n=2, active=True, last=1) and not case(n=2, active=False, last=9)
