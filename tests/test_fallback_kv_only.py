@@ -18,7 +18,9 @@ import pytest
 from spectool.testing import bind_methods, load_function
 
 from .sglang_source import (
+    eagle_draft_input_class,
     fallback_state_class,
+    logits_output_class,
     forward_modes,
     model_worker_batch,
     release_class,
@@ -183,17 +185,21 @@ def _eagle3_model(torch, tree, fc_norm: bool, sliced: bool = False, input_norm: 
     return model, model.forward, seen
 
 
-def _draft_worker(tree, model, pool=None, runner=None, **attrs):
-    """The release's EagleDraftWorker whose draft model runner (a real ModelRunner, holding
-    `runner`) runs the release's LlamaForCausalLMEagle3 around `model` and writes the draft
-    KV into `pool`."""
+def _draft_worker(tree, model, pool=None, runner=None, ns=None, **attrs):
+    """The release's EagleDraftWorker (its methods' globals those of _cls and `ns`) whose
+    draft model runner (a real ModelRunner, holding `runner`) runs the release's
+    LlamaForCausalLMEagle3 around `model` and writes the draft KV into `pool`."""
     runner = release_instance(
         _cls(tree, "ModelRunner", "sglang/srt/model_executor/model_runner.py"),
         model=release_instance(_cls(tree, "LlamaForCausalLMEagle3"), model=model),
         **({} if pool is None else {"token_to_kv_pool": pool}),
         **(runner or {}),
     )
-    return release_instance(_cls(tree, "EagleDraftWorker", WORKER), draft_runner=runner, **attrs)
+    if ns is None:
+        cls = _cls(tree, "EagleDraftWorker", WORKER)
+    else:
+        cls = release_type(tree, "EagleDraftWorker", {**_names(tree, "EagleDraftWorker"), **ns}, rel=WORKER)
+    return release_instance(cls, draft_runner=runner, **attrs)
 
 
 def _batch_class(tree):
@@ -671,83 +677,72 @@ def _prefill_batch(torch, tree):
     return batch, torch.tensor([41, 42, 43])
 
 
-def _init_new(torch):
-    """ForwardBatch.init_new in miniature: positions continue each request's cached prefix."""
+def _forward_batch_class(tree, torch):
+    """The release's ForwardBatch whose init_new is ForwardBatch.init_new in miniature (the
+    real one plans the GPU's attention metadata): the batch's ids, slots and draft input,
+    positions continuing each request's cached prefix, in an EXTEND forward batch."""
+    release = _cls(tree, "ForwardBatch")
 
-    def init_new(batch, runner):
-        positions = torch.cat([torch.arange(p, p + e) for p, e in zip(batch.extend_prefix_lens, batch.extend_seq_lens)])
-        return SimpleNamespace(
-            input_ids=batch.input_ids,
-            positions=positions,
-            out_cache_loc=batch.out_cache_loc,
-            spec_info=batch.spec_info,
-            mm_input_embeds=None,
-            contains_mm_inputs=lambda: False,
-            forward_mode=SimpleNamespace(is_extend=lambda: True, is_draft_extend=lambda include_v2=False: False),
-        )
+    class ForwardBatch(release):
+        @classmethod
+        def init_new(cls, batch, runner):
+            spans = zip(batch.extend_prefix_lens, batch.extend_seq_lens)
+            return release_instance(
+                cls,
+                input_ids=batch.input_ids,
+                positions=torch.cat([torch.arange(p, p + e) for p, e in spans]),
+                out_cache_loc=batch.out_cache_loc,
+                spec_info=batch.spec_info,
+                mm_inputs=None,
+                mm_input_embeds=None,
+                forward_mode=forward_modes(tree)[0].EXTEND,
+            )
 
-    return SimpleNamespace(init_new=init_new)
+    return ForwardBatch
 
 
 @pytest.mark.parametrize("sliced", [False, True])
 def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_release):
     """The KV-only draft prefill against the release's own _draft_extend_for_prefill (run over
     the same miniature EAGLE-3 head): the same shifted ids, the same K/V at the same slots, and
-    the next draft input in the release's shapes, zeros. (0.5.13 on: test_recipes_0511_0514.)"""
+    the next draft input in the release's shapes, zeros. Both run on the release's classes
+    (worker, draft worker, ModelRunner, EagleDraftInput, ForwardBatch, LogitsProcessorOutput),
+    the draft runner's forward being the LlamaModel's own. (0.5.13 on: test_recipes_0511_0514.)"""
     torch = pytest.importorskip("torch")
     tree = patched_release("0.5.12")
-    path = tree / WORKER
     model, forward, ref = _eagle3_model(torch, tree, fc_norm=False, sliced=sliced)
     ns = {
-        "torch": torch,
-        "EagleDraftInput": lambda **kw: SimpleNamespace(**kw),
-        "ForwardBatch": _init_new(torch),
+        "EagleDraftInput": eagle_draft_input_class(tree),
+        "ForwardBatch": _forward_batch_class(tree, torch),
         "ForwardMode": forward_modes(tree)[0],
         "maybe_detect_nan": lambda *a: None,
-        "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim),
+        "fast_topk": load_function(tree / "sglang/srt/utils/common.py", "fast_topk", {"torch": torch}),
     }
     target_hidden = torch.randn(11, 3 * H)
+    logits_output = logits_output_class(tree)
+    runner_output = _cls(tree, "ModelRunnerOutput", "sglang/srt/model_executor/model_runner.py")
 
     def runner_forward(fb):
         forward(fb.input_ids.to(torch.int64), fb.positions, fb)
-        return SimpleNamespace(
-            logits_output=SimpleNamespace(next_token_logits=torch.rand(3, V), hidden_states=torch.rand(3, H))
-        )
+        out = logits_output(next_token_logits=torch.rand(3, V), hidden_states=torch.rand(3, H))
+        return runner_output(logits_output=out, can_run_graph=False)
 
-    release = load_function(path, "EagleDraftWorker._draft_extend_for_prefill", ns)
+    release = _draft_worker(tree, model, runner={"forward": runner_forward}, ns=ns, topk=1)
     ref_batch, tokens = _prefill_batch(torch, tree)
     with torch.no_grad():
-        ref_out = release(
-            SimpleNamespace(topk=1, draft_runner=SimpleNamespace(forward=runner_forward)),
-            ref_batch,
-            target_hidden,
-            tokens,
-        )
+        ref_out = release._draft_extend_for_prefill(ref_batch, target_hidden, tokens)
 
     writes = []
-    pool = SimpleNamespace(set_kv_buffer=lambda *a: writes.append(a))
-    dw = SimpleNamespace(
-        draft_runner=SimpleNamespace(model=SimpleNamespace(model=model), token_to_kv_pool=pool),
+    dw = _draft_worker(
+        tree,
+        model,
+        _kv_pool(tree, lambda *a: writes.append(a)),
         _draft_extend_for_prefill=lambda *a: pytest.fail("the full draft prefill ran"),
     )
-    worker = SimpleNamespace(
-        device="cpu", topk=1, draft_worker=dw, _spec_fallback=fallback_state_class(tree)(kv_only_above=2)
-    )
-    bind_methods(
-        path,
-        "EAGLEWorkerV2",
-        ns,
-        worker,
-        "_spec_fallback_kv_only_prefill_applies",
-        "_spec_fallback_kv_only_write",
-        "_spec_fallback_kv_only_flush",
-        "_spec_fallback_zero_draft_input",
-        "_spec_fallback_constant",
-    )
-    prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
+    worker = _worker(tree, ns, device="cpu", topk=1, _draft_worker=dw, _spec_fallback=fallback_state_class(tree)(kv_only_above=2))
     batch, _ = _prefill_batch(torch, tree)
     with torch.no_grad():
-        out = prefill(worker, batch, target_hidden, tokens, None)
+        out = worker._spec_fallback_draft_prefill(batch, target_hidden, tokens, None)
 
     assert batch.input_ids.tolist() == ref_batch.input_ids.tolist(), "ids shifted as the release shifts them"
     ((layer, loc, k, v, _, _),) = writes
