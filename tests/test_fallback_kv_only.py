@@ -9,19 +9,21 @@ concatenation) fails this test."""
 from __future__ import annotations
 
 import abc
+import ast
 import functools
+import logging
 import typing
 from types import SimpleNamespace
 
 import pytest
 
-from spectool.testing import bind_methods, load_function
+from spectool.testing import load_function
 
 from .sglang_source import (
     eagle_draft_input_class,
     fallback_state_class,
-    logits_output_class,
     forward_modes,
+    logits_output_class,
     model_worker_batch,
     release_class,
     release_instance,
@@ -213,8 +215,6 @@ def _batch_class(tree):
 def _graph_runner_class(tree):
     """The release's decode graph runner, as the patched worker imports it (CudaGraphRunner;
     DecodeCudaGraphRunner from 0.5.14)."""
-    import ast
-
     for node in ast.parse((tree / WORKER).read_text()).body:
         if isinstance(node, ast.ImportFrom):
             for alias in node.names:
@@ -454,8 +454,6 @@ def test_every_other_draft_forward_writes_the_queue_first(version, patched_relea
     forward_batch_generation, the speculative path's draft() after the decode hook declines.
     (The full draft sync below the KV-only threshold: test_kv_only_switch_and_dispatch.)"""
     torch = pytest.importorskip("torch")
-    import ast
-
     tree = patched_release(version)
     order = []
     draft_worker = release_instance(
@@ -608,7 +606,7 @@ def test_kv_only_graphs_are_built_only_where_they_can_replay(version, patched_re
     a graph, at TP=1 and TP=2)."""
     torch = pytest.importorskip("torch")
     tree = patched_release(version)
-    ns = {"logger": SimpleNamespace(warning=lambda *a: None)}  # a logger's stand-in
+    ns = {"logger": logging.getLogger("test")}
     # The capture's graph_capture() is the release's own, imported into the patched module.
     assert "from sglang.srt.distributed.parallel_state import graph_capture" in (tree / WORKER).read_text()
     assert "def graph_capture(" in (tree / WORKER).parents[1].joinpath("distributed/parallel_state.py").read_text()
@@ -739,7 +737,9 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_
         _kv_pool(tree, lambda *a: writes.append(a)),
         _draft_extend_for_prefill=lambda *a: pytest.fail("the full draft prefill ran"),
     )
-    worker = _worker(tree, ns, device="cpu", topk=1, _draft_worker=dw, _spec_fallback=fallback_state_class(tree)(kv_only_above=2))
+    worker = _worker(
+        tree, ns, device="cpu", topk=1, _draft_worker=dw, _spec_fallback=fallback_state_class(tree)(kv_only_above=2)
+    )
     batch, _ = _prefill_batch(torch, tree)
     with torch.no_grad():
         out = worker._spec_fallback_draft_prefill(batch, target_hidden, tokens, None)
@@ -802,8 +802,6 @@ def test_an_engine_without_the_flag_runs_the_release_prefill(version, patched_re
     runs its real _spec_fallback_init first, with the release's default server args: the
     hooks must read only what it sets for such an engine. The decode batch is the release's."""
     torch = pytest.importorskip("torch")
-    import logging
-
     tree = patched_release(version)
     forward_mode = forward_modes(tree)[0]
     ns = {
@@ -846,9 +844,15 @@ def test_zero_draft_inputs_come_from_one_buffer_per_engine(version, patched_rele
     EagleDraftInput; the hidden size and dtype are those of the draft's embedding)."""
     torch = pytest.importorskip("torch")
     tree = patched_release(version)
-    model = release_instance(_cls(tree, "LlamaModel", EAGLE3), embed_tokens=torch.nn.Embedding(V, H, dtype=torch.bfloat16))
+    model = release_instance(
+        _cls(tree, "LlamaModel", EAGLE3), embed_tokens=torch.nn.Embedding(V, H, dtype=torch.bfloat16)
+    )
     worker = _worker(
-        tree, device="cpu", topk=1, _spec_fallback=fallback_state_class(tree)(), _draft_worker=_draft_worker(tree, model)
+        tree,
+        device="cpu",
+        topk=1,
+        _spec_fallback=fallback_state_class(tree)(),
+        _draft_worker=_draft_worker(tree, model),
     )
     first, second, bigger = (release_instance(_cls(tree, "EagleDraftInput")) for _ in range(3))
     worker._spec_fallback_zero_draft_input(first, 4)
