@@ -9,17 +9,21 @@ concatenation) fails this test."""
 from __future__ import annotations
 
 import abc
+import ast
 import functools
+import logging
 import typing
 from types import SimpleNamespace
 
 import pytest
 
-from spectool.testing import bind_methods, load_function
+from spectool.testing import load_function
 
 from .sglang_source import (
+    eagle_draft_input_class,
     fallback_state_class,
     forward_modes,
+    logits_output_class,
     model_worker_batch,
     release_class,
     release_instance,
@@ -118,11 +122,17 @@ def _modules(torch, fc_norm: bool, sliced: bool = False):
 def _cls(tree, name, rel=None):
     """The release's class `name` (from `rel`, else the file defining it), its methods
     reading torch and the typing names they use; on its own bases (torch's nn.Module)."""
+    if rel == EAGLE3 and name == "LlamaDecoderLayer":  # the EAGLE-3 layer, on llama's own
+        return release_class(tree, rel, name, {**_names(tree, name), name: _cls(tree, name, LLAMA)})
+    return release_type(tree, name, _names(tree, name), rel=rel)
+
+
+def _names(tree, name):
+    """The globals _cls gives the methods of the release's class `name`: torch, the typing
+    names, and what its definition reads from its own module."""
     import torch
 
     ns = {"torch": torch, "nn": torch.nn, "abc": abc, "Optional": typing.Optional, "Tuple": tuple, "_is_npu": False}
-    if rel == EAGLE3 and name == "LlamaDecoderLayer":  # the EAGLE-3 layer, on llama's own
-        return release_class(tree, rel, name, {**ns, name: _cls(tree, name, LLAMA)})
     if name in ("EagleDraftInput", "ScheduleBatch"):  # their default capture mode
         ns["CaptureHiddenMode"] = _cls(tree, "CaptureHiddenMode")
     base = tree / "sglang/srt/speculative/base_spec_worker.py"
@@ -133,7 +143,7 @@ def _cls(tree, name, rel=None):
         ns["HiCacheDraftPlan"] = release_class(tree, rel_base, "HiCacheDraftPlan", ns)
     if name == "RadixAttention":  # its default attention type, from its own module
         ns["AttentionType"] = _cls(tree, "AttentionType", "sglang/srt/layers/radix_attention.py")
-    return release_type(tree, name, ns, rel=rel)
+    return ns
 
 
 def _module(cls, **attrs):
@@ -147,9 +157,9 @@ def _module(cls, **attrs):
     return obj
 
 
-def _eagle3_model(torch, tree, fc_norm: bool, sliced: bool = False, input_norm: bool = False):
-    """The release's LlamaForCausalLMEagle3 around its own EAGLE-3 LlamaModel with one real
-    LlamaDecoderLayer, holding the miniature's weights; and the LlamaModel's own forward."""
+def _eagle3_model(torch, tree, fc_norm: bool, sliced: bool = False, input_norm: bool = False, layers: int = 1):
+    """The release's EAGLE-3 LlamaModel with one real LlamaDecoderLayer (`layers` times),
+    holding the miniature's weights; its own forward; and the K/V that forward records."""
     RMS, attention = _modules(torch, fc_norm, sliced)
     self_attn, seen = attention(tree)
     layer = _module(
@@ -166,7 +176,7 @@ def _eagle3_model(torch, tree, fc_norm: bool, sliced: bool = False, input_norm: 
         fc=torch.nn.Linear(3 * H, H, bias=False),
         fc_norm=torch.nn.ModuleList([RMS(H) for _ in range(3)]) if fc_norm else None,
         num_aux_hidden_states=3,
-        layers=[layer],
+        layers=[layer] * layers,
         norm=RMS(H),
         norm_output=False,
         is_mrope_enabled=False,
@@ -177,15 +187,21 @@ def _eagle3_model(torch, tree, fc_norm: bool, sliced: bool = False, input_norm: 
     return model, model.forward, seen
 
 
-def _draft_worker(tree, model, pool=None, **attrs):
-    """The release's EagleDraftWorker whose draft model runner (a real ModelRunner) runs the
-    release's LlamaForCausalLMEagle3 around `model` and writes the draft KV into `pool`."""
+def _draft_worker(tree, model, pool=None, runner=None, ns=None, **attrs):
+    """The release's EagleDraftWorker (its methods' globals those of _cls and `ns`) whose
+    draft model runner (a real ModelRunner, holding `runner`) runs the release's
+    LlamaForCausalLMEagle3 around `model` and writes the draft KV into `pool`."""
     runner = release_instance(
         _cls(tree, "ModelRunner", "sglang/srt/model_executor/model_runner.py"),
         model=release_instance(_cls(tree, "LlamaForCausalLMEagle3"), model=model),
         **({} if pool is None else {"token_to_kv_pool": pool}),
+        **(runner or {}),
     )
-    return release_instance(_cls(tree, "EagleDraftWorker", WORKER), draft_runner=runner, **attrs)
+    if ns is None:
+        cls = _cls(tree, "EagleDraftWorker", WORKER)
+    else:
+        cls = release_type(tree, "EagleDraftWorker", {**_names(tree, "EagleDraftWorker"), **ns}, rel=WORKER)
+    return release_instance(cls, draft_runner=runner, **attrs)
 
 
 def _batch_class(tree):
@@ -196,6 +212,17 @@ def _batch_class(tree):
         return _cls(tree, "ScheduleBatch")
 
 
+def _graph_runner_class(tree):
+    """The release's decode graph runner, as the patched worker imports it (CudaGraphRunner;
+    DecodeCudaGraphRunner from 0.5.14)."""
+    for node in ast.parse((tree / WORKER).read_text()).body:
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == "CudaGraphRunner":
+                    return _cls(tree, alias.name, node.module.replace(".", "/") + ".py")
+    raise AssertionError("the patched worker imports no CudaGraphRunner")
+
+
 def _kv_pool(tree, set_kv_buffer):
     """The release's MHATokenToKVPool, its set_kv_buffer the test's."""
     return release_instance(_cls(tree, "MHATokenToKVPool"), set_kv_buffer=set_kv_buffer)
@@ -203,13 +230,11 @@ def _kv_pool(tree, set_kv_buffer):
 
 def _worker(tree, ns=None, **attrs):
     """The patched release's EAGLEWorkerV2 (the recipe's methods with it), its methods'
-    globals torch and `ns`, holding `attrs`."""
-    import torch
-
+    globals those of _cls and `ns`, holding `attrs`."""
     if ns is None:
         cls = _cls(tree, "EAGLEWorkerV2", WORKER)
     else:
-        cls = release_type(tree, "EAGLEWorkerV2", {"torch": torch, **ns}, rel=WORKER)
+        cls = release_type(tree, "EAGLEWorkerV2", {**_names(tree, "EAGLEWorkerV2"), **ns}, rel=WORKER)
     return release_instance(cls, **attrs)
 
 
@@ -279,10 +304,12 @@ def test_kv_only_sync_writes_the_draft_forwards_kv(fc_norm, sliced, input_norm, 
 BUFS = ("tokens", "hidden", "positions", "loc")
 
 
-def _stash_worker(tree, torch, graphs=(8, 16), defer=1, width=6, bufs=None, replay=None, pd_decode=False):
-    """A worker with the real stash, flush and last-write-wins methods over stand-in graphs
-    (capture itself needs a GPU: `spectool verify` runs it). A graph's replay runs
-    `replay(worker, bufs, size)`; by default it records the rows it would write."""
+def _stash_worker(tree, torch, graphs=(8, 16), defer=1, width=6, bufs=None, replay=None, pd_decode=False, **attrs):
+    """The patched release's EAGLEWorkerV2 (its real stash, flush and last-write-wins
+    methods) holding `attrs` and a KV-only queue over stand-in graphs. The capture stores
+    torch's CUDAGraph objects, which need a GPU (`spectool verify` runs them): each stand-in
+    is that torch type's replay(), which runs `replay(worker, bufs, size)`; by default it
+    records the rows it would write."""
     size = max(graphs)
     if bufs is None:
         bufs = {
@@ -297,19 +324,10 @@ def _stash_worker(tree, torch, graphs=(8, 16), defer=1, width=6, bufs=None, repl
         def replay(worker, bufs, n):
             seen.append((n, {k: v[:n].clone() for k, v in bufs.items()}))
 
-    worker = SimpleNamespace(_spec_fallback=fallback_state_class(tree)(kv_only_steps_per_replay=defer))
-    bind_methods(
-        tree / WORKER,
-        "EAGLEWorkerV2",
-        {"torch": torch},
-        worker,
-        "_spec_fallback_kv_only_stash",
-        "_spec_fallback_kv_only_flush",
-        "_spec_fallback_last_write_wins",
-        "_spec_fallback_kv_only_queue",
-    )
-    stand_ins = {n: SimpleNamespace(replay=lambda n=n: replay(worker, bufs, n)) for n in reversed(graphs)}
-    worker._spec_fallback.kv_only_graphs = worker._spec_fallback_kv_only_queue(stand_ins, bufs, pd_decode)
+    worker = _worker(tree, _spec_fallback=fallback_state_class(tree)(kv_only_steps_per_replay=defer), **attrs)
+    # torch.cuda.CUDAGraph stand-ins (a torch type, not SGLang's): replay() is all the queue calls.
+    cuda_graphs = {n: SimpleNamespace(replay=lambda n=n: replay(worker, bufs, n)) for n in reversed(graphs)}
+    worker._spec_fallback.kv_only_graphs = worker._spec_fallback_kv_only_queue(cuda_graphs, bufs, pd_decode)
     return worker, seen
 
 
@@ -340,15 +358,7 @@ def test_kv_only_graph_replay_pads_to_a_captured_size(version, patched_release):
     assert (b["hidden"][:5] == 2).all() and bufs["loc"][8:].tolist() == [9] * 8, "rows past the size untouched"
     assert worker._spec_fallback_kv_only_stash(*_step(torch, 0, 17)) is False
     assert worker._spec_fallback_kv_only_stash(tokens, torch.zeros(5, 4), positions, loc) is False
-    empty = SimpleNamespace(_spec_fallback=fallback_state_class(tree)())
-    bind_methods(
-        tree / WORKER,
-        "EAGLEWorkerV2",
-        {"torch": torch},
-        empty,
-        "_spec_fallback_kv_only_stash",
-        "_spec_fallback_kv_only_flush",
-    )
+    empty = _worker(tree, _spec_fallback=fallback_state_class(tree)())
     assert empty._spec_fallback_kv_only_stash(tokens, hidden, positions, loc) is False
     empty._spec_fallback_kv_only_flush("spec")  # nothing stashed, no graphs: nothing to do
     assert len(seen) == 1 and worker._spec_fallback.stats["draft_kv_only_flush_causes"] == {"queued": 1}
@@ -444,18 +454,16 @@ def test_every_other_draft_forward_writes_the_queue_first(version, patched_relea
     forward_batch_generation, the speculative path's draft() after the decode hook declines.
     (The full draft sync below the KV-only threshold: test_kv_only_switch_and_dispatch.)"""
     torch = pytest.importorskip("torch")
-    import ast
-
     tree = patched_release(version)
-    worker, seen = _stash_worker(tree, torch, defer=4)
     order = []
-    worker.draft_worker = SimpleNamespace(
-        _draft_extend_for_prefill=lambda *a: order.append(("release prefill", len(seen)))
+    draft_worker = release_instance(
+        _cls(tree, "EagleDraftWorker", WORKER),
+        _draft_extend_for_prefill=lambda *a: order.append(("release prefill", len(seen))),
     )
-    worker._spec_fallback_kv_only_prefill_applies = lambda batch, mm: False
-    prefill = load_function(tree / WORKER, "EAGLEWorkerV2._spec_fallback_draft_prefill", {"torch": torch})
+    worker, seen = _stash_worker(tree, torch, defer=4, _draft_worker=draft_worker)
     assert worker._spec_fallback_kv_only_stash(*_step(torch, 0, 3)) and not seen
-    prefill(worker, SimpleNamespace(), None, None, None)
+    # No KV-only threshold: the real _spec_fallback_kv_only_prefill_applies declines.
+    worker._spec_fallback_draft_prefill(release_instance(_batch_class(tree)), None, None, None)
     assert order == [("release prefill", 1)], "the queue was written before the draft prefill"
 
     fn = next(
@@ -474,8 +482,8 @@ def test_every_other_draft_forward_writes_the_queue_first(version, patched_relea
 
 @pytest.mark.parametrize("version", ERAS)
 def test_deferred_kv_only_writes_equal_the_step_by_step_ones(version, patched_release):
-    """End to end over the miniature EAGLE-3 head and a real KV pool (tensors indexed by
-    slot): four steps of changing batches, one slot handed on, written through the real
+    """End to end over the miniature EAGLE-3 head in the release's draft worker and model
+    runner, its KV pool the release's MHATokenToKVPool writing tensors indexed by slot: four steps of changing batches, one slot handed on, written through the real
     _spec_fallback_kv_only_write as the graphs' body, four steps per replay against one step
     per replay. The pools must be equal, and differ from a run that drops a step."""
     torch = pytest.importorskip("torch")
@@ -509,13 +517,8 @@ def test_deferred_kv_only_writes_equal_the_step_by_step_ones(version, patched_re
             defer=defer,
             bufs=bufs,  # the graph's body
             replay=lambda w, b, n: w._spec_fallback_kv_only_write(*(b[k][:n] for k in BUFS)),
+            _draft_worker=_draft_worker(tree, model, _kv_pool(tree, set_kv_buffer)),
         )
-        worker.draft_worker = SimpleNamespace(
-            draft_runner=SimpleNamespace(
-                model=SimpleNamespace(model=model), token_to_kv_pool=SimpleNamespace(set_kv_buffer=set_kv_buffer)
-            )
-        )
-        bind_methods(tree / WORKER, "EAGLEWorkerV2", {"torch": torch}, worker, "_spec_fallback_kv_only_write")
         with torch.no_grad():
             for i, step in enumerate(steps):
                 if i != drop:
@@ -536,30 +539,27 @@ def test_deferred_kv_only_writes_equal_the_step_by_step_ones(version, patched_re
 def test_kv_only_switch_and_dispatch(version, patched_release):
     """On by default on every step above the threshold (margin 0);
     --speculative-disable-kv-only-margin sets the margin or None ('off'); refused, with the
-    reason at info level, for drafts whose K/V need more than the input layer; used only more
-    than the margin above the threshold, the full draft forward below."""
+    reason at info level, for drafts whose K/V need more than the input layer (a STANDALONE
+    draft, a two-layer head, an MLA runner); used only more than the margin above the
+    threshold, the full draft forward below. On the release's EAGLEWorkerV2, SpeculativeAlgorithm,
+    draft worker, ModelRunner and EAGLE-3 model, and its batch class."""
     torch = pytest.importorskip("torch")
 
     tree = patched_release(version)
-    path = tree / WORKER
     informed = []
-    ns = {"torch": torch, "logger": SimpleNamespace(info=lambda *a: informed.append(a))}
-    init = load_function(path, "EAGLEWorkerV2._spec_fallback_init_draft_kv_only", ns)
+    ns = {"torch": torch, "logger": SimpleNamespace(info=lambda *a: informed.append(a))}  # a logger's recorder
     cls = server_args_class(tree, {})
+    algorithm = _cls(tree, "SpeculativeAlgorithm", "sglang/srt/speculative/spec_info.py")
 
     def worker(eagle3=True, layers=1, mla=False):
-        layer = SimpleNamespace(is_input_layer=True, self_attn=SimpleNamespace(rotary_emb=None))
-        w = SimpleNamespace(
+        model, _, _ = _eagle3_model(torch, tree, fc_norm=False, layers=layers)
+        return _worker(
+            tree,
+            ns,
             _spec_fallback=fallback_state_class(tree)(threshold=32),
-            speculative_algorithm=SimpleNamespace(is_eagle3=lambda: eagle3),
-            draft_worker=SimpleNamespace(
-                draft_runner=SimpleNamespace(
-                    use_mla_backend=mla, model=SimpleNamespace(model=SimpleNamespace(layers=[layer] * layers))
-                )
-            ),
+            speculative_algorithm=algorithm.EAGLE3 if eagle3 else algorithm.STANDALONE,
+            _draft_worker=_draft_worker(tree, model, runner={"use_mla_backend": mla}),
         )
-        bind_methods(path, "EAGLEWorkerV2", ns, w, "_spec_fallback_kv_only_unsupported")
-        return w
 
     for flags, expect in (
         ({}, 32),
@@ -568,27 +568,28 @@ def test_kv_only_switch_and_dispatch(version, patched_release):
         ({"speculative_disable_kv_only_margin": 8, "speculative_disable_kv_only_steps_per_replay": 2}, 40),
     ):
         w = worker()
-        init(w, server_args(cls, **flags))
+        w._spec_fallback_init_draft_kv_only(server_args(cls, **flags))
         assert w._spec_fallback.kv_only_above == expect, flags
         want_steps = flags.get("speculative_disable_kv_only_steps_per_replay", 4) if expect is not None else 1
         assert w._spec_fallback.kv_only_steps_per_replay == want_steps
     for kw, reason in (({"eagle3": False}, "not EAGLE-3"), ({"layers": 2}, "one layer"), ({"mla": True}, "MLA")):
         informed.clear()
         w = worker(**kw)
-        init(w, server_args(cls, speculative_disable_kv_only_margin=8))
+        w._spec_fallback_init_draft_kv_only(server_args(cls, speculative_disable_kv_only_margin=8))
         assert w._spec_fallback.kv_only_above is None and reason in informed[-1][1]
 
-    extend = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_extend", ns)
     taken = []
-    w = SimpleNamespace(
-        draft_worker=None,
+    w = _worker(
+        tree,
+        ns,
+        _draft_worker=None,
         _spec_fallback=fallback_state_class(tree)(kv_only_above=40, draft_decode_min_bs=16),
         _spec_fallback_draft_kv_only=lambda *a: taken.append("kv_only"),
         _spec_fallback_kv_only_flush=lambda cause: taken.append(f"flush:{cause}"),
         _spec_fallback_draft_decode=lambda *a: taken.append("decode"),
     )
     for bs in (41, 40, 33):
-        extend(w, SimpleNamespace(seq_lens=torch.zeros(bs)), None, None, None)
+        w._spec_fallback_draft_extend(release_instance(_batch_class(tree), seq_lens=torch.zeros(bs)), None, None, None)
     assert taken == ["kv_only", "flush:sync", "decode", "flush:sync", "decode"], (
         "stashed K/V written before the draft reads"
     )
@@ -599,34 +600,37 @@ def test_kv_only_graphs_are_built_only_where_they_can_replay(version, patched_re
     """Graphs are captured for the decode-graph batch sizes above the KV-only threshold, at
     every TP size (inside SGLang's graph_capture(): the draft's embedding all-reduces under
     TP), with buffers of the width and dtype of the draft's fc input; none without the
-    KV-only sync, or without the decode graph runner.
+    KV-only sync, or without the decode graph runner. On the release's worker, draft worker,
+    EAGLE-3 model, decode graph runner and ServerArgs; the capture itself is recorded.
     The capture itself needs a GPU (`spectool verify` checks that every KV-only step replayed
     a graph, at TP=1 and TP=2)."""
     torch = pytest.importorskip("torch")
     tree = patched_release(version)
-    ns = {"torch": torch, "logger": SimpleNamespace(warning=lambda *a: None)}
-    build = load_function(tree / WORKER, "EAGLEWorkerV2._spec_fallback_build_kv_only_graphs", ns)
+    ns = {"logger": logging.getLogger("test")}
     # The capture's graph_capture() is the release's own, imported into the patched module.
     assert "from sglang.srt.distributed.parallel_state import graph_capture" in (tree / WORKER).read_text()
     assert "def graph_capture(" in (tree / WORKER).parents[1].joinpath("distributed/parallel_state.py").read_text()
     fc = torch.nn.Linear(3 * H, H, bias=False).to(torch.bfloat16)
     captured = []
 
+    runner_class = _graph_runner_class(tree)
+    model = release_instance(_cls(tree, "LlamaModel", EAGLE3), fc=fc)
+    args_class = server_args_class(tree, {})
+
     def worker(above=12, runner=True):
-        graph_runner = SimpleNamespace(capture_bs=[1, 2, 4, 8, 12, 16, 24, 32]) if runner else None
-        w = SimpleNamespace(
+        graph_runner = release_instance(runner_class, capture_bs=[1, 2, 4, 8, 12, 16, 24, 32]) if runner else None
+        return _worker(
+            tree,
+            ns,
             _spec_fallback=fallback_state_class(tree)(kv_only_above=above, graph_runner=graph_runner),
             device="cpu",
-            draft_worker=SimpleNamespace(
-                draft_runner=SimpleNamespace(model=SimpleNamespace(model=SimpleNamespace(fc=fc)))
-            ),
+            _draft_worker=_draft_worker(tree, model),
             _spec_fallback_capture=lambda what, fn: captured.append((what, fn)) or "graphs",
         )
-        return w
 
-    args = SimpleNamespace(disaggregation_mode="null")
+    args = server_args(args_class, disaggregation_mode="null")
     w = worker()
-    build(w, args)
+    w._spec_fallback_build_kv_only_graphs(args)
     assert w._spec_fallback.kv_only_graphs == "graphs" and len(captured) == 1
     cells = captured[0][1].__closure__
     sizes = next(c.cell_contents for c in cells if isinstance(c.cell_contents, list))
@@ -637,14 +641,14 @@ def test_kv_only_graphs_are_built_only_where_they_can_replay(version, patched_re
     assert bufs["tokens"].shape == bufs["positions"].shape == bufs["loc"].shape == (32,)
     assert pd_decode is False
     captured.clear()
-    build(worker(), SimpleNamespace(disaggregation_mode="decode"))
+    worker()._spec_fallback_build_kv_only_graphs(server_args(args_class, disaggregation_mode="decode"))
     assert next(c.cell_contents for c in captured[0][1].__closure__ if isinstance(c.cell_contents, bool)) is True, (
         "a PD-disaggregated decode server deduplicates every queue"
     )
     for kw in ({"above": None}, {"runner": False}, {"above": 32}):
         captured.clear()
         w = worker(**kw)
-        build(w, args)
+        w._spec_fallback_build_kv_only_graphs(args)
         assert w._spec_fallback.kv_only_graphs is None and not captured, kw
 
 
@@ -671,83 +675,74 @@ def _prefill_batch(torch, tree):
     return batch, torch.tensor([41, 42, 43])
 
 
-def _init_new(torch):
-    """ForwardBatch.init_new in miniature: positions continue each request's cached prefix."""
+def _forward_batch_class(tree, torch):
+    """The release's ForwardBatch whose init_new is ForwardBatch.init_new in miniature (the
+    real one plans the GPU's attention metadata): the batch's ids, slots and draft input,
+    positions continuing each request's cached prefix, in an EXTEND forward batch."""
+    release = _cls(tree, "ForwardBatch")
 
-    def init_new(batch, runner):
-        positions = torch.cat([torch.arange(p, p + e) for p, e in zip(batch.extend_prefix_lens, batch.extend_seq_lens)])
-        return SimpleNamespace(
-            input_ids=batch.input_ids,
-            positions=positions,
-            out_cache_loc=batch.out_cache_loc,
-            spec_info=batch.spec_info,
-            mm_input_embeds=None,
-            contains_mm_inputs=lambda: False,
-            forward_mode=SimpleNamespace(is_extend=lambda: True, is_draft_extend=lambda include_v2=False: False),
-        )
+    class ForwardBatch(release):
+        @classmethod
+        def init_new(cls, batch, runner):
+            spans = zip(batch.extend_prefix_lens, batch.extend_seq_lens)
+            return release_instance(
+                cls,
+                input_ids=batch.input_ids,
+                positions=torch.cat([torch.arange(p, p + e) for p, e in spans]),
+                out_cache_loc=batch.out_cache_loc,
+                spec_info=batch.spec_info,
+                mm_inputs=None,
+                mm_input_embeds=None,
+                forward_mode=forward_modes(tree)[0].EXTEND,
+            )
 
-    return SimpleNamespace(init_new=init_new)
+    return ForwardBatch
 
 
 @pytest.mark.parametrize("sliced", [False, True])
 def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_release):
     """The KV-only draft prefill against the release's own _draft_extend_for_prefill (run over
     the same miniature EAGLE-3 head): the same shifted ids, the same K/V at the same slots, and
-    the next draft input in the release's shapes, zeros. (0.5.13 on: test_recipes_0511_0514.)"""
+    the next draft input in the release's shapes, zeros. Both run on the release's classes
+    (worker, draft worker, ModelRunner, EagleDraftInput, ForwardBatch, LogitsProcessorOutput),
+    the draft runner's forward being the LlamaModel's own. (0.5.13 on: test_recipes_0511_0514.)"""
     torch = pytest.importorskip("torch")
     tree = patched_release("0.5.12")
-    path = tree / WORKER
     model, forward, ref = _eagle3_model(torch, tree, fc_norm=False, sliced=sliced)
     ns = {
-        "torch": torch,
-        "EagleDraftInput": lambda **kw: SimpleNamespace(**kw),
-        "ForwardBatch": _init_new(torch),
+        "EagleDraftInput": eagle_draft_input_class(tree),
+        "ForwardBatch": _forward_batch_class(tree, torch),
         "ForwardMode": forward_modes(tree)[0],
         "maybe_detect_nan": lambda *a: None,
-        "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim),
+        "fast_topk": load_function(tree / "sglang/srt/utils/common.py", "fast_topk", {"torch": torch}),
     }
     target_hidden = torch.randn(11, 3 * H)
+    logits_output = logits_output_class(tree)
+    runner_output = _cls(tree, "ModelRunnerOutput", "sglang/srt/model_executor/model_runner.py")
 
     def runner_forward(fb):
         forward(fb.input_ids.to(torch.int64), fb.positions, fb)
-        return SimpleNamespace(
-            logits_output=SimpleNamespace(next_token_logits=torch.rand(3, V), hidden_states=torch.rand(3, H))
-        )
+        out = logits_output(next_token_logits=torch.rand(3, V), hidden_states=torch.rand(3, H))
+        return runner_output(logits_output=out, can_run_graph=False)
 
-    release = load_function(path, "EagleDraftWorker._draft_extend_for_prefill", ns)
+    release = _draft_worker(tree, model, runner={"forward": runner_forward}, ns=ns, topk=1)
     ref_batch, tokens = _prefill_batch(torch, tree)
     with torch.no_grad():
-        ref_out = release(
-            SimpleNamespace(topk=1, draft_runner=SimpleNamespace(forward=runner_forward)),
-            ref_batch,
-            target_hidden,
-            tokens,
-        )
+        ref_out = release._draft_extend_for_prefill(ref_batch, target_hidden, tokens)
 
     writes = []
-    pool = SimpleNamespace(set_kv_buffer=lambda *a: writes.append(a))
-    dw = SimpleNamespace(
-        draft_runner=SimpleNamespace(model=SimpleNamespace(model=model), token_to_kv_pool=pool),
+    dw = _draft_worker(
+        tree,
+        model,
+        _kv_pool(tree, lambda *a: writes.append(a)),
         _draft_extend_for_prefill=lambda *a: pytest.fail("the full draft prefill ran"),
     )
-    worker = SimpleNamespace(
-        device="cpu", topk=1, draft_worker=dw, _spec_fallback=fallback_state_class(tree)(kv_only_above=2)
+    worker = _worker(
+        tree, ns, device="cpu", topk=1, _draft_worker=dw, _spec_fallback=fallback_state_class(tree)(kv_only_above=2)
     )
-    bind_methods(
-        path,
-        "EAGLEWorkerV2",
-        ns,
-        worker,
-        "_spec_fallback_kv_only_prefill_applies",
-        "_spec_fallback_kv_only_write",
-        "_spec_fallback_kv_only_flush",
-        "_spec_fallback_zero_draft_input",
-        "_spec_fallback_constant",
-    )
-    prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
     batch, _ = _prefill_batch(torch, tree)
     with torch.no_grad():
-        out = prefill(worker, batch, target_hidden, tokens, None)
+        out = worker._spec_fallback_draft_prefill(batch, target_hidden, tokens, None)
 
     assert batch.input_ids.tolist() == ref_batch.input_ids.tolist(), "ids shifted as the release shifts them"
     ((layer, loc, k, v, _, _),) = writes
@@ -769,13 +764,11 @@ def test_kv_only_prefill_only_when_the_steps_after_it_fall_back(version, patched
     on; grammar, logprob and hidden-state prefills too (the decode steps after them fall
     back as well, and the target's own prefill serves those outputs); never for multimodal
     inputs, a batch that is not a plain EXTEND, or without the KV-only sync. On real
-    ModelWorkerBatches of the release."""
+    ModelWorkerBatches of the release, asked of its EAGLEWorkerV2."""
     torch = pytest.importorskip("torch")
     tree = patched_release(version)
-    path = tree / WORKER
     forward_mode, _ = forward_modes(tree)
-    ns = {"ForwardMode": forward_mode}
-    applies = load_function(path, "EAGLEWorkerV2._spec_fallback_kv_only_prefill_applies", ns)
+    w = _worker(tree, {"ForwardMode": forward_mode})
 
     def case(n=3, above=2, active=False, last=0, mm=None, hidden=False, **values):
         batch = model_worker_batch(
@@ -788,9 +781,9 @@ def test_kv_only_prefill_only_when_the_steps_after_it_fall_back(version, patched
                 **values,
             },
         )
-        w = SimpleNamespace(_spec_fallback=fallback_state_class(tree)(kv_only_above=above, active=active))
+        w._spec_fallback = fallback_state_class(tree)(kv_only_above=above, active=active)
         w._spec_fallback.stats["last_batch_size"] = last
-        return applies(w, batch, mm)
+        return w._spec_fallback_kv_only_prefill_applies(batch, mm)
 
     assert case() and not case(n=2)
     assert case(n=2, active=True, last=1) and not case(n=2, active=False, last=9)
@@ -805,47 +798,38 @@ def test_an_engine_without_the_flag_runs_the_release_prefill(version, patched_re
     """Patched but with no threshold set (every engine whose user has not opted in, and the
     bench's A1): the prefill hook hands the draft's half to the release's own
     _draft_extend_for_prefill, the decode hook declines, the verify-complete hook counts
-    nothing. The worker's real _spec_fallback_init runs first, with the release's default
-    server args: the hooks must read only what it sets for such an engine."""
+    nothing. The worker (the release's EAGLEWorkerV2, its draft worker's prefill recorded)
+    runs its real _spec_fallback_init first, with the release's default server args: the
+    hooks must read only what it sets for such an engine. The decode batch is the release's."""
     torch = pytest.importorskip("torch")
-    import logging
-
     tree = patched_release(version)
-    path = tree / WORKER
+    forward_mode = forward_modes(tree)[0]
     ns = {
-        "torch": torch,
         "logger": logging.getLogger("test"),
-        "ForwardMode": forward_modes(tree)[0],
+        "ForwardMode": forward_mode,
         "SpecFallbackState": fallback_state_class(tree),
     }
     calls = []
-    worker = SimpleNamespace(
-        _target_worker=SimpleNamespace(tp_rank=0),
-        draft_worker=SimpleNamespace(
-            _draft_extend_for_prefill=lambda *a: calls.append(a) or "the release's draft input"
+    worker = _worker(
+        tree,
+        ns,
+        _target_worker=release_instance(_cls(tree, "TpModelWorker"), tp_rank=0),
+        _draft_worker=release_instance(
+            _cls(tree, "EagleDraftWorker", WORKER),
+            _draft_extend_for_prefill=lambda *a: calls.append(a) or "the release's draft input",
         ),
     )
-    bind_methods(
-        path,
-        "EAGLEWorkerV2",
-        ns,
-        worker,
-        "_spec_fallback_init",
-        "_spec_fallback_should_run",
-        "_spec_fallback_on_verify",
-        "_spec_fallback_kv_only_prefill_applies",
-        "_spec_fallback_eligible",
-        "_spec_fallback_kv_only_flush",
-    )
     worker._spec_fallback_init(server_args(server_args_class(tree, {})))
-    prefill = load_function(path, "EAGLEWorkerV2._spec_fallback_draft_prefill", ns)
     batch, tokens = _prefill_batch(torch, tree)
     hidden = torch.zeros(11, 3 * H)
 
-    assert prefill(worker, batch, hidden, tokens, None) == "the release's draft input"
+    assert worker._spec_fallback_draft_prefill(batch, hidden, tokens, None) == "the release's draft input"
     assert calls == [(batch, hidden, tokens, None)]
-    decode = SimpleNamespace(
-        forward_mode=SimpleNamespace(is_idle=lambda: False), spec_info=object(), seq_lens=torch.zeros(64)
+    decode = release_instance(
+        _batch_class(tree),
+        forward_mode=forward_mode.DECODE,
+        spec_info=release_instance(_cls(tree, "EagleDraftInput")),
+        seq_lens=torch.zeros(64),
     )
     assert worker._spec_fallback_should_run(decode) is False
     worker._spec_fallback_on_verify([1, 2])  # the verify-complete hook: nothing pending, nothing counted
@@ -856,30 +840,21 @@ def test_an_engine_without_the_flag_runs_the_release_prefill(version, patched_re
 def test_zero_draft_inputs_come_from_one_buffer_per_engine(version, patched_release):
     """The zeros a KV-only step hands the scheduler (the next draft input) are views of
     buffers filled once, reused while batches fit and made again, larger, for a larger batch,
-    with the values, shapes and dtypes the FutureMap copies."""
+    with the values, shapes and dtypes the FutureMap copies (into the release's
+    EagleDraftInput; the hidden size and dtype are those of the draft's embedding)."""
     torch = pytest.importorskip("torch")
     tree = patched_release(version)
-    worker = SimpleNamespace(
+    model = release_instance(
+        _cls(tree, "LlamaModel", EAGLE3), embed_tokens=torch.nn.Embedding(V, H, dtype=torch.bfloat16)
+    )
+    worker = _worker(
+        tree,
         device="cpu",
         topk=1,
         _spec_fallback=fallback_state_class(tree)(),
-        draft_worker=SimpleNamespace(
-            draft_runner=SimpleNamespace(
-                model=SimpleNamespace(
-                    model=SimpleNamespace(embed_tokens=SimpleNamespace(weight=torch.zeros(V, H, dtype=torch.bfloat16)))
-                )
-            )
-        ),
+        _draft_worker=_draft_worker(tree, model),
     )
-    bind_methods(
-        tree / WORKER,
-        "EAGLEWorkerV2",
-        {"torch": torch},
-        worker,
-        "_spec_fallback_zero_draft_input",
-        "_spec_fallback_constant",
-    )
-    first, second, bigger = SimpleNamespace(), SimpleNamespace(), SimpleNamespace()
+    first, second, bigger = (release_instance(_cls(tree, "EagleDraftInput")) for _ in range(3))
     worker._spec_fallback_zero_draft_input(first, 4)
     worker._spec_fallback_zero_draft_input(second, 3)
     worker._spec_fallback_zero_draft_input(bigger, 9)
