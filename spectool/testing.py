@@ -8,6 +8,7 @@ reads (device capability, environment, collaborators) simulated explicitly.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 import textwrap
@@ -45,7 +46,7 @@ class ParsedSource:
 
 
 _PARSED: dict[tuple, ParsedSource] = {}
-_PARSED_MAX = 32
+_PARSED_MAX = 96
 
 
 def parsed_source(path: Path) -> ParsedSource:
@@ -93,8 +94,15 @@ def function_source(path: Path, qualname: str) -> str:
 def load_function(path: Path, qualname: str, namespace: dict):
     """The function `qualname` of file `path`, with `namespace` as its globals."""
     ns = dict(namespace)
-    exec(compile(function_source(path, qualname), f"{path}:{qualname}", "exec"), ns)
+    exec(compiled(function_source(path, qualname), f"{path}:{qualname}"), ns)
     return ns[qualname.split(".")[-1]]
+
+
+@functools.lru_cache(maxsize=1024)
+def compiled(source: str, filename: str, flags: int = 0):
+    """`source` compiled once: tests define the same release functions and classes in many
+    namespaces, and a code object serves every one of them."""
+    return compile(source, filename, "exec", flags=flags, dont_inherit=bool(flags))
 
 
 def bind_methods(path: Path, cls: str, namespace: dict, obj, *names: str):

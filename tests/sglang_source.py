@@ -24,7 +24,7 @@ import time
 import typing
 from pathlib import Path
 
-from spectool.testing import function_source, load_function, parsed_source
+from spectool.testing import compiled, function_source, load_function, parsed_source
 
 ARGS = "sglang/srt/server_args.py"
 WORKER = "sglang/srt/speculative/eagle_worker_v2.py"
@@ -76,13 +76,7 @@ def release_class(tree: Path, rel: str, qualname: str, namespace: dict | None = 
     A name only the definition reads and `namespace` lacks becomes Unprovided."""
     path = tree / rel
     ns = {**_DEFINITION_NAMES, **(namespace or {})}
-    code = compile(
-        function_source(path, qualname),
-        f"{path}:{qualname}",
-        "exec",
-        flags=__future__.annotations.compiler_flag,
-        dont_inherit=True,
-    )
+    code = compiled(function_source(path, qualname), f"{path}:{qualname}", __future__.annotations.compiler_flag)
     for _ in range(200):
         try:
             exec(code, ns)
@@ -133,21 +127,27 @@ def _attributes(cls: type) -> frozenset:
     for klass in cls.__mro__:
         names.update(getattr(klass, "__dataclass_fields__", {}))
         names.update(vars(klass).get("__annotations__", {}))
-        source = _source_of(klass)
-        if source:
-            names.update(_self_assignments(source))
+        names.update(_assigned_in(klass))
     return frozenset(names)
 
 
-def _source_of(klass: type) -> str | None:
-    """The release source of a class release_class defined (its methods' file name is
-    `PATH:QUALNAME`), or None for any other class."""
+def _assigned_in(klass: type) -> frozenset:
+    """The `self.NAME`s the release source of a class release_class defined assigns (its
+    methods' file name is `PATH:QUALNAME`); nothing for any other class."""
     for fn in vars(klass).values():
         filename = getattr(getattr(fn, "__code__", None), "co_filename", "")
         path, _, qualname = filename.rpartition(":")
         if qualname == klass.__qualname__ and path:
-            return function_source(Path(path), qualname)
-    return None
+            st = os.stat(path)
+            return _assigned_in_file(path, qualname, (st.st_ino, st.st_size, st.st_mtime_ns))
+    return frozenset()
+
+
+@functools.lru_cache(maxsize=4096)
+def _assigned_in_file(path: str, qualname: str, stamp: tuple) -> frozenset:
+    """_self_assignments of `qualname` in the file as `stamp` (inode, size, mtime) knows it:
+    a test builds the same classes from the same files many times."""
+    return _self_assignments(function_source(Path(path), qualname))
 
 
 @functools.cache
@@ -235,7 +235,24 @@ def _class_node(path: Path, name: str) -> ast.ClassDef:
 
 
 def _defined_in(tree: Path, name: str) -> str:
-    """The file of the release that defines the top-level class `name`."""
+    """The file of the release that defines the top-level class `name`: searched once per
+    release and name, since a patched copy of a release keeps its classes where they were."""
+    key = ((tree / "sglang" / "version.py").read_text(), name)
+    if key not in _CLASS_FILES:
+        _CLASS_FILES[key] = _search_class(tree, name)
+    rel = _CLASS_FILES[key]
+    try:
+        _class_node(tree / rel, name)
+    except (StopIteration, FileNotFoundError):
+        del _CLASS_FILES[key]
+        raise KeyError(f"no class {name} in {tree / rel}") from None
+    return rel
+
+
+_CLASS_FILES: dict[tuple[str, str], str] = {}
+
+
+def _search_class(tree: Path, name: str) -> str:
     for path in sorted((tree / "sglang" / "srt").rglob("*.py")):
         if f"class {name}" in path.read_text(encoding="utf-8", errors="replace"):
             try:
@@ -288,15 +305,22 @@ def server_args_class(tree: Path, namespace: dict) -> type:
         **{name: getattr(typing, name) for name in typing.__all__},
         **namespace,
     }
-    for node in parsed_source(path).tree.body:
-        if isinstance(node, ast.Assign):  # the CHOICES lists and other constants
-            try:
-                exec(compile(ast.Module([node], []), str(path), "exec"), ns)
-            except NameError:  # built from an import: no field default reads those
-                pass
+    for code in _module_constants(path, parsed_source(path).text):  # the CHOICES lists and others
+        try:
+            exec(code, ns)
+        except NameError:  # built from an import: no field default reads those
+            pass
     src = function_source(path, "ServerArgs")
-    exec(compile(src, str(path), "exec", flags=__future__.annotations.compiler_flag, dont_inherit=True), ns)
+    exec(compiled(src, str(path), __future__.annotations.compiler_flag), ns)
     return ns["ServerArgs"]
+
+
+@functools.lru_cache(maxsize=16)
+def _module_constants(path: Path, text: str) -> list:
+    """The module-level assignments of the file (as it reads `text`), each compiled on its own
+    and once: server_args_class runs them in a fresh namespace for every test."""
+    body = parsed_source(path).tree.body
+    return [compile(ast.Module([node], []), str(path), "exec") for node in body if isinstance(node, ast.Assign)]
 
 
 def server_args(cls: type, **values):
