@@ -33,7 +33,6 @@ from .sglang_source import (
     server_args_class,
 )
 from .test_rank_agreement import (
-    AttentionOnCpu,
     Rank,
     Release,
     args_for,
@@ -464,8 +463,10 @@ class TierRank(Rank):
         return VerifyGraphRunner
 
     def _draft_backends(self, dw):
-        dw.draft_attn_backend = AttentionOnCpu(f"draft {dw.speculative_num_steps} steps")
-        dw.draft_extend_attn_backend = AttentionOnCpu(f"draft extend {dw.speculative_num_draft_tokens} tokens")
+        dw.draft_attn_backend = self.release.AttentionOnCpu(f"draft {dw.speculative_num_steps} steps")
+        dw.draft_extend_attn_backend = self.release.AttentionOnCpu(
+            f"draft extend {dw.speculative_num_draft_tokens} tokens"
+        )
         dw.draft_runner.draft_attn_backend = dw.draft_attn_backend
 
     def _draft_graphs(self, dw, ns):
