@@ -8,7 +8,7 @@ branched, flushed or captured differently from the others would hang them. Here 
 independent ranks of the real class (every method of the patched file; the release's
 ServerArgs, ModelWorkerBatch, ForwardMode, EagleDraftInput, GenerationBatchResult,
 ReqToTokenPool, ...) are set up by their own `_spec_fallback_init` and driven through
-`forward_batch_generation` with the same batches. The GPU work is done by small fakes that log
+`forward_batch_generation` with the same batches. The GPU work is done by subclasses of the release's own classes that log
 each call that would run collectives (a forward, a capture, a replay) with its shape: equal
 logs are equal collectives in the same order. NCCL itself, a capture failing on one rank and
 real graphs are for a multi-GPU machine (`spectool verify` at TP=2).
@@ -49,6 +49,8 @@ pytestmark = pytest.mark.network
 WORKER = "sglang/srt/speculative/eagle_worker_v2.py"
 GRAPH_RUNNER = "sglang/srt/model_executor/cuda_graph_runner.py"
 MOE_UTILS = "sglang/srt/layers/moe/utils.py"
+EAGLE3 = "sglang/srt/models/llama_eagle3.py"
+LLAMA = "sglang/srt/models/llama.py"
 VOCAB, HIDDEN = 40, 8  # the draft's vocabulary and hidden size; the target's aux states are 3x
 POOL = 64  # requests the request-to-token pool holds (max_running_requests)
 
@@ -342,30 +344,37 @@ def on_cpu_classes(tree, types):
     }
 
 
-class Eagle3HeadOnCpu:
-    """The draft model's parts that the KV-only sync's checks and buffers read: one EAGLE-3
-    input layer with rotary attention, an embedding and fc (real torch modules, never run:
-    the K/V write itself is logged by the rank)."""
+@functools.cache
+def _eagle3_classes(tree):
+    """The release's LlamaForCausalLMEagle3, its LlamaModel, decoder layer and attention (no
+    method of theirs runs here)."""
+    ns = {"torch": torch, "nn": torch.nn}
+    llama_layer = release_type(tree, "LlamaDecoderLayer", ns, rel=LLAMA)  # the EAGLE-3 layer's base
+    return (
+        release_type(tree, "LlamaForCausalLMEagle3", ns, rel=EAGLE3),
+        release_type(tree, "LlamaModel", ns, rel=EAGLE3),
+        release_type(tree, "LlamaDecoderLayer", {**ns, "LlamaDecoderLayer": llama_layer}, rel=EAGLE3),
+        release_type(tree, "LlamaAttention", ns, rel=LLAMA),
+    )
 
-    class Attention:
-        rotary_emb = None  # rotary attention: the check looks for the attribute
 
-    class Layer:
-        is_input_layer = True
-
-        def __init__(self):
-            self.self_attn = Eagle3HeadOnCpu.Attention()
-
-    class Model:
-        is_mrope_enabled = False
-
-        def __init__(self):
-            self.layers = [Eagle3HeadOnCpu.Layer()]
-            self.embed_tokens = torch.nn.Embedding(VOCAB, HIDDEN)
-            self.fc = torch.nn.Linear(3 * HIDDEN, HIDDEN, bias=False)
-
-    def __init__(self):
-        self.model = self.Model()
+def eagle3_head(tree):
+    """The release's EAGLE-3 draft model (LlamaForCausalLMEagle3) holding the parts that the
+    KV-only sync's checks and buffers read: one input layer with rotary attention, an
+    embedding and fc (real torch modules, never run: the K/V write itself is logged by the
+    rank). Made without __init__, which loads the model's layers onto the GPU."""
+    head, model, layer, attention = _eagle3_classes(tree)
+    attention = release_instance(attention, rotary_emb=None)
+    return release_instance(
+        head,
+        model=release_instance(
+            model,
+            layers=[release_instance(layer, is_input_layer=True, self_attn=attention)],
+            is_mrope_enabled=False,
+            embed_tokens=torch.nn.Embedding(VOCAB, HIDDEN),
+            fc=torch.nn.Linear(3 * HIDDEN, HIDDEN, bias=False),
+        ),
+    )
 
 
 def model_runner(rank, name, args, spec_algorithm, model=None):
@@ -407,7 +416,7 @@ def target_worker(rank, args, spec_algorithm):
 
 
 def draft_worker(rank, args, spec_algorithm):
-    runner = model_runner(rank, "draft", args, spec_algorithm, Eagle3HeadOnCpu())
+    runner = model_runner(rank, "draft", args, spec_algorithm, eagle3_head(rank.release.tree))
     return release_instance(
         rank.release.DraftWorkerOnCpu,
         rank=rank,
