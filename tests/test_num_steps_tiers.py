@@ -12,6 +12,7 @@ import argparse
 import ast
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import re
@@ -26,11 +27,12 @@ from .sglang_source import (
     fallback_state_class,
     forward_modes,
     release_class,
+    release_instance,
+    release_type,
     server_args,
     server_args_class,
 )
 from .test_rank_agreement import (
-    AttentionOnCpu,
     Rank,
     Release,
     args_for,
@@ -461,8 +463,10 @@ class TierRank(Rank):
         return VerifyGraphRunner
 
     def _draft_backends(self, dw):
-        dw.draft_attn_backend = AttentionOnCpu(f"draft {dw.speculative_num_steps} steps")
-        dw.draft_extend_attn_backend = AttentionOnCpu(f"draft extend {dw.speculative_num_draft_tokens} tokens")
+        dw.draft_attn_backend = self.release.AttentionOnCpu(f"draft {dw.speculative_num_steps} steps")
+        dw.draft_extend_attn_backend = self.release.AttentionOnCpu(
+            f"draft extend {dw.speculative_num_draft_tokens} tokens"
+        )
         dw.draft_runner.draft_attn_backend = dw.draft_attn_backend
 
     def _draft_graphs(self, dw, ns):
@@ -629,67 +633,42 @@ class GraphLog(list):
     """What the GPU would have done, in order: ("capture", graph, sizes) and backends made."""
 
 
-class ModelRunnerOnCpu:
-    """The target or draft model runner: its server_args, attention backend and, for the
-    target, the decode graph runner and its graph memory record, as the release names them."""
-
-    def __init__(self, name, args, per_phase_memory):
-        self.name, self.server_args, self.tp_group = name, args, "tp"
-        self.attn_backend = f"{name} attention"
-        self.draft_attn_backend = None
-        self.decode_cuda_graph_runner = f"{name} verify graph"
-        self.init_new_workspace = False
-        if per_phase_memory:
-            self.graph_memory_usage = {"decode": 1.0}
-        else:
-            self.graph_mem_usage = 1.0
-
-    def _get_attention_backend(self, init_new_workspace=False):
-        assert init_new_workspace
-        return f"{self.name} attention, own workspace"
+@functools.cache
+def _model_runner_class(tree):
+    return release_type(tree, "ModelRunner")
 
 
-class DraftWorkerOnCpu:
-    """The draft worker's state the release's runtime states swap, and its backends and
-    graphs made for the step count it holds; its capture reads the sizes where the release's
-    graph runners read them (server_args.cuda_graph_config.decode.bs) and skips capture where
-    they do (check_cuda_graph_backend)."""
+@functools.cache
+def _tp_model_worker_class(tree):
+    return release_type(tree, "TpModelWorker")
 
-    def __init__(self, args, log, ns, topk1_rebuild):
-        self.server_args, self.topk, self.device, self.log, self.ns = args, 1, "cpu", log, ns
-        self.speculative_num_steps = args.speculative_num_steps
-        self.speculative_num_draft_tokens = args.speculative_num_draft_tokens
-        self.draft_runner = ModelRunnerOnCpu("draft", args, per_phase_memory=False)
-        self.draft_attn_backend = "draft attention"
-        self.draft_extend_attn_backend = "draft extend attention"
-        self.cuda_graph_runner, self.cuda_graph_runner_for_draft_extend = "draft graph", "draft extend graph"
-        self._rebuild = topk1_rebuild
 
-    def _rebuild_topk1_chain_buffers(self):
-        self._rebuild(self)
+@functools.cache
+def model_runner_on_cpu(tree, name):
+    """The release's ModelRunner of the target or draft (`name`), made without its __init__
+    (the GPU): a new attention backend with its own workspace is a name."""
 
-    @contextlib.contextmanager
-    def draft_tp_context(self, tp_group):
-        self.log.append(("draft tp context", tp_group))
-        yield
+    class ModelRunnerOnCpu(_model_runner_class(tree)):
+        def _get_attention_backend(self, init_new_workspace=False):
+            assert init_new_workspace
+            return f"{name} attention, own workspace"
 
-    def init_attention_backend(self):
-        self.draft_attn_backend = f"draft attention, {self.speculative_num_steps} steps"
-        self.draft_extend_attn_backend = f"draft extend attention, {self.speculative_num_draft_tokens} tokens"
+    return ModelRunnerOnCpu
 
-    def _capture_cuda_graphs(self):
-        self.cuda_graph_runner = self.cuda_graph_runner_for_draft_extend = None
-        if self.ns["check_cuda_graph_backend"]("decode", "disabled"):
-            return
-        sizes = tuple(self.draft_runner.server_args.cuda_graph_config.decode.bs)
-        if self.speculative_num_steps > 1:
-            self.cuda_graph_runner = f"draft graph, {self.speculative_num_steps} steps"
-            self.log.append(("capture", self.cuda_graph_runner, sizes))
-        # Its width: the release's draft-extend runner reads model_runner.server_args (0.5.14:
-        # speculative_num_draft_tokens; 0.5.16-0.5.17: resolve_num_tokens_per_req of it).
-        width = self.draft_runner.server_args.speculative_num_draft_tokens
-        self.cuda_graph_runner_for_draft_extend = f"draft extend graph, {width} tokens"
-        self.log.append(("capture", self.cuda_graph_runner_for_draft_extend, sizes))
+
+def model_runner(tree, name, args, per_phase_memory):
+    """A model runner holding its server_args, attention backend and, for the target, the
+    decode graph runner and its graph memory record, under the release's own names."""
+    memory = {"graph_memory_usage": {"decode": 1.0}} if per_phase_memory else {"graph_mem_usage": 1.0}
+    return release_instance(
+        model_runner_on_cpu(tree, name),
+        server_args=args,
+        tp_group="tp",
+        attn_backend=f"{name} attention",
+        decode_cuda_graph_runner=f"{name} verify graph",
+        init_new_workspace=False,
+        **memory,
+    )
 
 
 class LaterRank:
@@ -753,9 +732,6 @@ class LaterRank:
             self._runtime_context(tree, args, ns, monkeypatch)
         ns["SpecRuntimeState"] = release_class(tree, RUNTIME_STATE, "SpecRuntimeState", {})
         ns["SpecTiers"] = load_function(tree / WORKER, "SpecTiers", {"dataclasses": dataclasses})
-        base_rel = BASE_SPEC_WORKER if self.per_phase else WORKER
-        base_class = "EagleDraftWorkerBase" if self.per_phase else "EagleDraftWorker"
-        rebuild = load_function(tree / base_rel, f"{base_class}._rebuild_topk1_chain_buffers", dict(ns))
         base = release_class(tree, BASE_SPEC_WORKER, "BaseSpecWorker", {})
         cls = release_class(tree, WORKER, "EAGLEWorkerV2", {**ns, "BaseSpecWorker": base})
         w = self.worker = object.__new__(cls)
@@ -763,13 +739,67 @@ class LaterRank:
             base.__init__(w)
         w.server_args, w.topk, w.device, w.gpu_id = args, 1, "cpu", 0
         w.speculative_num_steps, w.speculative_num_draft_tokens = 3, 4
-        w._target_worker = types.ModuleType("target_worker")  # holds the model runner, as TpModelWorker
-        w._target_worker.model_runner = ModelRunnerOnCpu("target", args, self.per_phase)
-        w._draft_worker = DraftWorkerOnCpu(args, self.log, ns, rebuild)
+        w._target_worker = release_instance(
+            _tp_model_worker_class(tree), _model_runner=model_runner(tree, "target", args, self.per_phase)
+        )
+        w._draft_worker = self._draft_worker(tree, args, ns)
         w.adaptive_controller = None
         w._spec_fallback = fallback_state_class(tree)(threshold=args.speculative_disable_batch_size_threshold)
         w._spec_tiers_init(args)
         self.tiers = w._spec_tiers
+
+    def _draft_worker(self, tree, args, ns):
+        """The release's EagleDraftWorker, its methods' globals `ns` (its own
+        _rebuild_topk1_chain_buffers runs), holding the state the release's runtime states
+        swap; what needs the GPU is overridden: its tensor-parallel context and the backends
+        it makes are logged names, its graphs are captured by _capture_draft_graphs."""
+        rank = self
+
+        class DraftWorkerOnCpu(release_type(tree, "EagleDraftWorker", ns, rel=WORKER)):
+            @contextlib.contextmanager
+            def draft_tp_context(self, tp_group):
+                rank.log.append(("draft tp context", tp_group))
+                yield
+
+            def init_attention_backend(self):
+                self.draft_attn_backend = f"draft attention, {self.speculative_num_steps} steps"
+                self.draft_extend_attn_backend = f"draft extend attention, {self.speculative_num_draft_tokens} tokens"
+
+            def _capture_cuda_graphs(self):
+                rank._capture_draft_graphs(self, ns)
+
+        runner = model_runner(tree, "draft", args, self.per_phase)
+        runner.draft_attn_backend = None  # an attribute the release's draft worker gives its runner
+        return release_instance(
+            DraftWorkerOnCpu,
+            server_args=args,
+            topk=1,
+            device="cpu",
+            speculative_num_steps=args.speculative_num_steps,
+            speculative_num_draft_tokens=args.speculative_num_draft_tokens,
+            draft_runner=runner,
+            draft_attn_backend="draft attention",
+            draft_extend_attn_backend="draft extend attention",
+            cuda_graph_runner="draft graph",
+            cuda_graph_runner_for_draft_extend="draft extend graph",
+        )
+
+    def _capture_draft_graphs(self, dw, ns):
+        """The draft's graphs for the step count `dw` holds: the sizes read where the release's
+        graph runners read them (server_args.cuda_graph_config.decode.bs), no capture where
+        they skip it (check_cuda_graph_backend)."""
+        dw.cuda_graph_runner = dw.cuda_graph_runner_for_draft_extend = None
+        if ns["check_cuda_graph_backend"]("decode", "disabled"):
+            return
+        sizes = tuple(dw.draft_runner.server_args.cuda_graph_config.decode.bs)
+        if dw.speculative_num_steps > 1:
+            dw.cuda_graph_runner = f"draft graph, {dw.speculative_num_steps} steps"
+            self.log.append(("capture", dw.cuda_graph_runner, sizes))
+        # Its width: the release's draft-extend runner reads model_runner.server_args (0.5.14:
+        # speculative_num_draft_tokens; 0.5.16-0.5.17: resolve_num_tokens_per_req of it).
+        width = dw.draft_runner.server_args.speculative_num_draft_tokens
+        dw.cuda_graph_runner_for_draft_extend = f"draft extend graph, {width} tokens"
+        self.log.append(("capture", dw.cuda_graph_runner_for_draft_extend, sizes))
 
     def _runtime_context(self, tree, args, ns, monkeypatch):
         """0.5.17's runtime context, its config bags made from `args` by the release's own
@@ -958,9 +988,9 @@ def test_later_each_decode_step_runs_its_tier(version, patched_release, monkeypa
 def test_later_a_failed_tier_capture_stops_start_up_with_the_reason(version, patched_release, monkeypatch):
     """A capture that fails (out of memory on one rank) stops start-up, naming the tier."""
 
-    def fail(self):
+    def fail(self, dw, ns):
         raise RuntimeError("CUDA out of memory")
 
-    monkeypatch.setattr(DraftWorkerOnCpu, "_capture_cuda_graphs", fail)
+    monkeypatch.setattr(LaterRank, "_capture_draft_graphs", fail)
     with pytest.raises(RuntimeError, match=r"could not build the tier of 2 draft steps \(RuntimeError: CUDA out"):
         LaterRank(patched_release(version), version, monkeypatch)

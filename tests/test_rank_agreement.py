@@ -8,7 +8,7 @@ branched, flushed or captured differently from the others would hang them. Here 
 independent ranks of the real class (every method of the patched file; the release's
 ServerArgs, ModelWorkerBatch, ForwardMode, EagleDraftInput, GenerationBatchResult,
 ReqToTokenPool, ...) are set up by their own `_spec_fallback_init` and driven through
-`forward_batch_generation` with the same batches. The GPU work is done by small fakes that log
+`forward_batch_generation` with the same batches. The GPU work is done by subclasses of the release's own classes that log
 each call that would run collectives (a forward, a capture, a replay) with its shape: equal
 logs are equal collectives in the same order. NCCL itself, a capture failing on one rank and
 real graphs are for a multi-GPU machine (`spectool verify` at TP=2).
@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 
 from spectool.testing import function_source
 
-from .sglang_source import server_args, server_args_class
+from .sglang_source import release_instance, release_type, server_args, server_args_class
 
 torch = pytest.importorskip("torch")
 
@@ -49,6 +49,8 @@ pytestmark = pytest.mark.network
 WORKER = "sglang/srt/speculative/eagle_worker_v2.py"
 GRAPH_RUNNER = "sglang/srt/model_executor/cuda_graph_runner.py"
 MOE_UTILS = "sglang/srt/layers/moe/utils.py"
+EAGLE3 = "sglang/srt/models/llama_eagle3.py"
+LLAMA = "sglang/srt/models/llama.py"
 VOCAB, HIDDEN = 40, 8  # the draft's vocabulary and hidden size; the target's aux states are 3x
 POOL = 64  # requests the request-to-token pool holds (max_running_requests)
 
@@ -122,16 +124,17 @@ class Release:
             "contextmanager": contextlib.contextmanager,
             "torch": torch,
             "GPU_MEMORY_TYPE_KV_CACHE": "kv_cache",
-            "ForwardBatch": ForwardBatchOnCpu,  # EagleDraftInput's methods build one
             **{name: getattr(typing, name) for name in typing.__all__},
         }
         for rel, name in SGLANG_TYPES:
             load(tree, rel, name, self.types)
+        self.on_cpu = on_cpu_classes(tree, self.types)
+        self.types["ForwardBatch"] = self.on_cpu["ForwardBatchOnCpu"]  # EagleDraftInput's methods build one
         self.ServerArgs = server_args_class(tree, {"logger": logging.getLogger("test")})
 
     def __getattr__(self, name):
         try:
-            return self.types[name]
+            return self.on_cpu[name] if name.endswith("OnCpu") else self.types[name]
         except KeyError:
             raise AttributeError(name) from None
 
@@ -208,160 +211,223 @@ class TorchOnCpu(types.ModuleType):
         return getattr(torch, name)
 
 
-class ForwardBatchOnCpu:
-    """SGLang's ForwardBatch.init_new moves a batch to the GPU (positions by a triton kernel);
-    this one keeps the fields the fallback and EagleDraftInput read, positions computed as
-    the release does (extend: prefix .. prefix + new tokens; decode: length - 1)."""
+def on_cpu_classes(tree, types):
+    """The release's ForwardBatch, attention backend, ModelRunner, TpModelWorker and
+    EagleDraftWorker (their methods' globals `types`), each subclassed to override only what
+    needs the GPU: the forwards log what they would run. Instances are made by
+    release_instance, so a field the release renamed fails the test; the subclasses' own
+    fields (`rank`: the rank that logs, `name`: a label in the logs) are the test's."""
+    forward_batch = release_type(tree, "ForwardBatch", types)
 
-    @classmethod
-    def init_new(cls, batch, model_runner):
-        fb = cls()
-        fb.forward_mode, fb.spec_info = batch.forward_mode, batch.spec_info
-        fb.input_ids, fb.out_cache_loc, fb.seq_lens = batch.input_ids, batch.out_cache_loc, batch.seq_lens
-        fb.batch_size = len(batch.seq_lens)
-        if batch.forward_mode.is_extend(include_draft_extend_v2=True):
-            fb.positions = torch.cat(
-                [torch.arange(p, p + n) for p, n in zip(batch.extend_prefix_lens, batch.extend_seq_lens, strict=True)]
+    class ForwardBatchOnCpu(forward_batch):
+        """SGLang's ForwardBatch.init_new moves a batch to the GPU (positions by a triton
+        kernel); this one keeps the fields the fallback and EagleDraftInput read, positions
+        computed as the release does (extend: prefix .. prefix + new tokens; decode: length - 1)."""
+
+        @classmethod
+        def init_new(cls, batch, model_runner):
+            if batch.forward_mode.is_extend(include_draft_extend_v2=True):
+                positions = torch.cat(
+                    [
+                        torch.arange(p, p + n)
+                        for p, n in zip(batch.extend_prefix_lens, batch.extend_seq_lens, strict=True)
+                    ]
+                )
+            else:
+                positions = torch.as_tensor(batch.seq_lens) - 1
+            return release_instance(
+                cls,
+                forward_mode=batch.forward_mode,
+                spec_info=batch.spec_info,
+                input_ids=batch.input_ids,
+                out_cache_loc=batch.out_cache_loc,
+                seq_lens=batch.seq_lens,
+                batch_size=len(batch.seq_lens),
+                positions=positions,
             )
-        else:
-            fb.positions = torch.as_tensor(batch.seq_lens) - 1
-        return fb
 
+    # debug_kernel_api: SGLang's kernel-debugging decorator, which leaves a method as it is
+    # unless kernel debugging is on.
+    attention_backend = release_type(tree, "AttentionBackend", {**types, "debug_kernel_api": lambda fn: fn})
 
-class AttentionOnCpu:
-    """An attention backend: planning metadata runs no collective."""
+    class AttentionOnCpu(attention_backend):
+        """An attention backend: planning metadata runs no collective."""
 
-    def __init__(self, name):
-        self.name = name
+        name: str
 
-    def init_forward_metadata(self, forward_batch):
-        pass
+        def __init__(self, name):
+            self.name = name
 
+        def init_forward_metadata(self, forward_batch):
+            pass
 
-class ModelRunnerOnCpu:
-    """The fields of SGLang's ModelRunner the fallback reads; `forward` (the draft's) logs the
-    forward it would run and returns the release's ModelRunnerOutput."""
+    class ModelRunnerOnCpu(release_type(tree, "ModelRunner", types)):
+        """The release's ModelRunner; `forward` (the draft's) logs the forward it would run
+        and returns the release's ModelRunnerOutput."""
 
-    def __init__(self, rank, name, args, spec_algorithm, model=None):
-        self.rank, self.name, self.server_args, self.spec_algorithm = rank, name, args, spec_algorithm
-        self.req_to_token_pool = (
-            rank.target_pool
-            if name == "draft"
-            else rank.release.ReqToTokenPool(
-                size=POOL, max_context_len=256, device=args.device, enable_memory_saver=False
+        rank: Rank
+        name: str
+
+        def _get_attention_backend(self, init_new_workspace=False):
+            self.init_new_workspace = init_new_workspace  # the fallback restores it
+            return AttentionOnCpu(f"{self.name} plain")
+
+        def forward(self, forward_batch, skip_attn_backend_init=False):
+            bs = forward_batch.batch_size
+            self.rank.log.append(("forward", f"draft {forward_batch.forward_mode.name}", bs, self.attn_backend.name))
+            logits = torch.arange(bs * VOCAB, dtype=torch.float32).reshape(bs, VOCAB) % 7
+            out = types["LogitsProcessorOutput"](next_token_logits=logits, hidden_states=torch.zeros(bs, HIDDEN))
+            return types["ModelRunnerOutput"](logits_output=out, can_run_graph=False)
+
+    class TargetWorkerOnCpu(release_type(tree, "TpModelWorker", types)):
+        """The release's TpModelWorker: its forward logs which graph and attention backend the
+        target would run with and returns the release's GenerationBatchResult."""
+
+        rank: Rank
+
+        def forward_batch_generation(self, batch):
+            mr, rank = self.model_runner, self.rank
+            graph = getattr(mr.graph_runner, "name", mr.graph_runner)
+            tokens = len(batch.input_ids)
+            rank.log.append(("forward", f"target {batch.forward_mode.name}", tokens, graph, mr.attn_backend.name))
+            bs = len(batch.seq_lens)
+            out = types["LogitsProcessorOutput"](next_token_logits=None, hidden_states=rank.hidden(tokens, 3 * HIDDEN))
+            return types["GenerationBatchResult"](
+                logits_output=out,
+                next_token_ids=(torch.arange(bs) * 3 + tokens) % VOCAB,
+                can_run_cuda_graph=mr.graph_runner is not None,
             )
-        )
-        self.attn_backend, self.graph_runner = AttentionOnCpu(f"{name} spec"), f"{name} verify graph"
-        self.draft_attn_backend = AttentionOnCpu(f"{name} multi-step draft")
-        self.init_new_workspace, self.model, self.tp_group = False, model, f"tp group of rank {rank.tp_rank}"
-        self.use_mla_backend = False
-        self.graph_mem_usage = 0.0  # what SGLang's memory report shows; the fallback adds its own
 
-    def _get_attention_backend(self, init_new_workspace=False):
-        self.init_new_workspace = init_new_workspace  # the fallback restores it
-        return AttentionOnCpu(f"{self.name} plain")
+    class DraftWorkerOnCpu(release_type(tree, "EagleDraftWorker", types, rel=WORKER)):
+        """The release's EagleDraftWorker: the speculative path's draft, draft extend and
+        prefill draft are logged; its graphs were captured by the release at start-up."""
 
-    def forward(self, forward_batch, skip_attn_backend_init=False):
-        bs = forward_batch.batch_size
-        self.rank.log.append(("forward", f"draft {forward_batch.forward_mode.name}", bs, self.attn_backend.name))
-        logits = torch.arange(bs * VOCAB, dtype=torch.float32).reshape(bs, VOCAB) % 7
-        out = self.rank.release.LogitsProcessorOutput(next_token_logits=logits, hidden_states=torch.zeros(bs, HIDDEN))
-        return self.rank.release.ModelRunnerOutput(logits_output=out, can_run_graph=False)
+        rank: Rank
 
+        def draft_tp_context(self, tp_group):
+            return contextlib.nullcontext()
 
-class Eagle3HeadOnCpu:
-    """The draft model's parts that the KV-only sync's checks and buffers read: one EAGLE-3
-    input layer with rotary attention, an embedding and fc (real torch modules, never run:
-    the K/V write itself is logged by the rank)."""
-
-    class Attention:
-        rotary_emb = None  # rotary attention: the check looks for the attribute
-
-    class Layer:
-        is_input_layer = True
-
-        def __init__(self):
-            self.self_attn = Eagle3HeadOnCpu.Attention()
-
-    class Model:
-        is_mrope_enabled = False
-
-        def __init__(self):
-            self.layers = [Eagle3HeadOnCpu.Layer()]
-            self.embed_tokens = torch.nn.Embedding(VOCAB, HIDDEN)
-            self.fc = torch.nn.Linear(3 * HIDDEN, HIDDEN, bias=False)
-
-    def __init__(self):
-        self.model = self.Model()
-
-
-class TargetWorkerOnCpu:
-    """SGLang's TpModelWorker: its forward logs which graph and attention backend the target
-    would run with and returns the release's GenerationBatchResult."""
-
-    def __init__(self, rank, args, spec_algorithm):
-        self.rank, self.tp_rank = rank, rank.tp_rank
-        self.model_runner = ModelRunnerOnCpu(rank, "target", args, spec_algorithm)
-
-    def forward_batch_generation(self, batch):
-        mr, rank = self.model_runner, self.rank
-        graph = getattr(mr.graph_runner, "name", mr.graph_runner)
-        tokens = len(batch.input_ids)
-        rank.log.append(("forward", f"target {batch.forward_mode.name}", tokens, graph, mr.attn_backend.name))
-        bs = len(batch.seq_lens)
-        out = rank.release.LogitsProcessorOutput(next_token_logits=None, hidden_states=rank.hidden(tokens, 3 * HIDDEN))
-        return rank.release.GenerationBatchResult(
-            logits_output=out,
-            next_token_ids=(torch.arange(bs) * 3 + tokens) % VOCAB,
-            can_run_cuda_graph=mr.graph_runner is not None,
-        )
-
-
-class DraftWorkerOnCpu:
-    """SGLang's EagleDraftWorker: the speculative path's draft, draft extend and prefill draft
-    are logged; its graphs were captured by the release at start-up."""
-
-    def __init__(self, rank, args, spec_algorithm):
-        self.rank = rank
-        self.draft_runner = ModelRunnerOnCpu(rank, "draft", args, spec_algorithm, Eagle3HeadOnCpu())
-        self.speculative_num_steps, self.speculative_num_draft_tokens = 3, 4
-        self.draft_attn_backend = self.draft_runner.draft_attn_backend
-        self.draft_extend_attn_backend = AttentionOnCpu("draft extend")
-        self.cuda_graph_runner, self.cuda_graph_runner_for_draft_extend = "draft graph", "draft extend graph"
-
-    def draft_tp_context(self, tp_group):
-        return contextlib.nullcontext()
-
-    def draft(self, batch):
-        bs = len(batch.seq_lens)
-        self.rank.log.append(("forward", "draft multi-step", bs))
-        none = dict.fromkeys(
-            (
-                "draft_token",
-                "custom_mask",
-                "positions",
-                "retrieve_index",
-                "retrieve_next_token",
-                "retrieve_next_sibling",
-                "retrieve_cum_len",
-                "seq_lens_cpu",
+        def draft(self, batch):
+            bs = len(batch.seq_lens)
+            self.rank.log.append(("forward", "draft multi-step", bs))
+            none = dict.fromkeys(
+                (
+                    "draft_token",
+                    "custom_mask",
+                    "positions",
+                    "retrieve_index",
+                    "retrieve_next_token",
+                    "retrieve_next_sibling",
+                    "retrieve_cum_len",
+                    "seq_lens_cpu",
+                )
             )
-        )
-        return self.rank.release.EagleVerifyInput(
-            **none,
-            spec_steps=3,
-            topk=1,
-            draft_token_num=4,
-            capture_hidden_mode=self.rank.release.CaptureHiddenMode.FULL,
-            seq_lens_sum=0,
-        )
+            return types["EagleVerifyInput"](
+                **none,
+                spec_steps=3,
+                topk=1,
+                draft_token_num=4,
+                capture_hidden_mode=types["CaptureHiddenMode"].FULL,
+                seq_lens_sum=0,
+            )
 
-    def _draft_extend_for_decode(self, batch, batch_output):
-        self.rank.log.append(("forward", "draft extend after verify", len(batch.seq_lens)))
+        def _draft_extend_for_decode(self, batch, batch_output):
+            self.rank.log.append(("forward", "draft extend after verify", len(batch.seq_lens)))
 
-    def _draft_extend_for_prefill(self, batch, hidden_states, next_token_ids, mm_input_embeds):
-        self.rank.log.append(("forward", "draft extend of a prefill", len(batch.input_ids)))
-        return self.rank.release.EagleDraftInput(bonus_tokens=next_token_ids)
+        def _draft_extend_for_prefill(self, batch, hidden_states, next_token_ids, mm_input_embeds):
+            self.rank.log.append(("forward", "draft extend of a prefill", len(batch.input_ids)))
+            return types["EagleDraftInput"](bonus_tokens=next_token_ids)
+
+    return {
+        cls.__name__: cls
+        for cls in (ForwardBatchOnCpu, AttentionOnCpu, ModelRunnerOnCpu, TargetWorkerOnCpu, DraftWorkerOnCpu)
+    }
+
+
+@functools.cache
+def _eagle3_classes(tree):
+    """The release's LlamaForCausalLMEagle3, its LlamaModel, decoder layer and attention (no
+    method of theirs runs here)."""
+    ns = {"torch": torch, "nn": torch.nn}
+    llama_layer = release_type(tree, "LlamaDecoderLayer", ns, rel=LLAMA)  # the EAGLE-3 layer's base
+    return (
+        release_type(tree, "LlamaForCausalLMEagle3", ns, rel=EAGLE3),
+        release_type(tree, "LlamaModel", ns, rel=EAGLE3),
+        release_type(tree, "LlamaDecoderLayer", {**ns, "LlamaDecoderLayer": llama_layer}, rel=EAGLE3),
+        release_type(tree, "LlamaAttention", ns, rel=LLAMA),
+    )
+
+
+def eagle3_head(tree):
+    """The release's EAGLE-3 draft model (LlamaForCausalLMEagle3) holding the parts that the
+    KV-only sync's checks and buffers read: one input layer with rotary attention, an
+    embedding and fc (real torch modules, never run: the K/V write itself is logged by the
+    rank). Made without __init__, which loads the model's layers onto the GPU."""
+    head, model, layer, attention = _eagle3_classes(tree)
+    attention = release_instance(attention, rotary_emb=None)
+    return release_instance(
+        head,
+        model=release_instance(
+            model,
+            layers=[release_instance(layer, is_input_layer=True, self_attn=attention)],
+            is_mrope_enabled=False,
+            embed_tokens=torch.nn.Embedding(VOCAB, HIDDEN),
+            fc=torch.nn.Linear(3 * HIDDEN, HIDDEN, bias=False),
+        ),
+    )
+
+
+def model_runner(rank, name, args, spec_algorithm, model=None):
+    """The release's ModelRunner holding what the fallback reads; the draft's shares the
+    target's request-to-token pool."""
+    release = rank.release
+    pool = (
+        rank.target_pool
+        if name == "draft"
+        else release.ReqToTokenPool(size=POOL, max_context_len=256, device=args.device, enable_memory_saver=False)
+    )
+    runner = release_instance(
+        release.ModelRunnerOnCpu,
+        rank=rank,
+        name=name,
+        server_args=args,
+        spec_algorithm=spec_algorithm,
+        req_to_token_pool=pool,
+        attn_backend=release.AttentionOnCpu(f"{name} spec"),
+        graph_runner=f"{name} verify graph",
+        init_new_workspace=False,
+        model=model,
+        tp_group=f"tp group of rank {rank.tp_rank}",
+        use_mla_backend=False,
+        graph_mem_usage=0.0,  # what SGLang's memory report shows; the fallback adds its own
+    )
+    # An attribute the release's EagleDraftWorker.init_attention_backend gives its runner.
+    runner.draft_attn_backend = release.AttentionOnCpu(f"{name} multi-step draft")
+    return runner
+
+
+def target_worker(rank, args, spec_algorithm):
+    return release_instance(
+        rank.release.TargetWorkerOnCpu,
+        rank=rank,
+        tp_rank=rank.tp_rank,
+        _model_runner=model_runner(rank, "target", args, spec_algorithm),
+    )
+
+
+def draft_worker(rank, args, spec_algorithm):
+    runner = model_runner(rank, "draft", args, spec_algorithm, eagle3_head(rank.release.tree))
+    return release_instance(
+        rank.release.DraftWorkerOnCpu,
+        rank=rank,
+        draft_runner=runner,
+        speculative_num_steps=3,
+        speculative_num_draft_tokens=4,
+        draft_attn_backend=runner.draft_attn_backend,
+        draft_extend_attn_backend=rank.release.AttentionOnCpu("draft extend"),
+        cuda_graph_runner="draft graph",
+        cuda_graph_runner_for_draft_extend="draft extend graph",
+    )
 
 
 def graph_runners(rank, ns):
@@ -409,7 +475,7 @@ def graph_runners(rank, ns):
             pass
 
         def create_draft_extend_backend(self):
-            return AttentionOnCpu("draft one-token extend")
+            return rank.release.AttentionOnCpu("draft one-token extend")
 
     return DecodeGraphRunner, DraftExtendGraphRunner, DraftBackendFactory
 
@@ -510,7 +576,7 @@ class Rank:
         self.server_args = args
         algorithm = release.SpeculativeAlgorithm.from_string(args.speculative_algorithm)
         self.target_pool = None
-        target = TargetWorkerOnCpu(self, args, algorithm)
+        target = target_worker(self, args, algorithm)
         self.target_pool = target.model_runner.req_to_token_pool
         pool = self.target_pool.req_to_token  # the KV slot of each request's every position,
         pool.copy_(torch.arange(pool.numel(), dtype=pool.dtype).reshape(pool.shape))  # as allocated alike on all ranks
@@ -523,7 +589,7 @@ class Rank:
         w.speculative_num_steps = args.speculative_num_steps
         w.speculative_num_draft_tokens = args.speculative_num_draft_tokens
         w.speculative_algorithm, w.page_size = algorithm, args.page_size
-        w._target_worker, w._draft_worker = target, DraftWorkerOnCpu(self, args, algorithm)
+        w._target_worker, w._draft_worker = target, draft_worker(self, args, algorithm)
         w.req_to_token_pool = self.target_pool
         w.adaptive_controller, w.plan_stream = None, None
         w.verify = self._verify  # the release's verify replays the target's TARGET_VERIFY graph
