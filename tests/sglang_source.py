@@ -296,8 +296,22 @@ def eagle_draft_input_class(tree: Path) -> type:
 
 def server_args_class(tree: Path, namespace: dict) -> type:
     """The release's ServerArgs dataclass, its methods' globals `namespace` (the names they
-    read) plus the module's constants; annotations stay strings, as in the release."""
+    read) plus the module's constants; annotations stay strings, as in the release. Without a
+    namespace of the test's own, one class serves every copy of the same server_args.py (the
+    dataclass of some 400 fields takes a while to build)."""
     path = tree / ARGS
+    if namespace:
+        return _server_args_class(path, namespace)
+    text = parsed_source(path).text
+    if text not in _SHARED_SERVER_ARGS:
+        _SHARED_SERVER_ARGS[text] = _server_args_class(path, {})
+    return _SHARED_SERVER_ARGS[text]
+
+
+_SHARED_SERVER_ARGS: dict[str, type] = {}  # server_args.py's text -> its ServerArgs
+
+
+def _server_args_class(path: Path, namespace: dict) -> type:
     ns = {
         "dataclasses": dataclasses,
         "is_hip": lambda: False,
