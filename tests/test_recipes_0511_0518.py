@@ -88,6 +88,18 @@ def _worker(tree, ns, cls="EAGLEWorkerV2", **attrs):
     return release_instance(release_type(tree, cls, ns, rel=WORKER), **attrs)
 
 
+def _decode_draft_worker(tree, ns):
+    """The release's EagleDraftWorker as a fallback decode step uses it: its TP context and
+    its runner's (absent) TP group; the draft sync itself is the test's."""
+    return _worker(
+        tree,
+        ns,
+        "EagleDraftWorker",
+        draft_tp_context=lambda group: _null(),
+        draft_runner=_new(tree, "ModelRunner", tp_group=None),
+    )
+
+
 def _target(tree, runner, **attrs):
     """The release's TpModelWorker holding model runner `runner` (its model_runner property
     reads _model_runner)."""
@@ -424,13 +436,7 @@ def test_decode_step_publishes_its_lengths_first_and_returns_stride_one(
         _spec_fallback=fallback_state_class(tree)(
             threshold=0, attn_backend="decode-backend", graph_runner="decode-graph"
         ),
-        _draft_worker=_worker(
-            tree,
-            ns,
-            "EagleDraftWorker",
-            draft_tp_context=lambda group: _null(),
-            draft_runner=_new(tree, "ModelRunner", tp_group=None),
-        ),
+        _draft_worker=_decode_draft_worker(tree, ns),
         _spec_fallback_draft_extend=lambda batch, tokens, hidden, nxt: order.append(("draft", tokens.tolist())),
     )
     lens = torch.tensor([3, 5, 10])
@@ -911,13 +917,7 @@ def test_0511_decode_step_is_the_padded_one_its_consumer_reads(patched_release, 
         speculative_algorithm=_algorithm(tree),
         _target_worker=_target(tree, mr, forward_batch_generation=target_forward),
         _spec_fallback=fallback_state_class(tree)(threshold=0, attn_backend="d", graph_runner="dg"),
-        _draft_worker=_worker(
-            tree,
-            ns,
-            "EagleDraftWorker",
-            draft_tp_context=lambda group: _null(),
-            draft_runner=_new(tree, "ModelRunner", tp_group=None),
-        ),
+        _draft_worker=_decode_draft_worker(tree, ns),
         _spec_fallback_draft_extend=lambda batch, tokens, hidden, nxt: order.append("draft"),
     )
     lens = torch.tensor([3, 5, 10])
