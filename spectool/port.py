@@ -238,15 +238,8 @@ def _modules_defining(tree, qualname: str, skip: str | None) -> list[tuple[str, 
     first = qualname.split(".")[0]
     pat = re.compile(rb"^(?:async\s+def|def|class)\s+" + re.escape(first.encode()) + rb"\b", re.M)
     out = []
-    for path in sorted((tree.root / "sglang").rglob("*.py")):
-        rel = tree.relpath(path)
-        if rel == skip:
-            continue
-        try:
-            data = path.read_bytes()
-        except OSError:
-            continue
-        if first.encode() not in data or not pat.search(data):
+    for rel, data in tree.sources_mentioning(first, skip):
+        if not pat.search(data):
             continue
         try:
             line = _ast_line(ast.parse(data), qualname)

@@ -52,11 +52,11 @@ class SglangTree:
                 "to write outside the tree it was given."
             )
 
-    def find_definition_elsewhere(self, name: str, skip: str) -> list[str]:
-        """'path:line: def name' in other files: where a moved (or de-underscored) function went."""
-        core = name.lstrip("_")
-        pat = re.compile(rb"^[ \t]*(?:async\s+def|def|class)\s+_*" + re.escape(core.encode()) + rb"\b", re.M)
-        hits = []
+    def sources_mentioning(self, needle: str, skip: str | None = None):
+        """(relative path, bytes) of every readable .py file under sglang/ but `skip` whose
+        text holds `needle`, in path order: the cheap filter before a pattern or a parse,
+        when looking for where a definition went."""
+        raw = needle.encode()
         for path in sorted((self.root / "sglang").rglob("*.py")):
             rel = self.relpath(path)
             if rel == skip:
@@ -65,8 +65,15 @@ class SglangTree:
                 data = path.read_bytes()
             except OSError:
                 continue
-            if core.encode() not in data:
-                continue
+            if raw in data:
+                yield rel, data
+
+    def find_definition_elsewhere(self, name: str, skip: str) -> list[str]:
+        """'path:line: def name' in other files: where a moved (or de-underscored) function went."""
+        core = name.lstrip("_")
+        pat = re.compile(rb"^[ \t]*(?:async\s+def|def|class)\s+_*" + re.escape(core.encode()) + rb"\b", re.M)
+        hits = []
+        for rel, data in self.sources_mentioning(core, skip):
             m = pat.search(data)
             if m:
                 line = data.count(b"\n", 0, m.start()) + 1

@@ -72,3 +72,28 @@ def test_state_under_another_spelling_is_refused(tmp_path):
     (tmp_path / "sglang" / "spectool.lock").write_text("{}")
     with pytest.raises(SourceError, match=r"found spectool state \(spectool.lock\) in .*sglang.*Move"):
         api.status(tmp_path)
+
+
+def test_a_definition_that_moved_is_found_in_other_files(tmp_path):
+    make_tree(
+        tmp_path,
+        "0.5.12",
+        {
+            "sglang/srt/old.py": b"def caller():\n    return prepare_batch()\n",
+            "sglang/srt/utils/batching.py": b"import os\n\n\ndef _prepare_batch(reqs):\n    return reqs\n",
+            "sglang/srt/worker.py": b"class Worker:\n    async def prepare_batch(self):\n        pass\n",
+            "sglang/srt/mentions.py": b"# prepare_batch is called elsewhere\n",
+        },
+    )
+    tree = locate(tmp_path)
+    hits = tree.find_definition_elsewhere("prepare_batch", skip="sglang/srt/old.py")
+    # Underscored or not, a method too; a file that only mentions the name is not a hit.
+    assert hits == [
+        "sglang/srt/utils/batching.py:4: def _prepare_batch",
+        "sglang/srt/worker.py:2: async def prepare_batch",
+    ]
+    assert [rel for rel, _ in tree.sources_mentioning("prepare_batch", skip="sglang/srt/worker.py")] == [
+        "sglang/srt/mentions.py",
+        "sglang/srt/old.py",
+        "sglang/srt/utils/batching.py",
+    ]
