@@ -293,6 +293,39 @@ def test_the_tier_rule_on_ties_noise_and_missing_arms():
     assert [r["C"] for r in analyze.suggest_tiers(gap, [1, 4])["rows"]] == [1]
 
 
+def _run_cells(speeds: dict, **tags) -> list[dict]:
+    """Cells of one run: arm -> C -> the tok/s of its repetitions, each cell tagged (its
+    `source` folder, or its --fresh-engines `engines`)."""
+    return [
+        {"arm": arm, "C": C, "rep": i, "acc_len": 3.0, "output_tok_s": v, **tags}
+        for arm, by_c in speeds.items()
+        for C, vs in by_c.items()
+        for i, v in enumerate(vs)
+    ]
+
+
+def test_runs_that_disagree_with_the_pooled_tiers_are_named():
+    """Pooled, 3 steps lead at C=1 and plain decoding at 64; within run-02 two steps led at
+    C=1. A dispute names the C, the configuration, and the runs that measured both arms."""
+    one = {"A1": {1: [340, 344], 64: [100]}, "S2": {1: [300, 298], 64: [90]}, "A0": {1: [200], 64: [150]}}
+    two = {"A1": {1: [300, 296], 64: [101]}, "S2": {1: [320, 330], 64: [95]}, "A0": {1: [201], 64: [160]}}
+    cells = _run_cells(one, source="run-01") + _run_cells(two, source="run-02")
+    arms = {3: "A1", 2: "S2", 0: "A0"}
+    res = analyze.suggest_tiers(analyze.medians(cells), [1, 64], arms)
+    assert [r["tier"] for r in res["rows"]] == [3, 0]
+    assert analyze.tier_disputes(cells, res["rows"], arms) == {
+        "runs": 2,
+        "disputed": [{"C": 1, "tier": 3, "steps": 2, "led_in": ["run-02"], "runs": 2}],
+    }
+    # A configuration one run lacks is judged by the runs that measured it.
+    lacking = [c for c in cells if not (c["source"] == "run-01" and c["arm"] == "S2")]
+    assert analyze.tier_disputes(lacking, res["rows"], arms)["disputed"][0]["runs"] == 1
+    # --fresh-engines repetitions are runs too; one run has nothing to dispute.
+    fresh = _run_cells(one, engines=0) + _run_cells(one, engines=1)
+    assert analyze.tier_disputes(fresh, res["rows"], arms) == {"runs": 2, "disputed": []}
+    assert analyze.tier_disputes(_run_cells(two), res["rows"], arms) == {"runs": 1, "disputed": []}
+
+
 ACROSS = {
     3.0: _configs({1: (100, 120, 150, 200), 16: (100, 130, 160, 150), 64: (100, 90, 80, 70)}),
     2.0: _configs({1: (100, 110, 120, 115), 16: (100, 95, 90, 85), 64: (100, 80, 70, 60)}),

@@ -237,14 +237,39 @@ def test_bench_suggest_tiers(tmp_path):
         "measure it beside them: --variant 'UP3-1-0_1-16=A1:speculative_num_steps=3;speculative_num_draft_tokens=4;"
         "speculative_adaptive=true;speculative_adaptive_config=FILE' --arm-sglang-dir UP3-1-0_1-16=DIR" in r.output
     )
+    assert "one run: its repetitions share their engines" in r.output
     r = run("bench", "--out", tmp_path, "--suggest-tiers", "--json")
     assert json.loads(r.output)["boundaries"] == [1, 16]
+    assert (json.loads(r.output)["runs"], json.loads(r.output)["disputed"]) == (1, [])
     assert set(json.loads(r.output)["upstream_adaptive_config"]) == {"1", "2", "17"}
     for arms, needle in (("3=A1,x=A0", "'x=A0' is not STEPS=ARM"), ("3=A1,3=S1", "3 steps are named twice")):
         r = run("bench", "--out", tmp_path, "--suggest-tiers", "--tier-arms", arms)
         assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output
     r = run("bench", "--out", tmp_path, "--suggest-tiers", "--tier-arms", "3=A1,2=S2")
     assert r.exit_code == 2 and "holds 1 of the configurations 3=A1,2=S2" in r.output
+
+
+def test_bench_suggest_tiers_names_the_runs_that_disagree(tmp_path):
+    """A folder pooled from two runs (--merge keeps each cell's `source`): where one run had
+    another configuration ahead of the tier's, the suggestion says so."""
+    speeds = {"run-01": {"A0": (100, 100), "A1": (150, 80)}, "run-02": {"A0": (100, 100), "A1": (95, 90)}}
+    cells = [
+        {"arm": arm, "C": C, "rep": 0, "acc_len": 3.0, "output_tok_s": v * C, "source": src}
+        for src, arms in speeds.items()
+        for arm, vs in arms.items()
+        for C, v in zip((1, 64), vs)
+    ]
+    (tmp_path / "cells.jsonl").write_text("\n".join(json.dumps(c) for c in cells))
+    r = run("bench", "--out", tmp_path, "--suggest-tiers")
+    assert r.exit_code == 0, r.output
+    assert (
+        "the runs pooled here disagree with the tiers at C=1: no speculation led the tier's 3 draft steps "
+        "in 1 of the 2 runs that measured both (run-02): measure more runs there before serving them"
+    ) in r.output
+    cells = [c for c in cells if not (c["source"] == "run-02" and c["C"] == 1)]
+    (tmp_path / "cells.jsonl").write_text("\n".join(json.dumps(c) for c in cells))
+    r = run("bench", "--out", tmp_path, "--suggest-tiers")
+    assert "the 2 runs pooled here agree: the tier's configuration leads within each" in r.output
 
 
 # Each fixed configuration's tok/s per request at C = 1, 16, 64, at two acceptances.

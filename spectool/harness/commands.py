@@ -131,6 +131,25 @@ def _tiers_text(res: dict) -> str:
     return text
 
 
+def _disputes_text(res: dict) -> str:
+    """What the runs pooled in the folder say against the suggested tiers (analyze.tier_disputes)."""
+    from .bench import analyze
+
+    if res["runs"] < 2:
+        return (
+            "\none run: its repetitions share their engines, and fresh engines of one configuration can "
+            "differ by more; merge two or three runs (--fresh-engines, or --merge) to see whether they agree"
+        )
+    if not res["disputed"]:
+        return f"\nthe {res['runs']} runs pooled here agree: the tier's configuration leads within each"
+    each = "; ".join(
+        f"C={d['C']}: {analyze.steps_label(d['steps'])} led the tier's {analyze.steps_label(d['tier'])} in "
+        f"{len(d['led_in'])} of the {d['runs']} runs that measured both ({', '.join(d['led_in'])})"
+        for d in res["disputed"]
+    )
+    return f"\nthe runs pooled here disagree with the tiers at {each}: measure more runs there before serving them"
+
+
 def _named_concurrencies_measured(option: str, folder: Path, m: dict, cs: list[int], by_steps: dict) -> None:
     """A one-paragraph error when --concurrency names a C at which `folder` (its medians `m`)
     lacks one of the configurations it holds (`by_steps`: draft steps -> arm); a suggestion
@@ -218,12 +237,15 @@ def _suggest(folders: dict, tiers: bool, tier_arms: str, cs: list[int] | None, o
                     f"{tier_arms}; measure at least two, e.g. --arms A0,A1 --variant "
                     "'S1=A1:speculative_num_steps=1;speculative_num_draft_tokens=2'."
                 )
+            cells = analyze.read_cells(folder / "cells.jsonl")
+            res.update(analyze.tier_disputes(cells, res["rows"], res["arms"], a))
             text = f"acceptance {a:g}:\n{analyze.tiers_markdown(res)}" + _tiers_text(res)
             if res["against_the_rule"]:
                 text += (
                     f"\nat C={','.join(map(str, res['against_the_rule']))} a longer draft is the fastest "
                     "after a shorter one took over: the tiers keep the shorter (measure again there)"
                 )
+            text += _disputes_text(res)
         else:
             res = analyze.suggest_threshold(m, measured)
             if res["threshold"] is None:

@@ -229,15 +229,40 @@ def rank_sum_p(xs, ys) -> float:
     return as_far / total
 
 
-def _each_run(cells: list[dict], concurrencies: list[int], acc_len: float | None) -> dict:
-    """run -> (its cells, its own `ratios`), runs in the cells' order: a run is a source folder (as
-    --merge keeps it), or one repetition of --fresh-engines (its own engines); one run, keyed
-    None, for the cells of one run on one set of engines."""
+def _run_cells(cells: list[dict]) -> dict:
+    """run -> its cells, runs in the cells' order: a run is a source folder (as --merge keeps
+    it), or one repetition of --fresh-engines (its own engines); one run, keyed None, for the
+    cells of one run on one set of engines."""
     by_run = defaultdict(list)
     for c in cells:
         key = "/".join(str(x) for x in (c.get("source"), c.get("engines")) if x is not None)
         by_run[key or None].append(c)
-    return {run: (cs, ratios(medians(cs, acc_len), concurrencies)) for run, cs in by_run.items()}
+    return dict(by_run)
+
+
+def _each_run(cells: list[dict], concurrencies: list[int], acc_len: float | None) -> dict:
+    """run (`_run_cells`) -> (its cells, its own `ratios`)."""
+    return {run: (cs, ratios(medians(cs, acc_len), concurrencies)) for run, cs in _run_cells(cells).items()}
+
+
+def tier_disputes(cells: list[dict], rows: list[dict], arms: dict[int, str], acc_len: float | None = None) -> dict:
+    """Where the runs pooled in a folder disagree with the suggested tiers (`rows`, as
+    suggest_tiers gives them; `arms`: draft steps -> arm): per C, each other configuration
+    whose own median beat the tier's within some run that measured both. Why: a run's
+    repetitions share its engines, and two engines of one configuration differ by more than
+    those repetitions spread (on the H200's MoE-shaped target 2 and 3 draft steps swapped
+    places between runs), so pooled medians alone can hide a tie. `runs` counts the runs; a
+    single run has nothing to dispute its own medians with."""
+    runs = {run: medians(cs, acc_len) for run, cs in _run_cells(cells).items()}
+    disputed = []
+    for row in rows if len(runs) > 1 else []:
+        C, mine = row["C"], arms[row["tier"]]
+        for steps, arm in arms.items():
+            both = {run: m for run, m in runs.items() if (arm, C) in m and (mine, C) in m}
+            led = [str(run) for run, m in both.items() if m[(arm, C)]["median"] > m[(mine, C)]["median"]]
+            if steps != row["tier"] and led:
+                disputed.append({"C": C, "tier": row["tier"], "steps": steps, "led_in": led, "runs": len(both)})
+    return {"runs": len(runs), "disputed": disputed}
 
 
 def within_runs(compute, cells: list[dict], concurrencies: list[int], acc_len: float | None = None) -> dict:
@@ -402,7 +427,7 @@ def suggest_tiers(m: dict, concurrencies: list[int], arms: dict[int, str] | None
     fastest_everywhere = (
         "no C at which every configuration was measured"
         if not spans
-        else f"{_steps(spans[0][0])} is the fastest at every C measured: no tiers"
+        else f"{steps_label(spans[0][0])} is the fastest at every C measured: no tiers"
         if spans[0][0]
         else "speculation never wins: serve without it"
     )
@@ -446,7 +471,7 @@ def suggest_tiers_across(ms: dict, concurrencies: list[int], arms: dict[int, str
         "worst": worst,
         **_schedule(
             spans,
-            f"{_steps(best[0])} at every C measured: no tiers"
+            f"{steps_label(best[0])} at every C measured: no tiers"
             if best
             else "no C at which every configuration was measured at every acceptance",
         ),
@@ -521,8 +546,8 @@ def _schedule(spans: list, one_tier: str) -> dict:
         else None
     )
     if len(tiers) > 1:
-        parts = [f"{_steps(s)} up to C={last}" for s, _, last in spans[:-1]]
-        why = ", ".join(parts) + f", {_steps(tiers[-1])} above"
+        parts = [f"{steps_label(s)} up to C={last}" for s, _, last in spans[:-1]]
+        why = ", ".join(parts) + f", {steps_label(tiers[-1])} above"
     else:
         why = one_tier
     if refine:
@@ -602,7 +627,8 @@ def upstream_variant(tiers: list[int], boundaries: list[int], config_path: str) 
     )
 
 
-def _steps(n: int) -> str:
+def steps_label(n: int) -> str:
+    """A step count as the tables and suggestions say it."""
     return "no speculation" if n == 0 else f"{n} draft step{'s' if n > 1 else ''}"
 
 
