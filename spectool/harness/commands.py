@@ -132,7 +132,7 @@ def _tiers_text(res: dict) -> str:
 
 
 def _disputes_text(res: dict) -> str:
-    """What the runs pooled in the folder say against the suggested tiers (analyze.tier_disputes)."""
+    """What the runs pooled in the folder say of the suggested tiers (analyze.tier_disputes)."""
     from .bench import analyze
 
     if res["runs"] < 2:
@@ -140,14 +140,25 @@ def _disputes_text(res: dict) -> str:
             "\none run: its repetitions share their engines, and fresh engines of one configuration can "
             "differ by more; merge two or three runs (--fresh-engines, or --merge) to see whether they agree"
         )
-    if not res["disputed"]:
-        return f"\nthe {res['runs']} runs pooled here agree: the tier's configuration leads within each"
-    each = "; ".join(
-        f"C={d['C']}: {analyze.steps_label(d['steps'])} led the tier's {analyze.steps_label(d['tier'])} in "
-        f"{len(d['led_in'])} of the {d['runs']} runs that measured both ({', '.join(d['led_in'])})"
-        for d in res["disputed"]
-    )
-    return f"\nthe runs pooled here disagree with the tiers at {each}: measure more runs there before serving them"
+    rows = [r["C"] for r in res["rows"]]
+    disputed = {d["C"] for d in res["disputed"]}
+    alone = [C for C in rows if C not in res["compared_at"] and C not in disputed]
+    text = ""
+    if res["disputed"]:
+        each = "; ".join(
+            f"C={d['C']}: {analyze.steps_label(d['steps'])} led the tier's {analyze.steps_label(d['tier'])} "
+            f"in {', '.join(d['led_in'])} ({len(d['led_in'])} of {d['compared']} runs that measured both)"
+            for d in res["disputed"]
+        )
+        text += f"\nthe runs pooled here disagree with the tiers at {each}: measure more runs there before serving them"
+    elif res["compared_at"]:
+        text += (
+            f"\nthe runs pooled here order the configurations as the tiers do at "
+            f"C={','.join(map(str, res['compared_at']))}"
+        )
+    if alone:
+        text += f"\nat C={','.join(map(str, alone))} fewer than two runs measured the tier's configuration and another"
+    return text
 
 
 def _named_concurrencies_measured(option: str, folder: Path, m: dict, cs: list[int], by_steps: dict) -> None:

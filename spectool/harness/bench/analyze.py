@@ -246,23 +246,39 @@ def _each_run(cells: list[dict], concurrencies: list[int], acc_len: float | None
 
 
 def tier_disputes(cells: list[dict], rows: list[dict], arms: dict[int, str], acc_len: float | None = None) -> dict:
-    """Where the runs pooled in a folder disagree with the suggested tiers (`rows`, as
-    suggest_tiers gives them; `arms`: draft steps -> arm): per C, each other configuration
-    whose own median beat the tier's within some run that measured both. Why: a run's
+    """Whether the runs pooled in a folder order the configurations as the suggested tiers
+    (`rows`, as suggest_tiers gives them; `arms`: draft steps -> arm) do. Why: a run's
     repetitions share its engines, and two engines of one configuration differ by more than
     those repetitions spread (on the H200's MoE-shaped target 2 and 3 draft steps swapped
-    places between runs), so pooled medians alone can hide a tie. `runs` counts the runs; a
-    single run has nothing to dispute its own medians with."""
-    runs = {run: medians(cs, acc_len) for run, cs in _run_cells(cells).items()}
-    disputed = []
+    places between runs), so pooled medians alone can hide a tie.
+
+    `runs`: the runs with cells at this acceptance. `disputed`: per C, each configuration
+    behind the tier's in the pooled medians whose own median beat the tier's within some run
+    (`led_in`, of the `compared` runs that measured both there; pooled medians can take the
+    two from different runs); a longer draft ahead of the tier by the pooled medians is the
+    rule's own exception (`against_the_rule`), not a dispute. `compared_at`: the C at which
+    two runs or more measured the tier's configuration and another one, where their agreement
+    means something."""
+    runs = {run: m for run, cs in _run_cells(cells).items() if (m := medians(cs, acc_len))}
+    pooled = medians(cells, acc_len)
+    disputed, compared_at = [], []
     for row in rows if len(runs) > 1 else []:
         C, mine = row["C"], arms[row["tier"]]
         for steps, arm in arms.items():
             both = {run: m for run, m in runs.items() if (arm, C) in m and (mine, C) in m}
-            led = [str(run) for run, m in both.items() if m[(arm, C)]["median"] > m[(mine, C)]["median"]]
-            if steps != row["tier"] and led:
-                disputed.append({"C": C, "tier": row["tier"], "steps": steps, "led_in": led, "runs": len(both)})
-    return {"runs": len(runs), "disputed": disputed}
+            if steps == row["tier"] or not both:
+                continue
+            if len(both) > 1 and C not in compared_at:
+                compared_at.append(C)
+            led = [_run_name(run) for run, m in both.items() if m[(arm, C)]["median"] > m[(mine, C)]["median"]]
+            if led and pooled[(arm, C)]["median"] <= pooled[(mine, C)]["median"]:
+                disputed.append({"C": C, "tier": row["tier"], "steps": steps, "led_in": led, "compared": len(both)})
+    return {"runs": len(runs), "disputed": disputed, "compared_at": compared_at}
+
+
+def _run_name(run) -> str:
+    """A run's name as the reports print it (cells without a source or engines: "untagged")."""
+    return "untagged" if run is None else str(run)
 
 
 def within_runs(compute, cells: list[dict], concurrencies: list[int], acc_len: float | None = None) -> dict:
