@@ -266,6 +266,7 @@ def test_bench_suggest_tiers_names_the_runs_that_disagree(tmp_path):
         "the runs pooled here disagree with the tiers at C=1: no speculation led the tier's 3 draft steps "
         "in run-02 (1 of 2 runs that measured both): measure more runs there before serving them"
     ) in r.output
+    assert "the runs pooled here order the configurations as the tiers do at C=64" in r.output
     # Agreement is claimed only where two runs measured both; elsewhere the C is named.
     cells = [c for c in cells if not (c["source"] == "run-02" and c["C"] == 1)]
     (tmp_path / "cells.jsonl").write_text("\n".join(json.dumps(c) for c in cells))

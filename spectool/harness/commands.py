@@ -151,11 +151,9 @@ def _disputes_text(res: dict) -> str:
             for d in res["disputed"]
         )
         text += f"\nthe runs pooled here disagree with the tiers at {each}: measure more runs there before serving them"
-    elif res["compared_at"]:
-        text += (
-            f"\nthe runs pooled here order the configurations as the tiers do at "
-            f"C={','.join(map(str, res['compared_at']))}"
-        )
+    agree = [C for C in res["compared_at"] if C not in disputed]
+    if agree:
+        text += f"\nthe runs pooled here order the configurations as the tiers do at C={','.join(map(str, agree))}"
     if alone:
         text += f"\nat C={','.join(map(str, alone))} fewer than two runs measured the tier's configuration and another"
     return text
