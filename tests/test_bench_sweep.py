@@ -482,6 +482,29 @@ def test_a_profile_reduces_each_trace_and_keeps_an_excerpt(tmp_path, stub_engine
     assert "A2 against A0 at C=8 (wave 2)" in md and "Decode steps taken apart on the GPU" in md
 
 
+def test_a_profile_of_more_arms_than_fit_the_gpu_runs_them_in_waves(tmp_path, stub_engines):
+    """Two arms and one engine at a time (as two MoE-shaped engines on one H200): one engine
+    after the other, each profiled at every C, each diffed against A0 as side by side."""
+    out = tmp_path / "profile"
+    rows = sweep.profile(
+        out,
+        threshold=4,
+        concurrencies=[8],
+        arm_names=["A0", "A2"],
+        steps=10,
+        out_len=8,
+        prompt_len=4,
+        port_base=27700,
+        max_engines=1,
+    )
+    assert set(rows) == {"A0@8", "A2@8"}
+    started = [json.loads(ln) for ln in stub_engines.read_text().splitlines()]
+    # Two engines, each the first of its wave: the same ports, so never on the GPU together.
+    assert len(started) == 2 and started[0]["port"] == started[1]["port"]
+    assert [bool(kw.get("speculative_algorithm")) for kw in started] == [False, True]
+    assert "A2 against A0 at C=8" in (out / "profile.md").read_text()
+
+
 def test_an_engine_that_dies_mid_profile_is_named_with_its_error_and_the_traces_before_are_kept(
     tmp_path, stub_engines, monkeypatch
 ):

@@ -592,80 +592,81 @@ def profile(
     from . import profile as prof
 
     max_bs = engine_batch(concurrencies, max_batch)
-    max_engines = engines_per_gpu(target, max_engines)
     arm_list = select_arms(threshold, max_bs, arm_names, variants, sglang_dir, arm_trees=arm_trees)
-    if len(arm_list) > max_engines:
-        raise BadInputError(
-            f"--profile runs its arms side by side: {len(arm_list)} arms are more than --max-engines "
-            f"{max_engines}; profile fewer at a time."
-        )
+    waves = plan_waves(arm_list, engines_per_gpu(target, max_engines))
     gpu_info("bench")
     out.mkdir(parents=True, exist_ok=True)
     envs = engines.environments(sglang_dir, arm_trees, acc_len)
     rows, raw = {}, {}
-    with engines.start(
-        arm_list,
-        out,
-        envs,
-        max_bs,
-        engines.kv_pool_tokens(max_bs, prompt_len, out_len),
-        port_base=port_base,
-        tp=tp,
-        target=target,
-    ) as (procs, _):
-        for i, C in enumerate(concurrencies):
-            k = concurrencies[:i].count(C)  # how often this C was profiled before, on these engines
-            tag = f"{C}" + (f"#{k + 1}" if k else "")
-            for arm in arm_list:
-                tdir = out / "traces" / f"{arm.name}-C{tag}"
-                n = _profile_requests(C, load, steps, out_len)
-                res = engines.command(
-                    procs[arm.name],
-                    arm.name,
-                    out,
-                    {
-                        "kind": "profile",
-                        "C": C,
-                        "n": n,
-                        "prompt_len": prompt_len,
-                        "out_len": out_len,
-                        "seed": C + 1000 * k,
-                        "steps": steps,
-                        "dir": str(tdir),
-                        "stagger": load == "staggered",
-                    },
-                )
-                traces = sorted(tdir.glob("*TP-0*.trace.json*")) or sorted(tdir.glob("*.trace.json*"))
-                events = prof.load_events(traces[0]) if traces else []
-                summary = prof.summarize(events, steps) if traces else {"error": "no trace written"}
-                if events:  # the middle two steps, every event: the idle attribution can be re-read
-                    cut = out / "excerpts" / prof.excerpt_name(arm.name, C, k)
-                    cut.parent.mkdir(exist_ok=True)
-                    cut.write_bytes(gzip.compress(json.dumps({"traceEvents": prof.excerpt(events, steps)}).encode()))
-                summary["output_tok_s"] = res.get("output_tok_s")
-                rows[(arm.name, C, k)] = summary
-                raw[f"{arm.name}@{tag}"] = summary
-                # Written after every trace: an engine that dies later leaves what was measured.
-                (out / "profile.json").write_text(
-                    json.dumps(
+    # The arms that fit the GPU together are profiled side by side, C by C; more run in waves
+    # of engines, one after the other, as the sweep's do (two MoE-shaped engines do not fit
+    # one H200).
+    for wave in waves:
+        with engines.start(
+            wave,
+            out,
+            envs,
+            max_bs,
+            engines.kv_pool_tokens(max_bs, prompt_len, out_len),
+            port_base=port_base,
+            tp=tp,
+            target=target,
+        ) as (procs, _):
+            for i, C in enumerate(concurrencies):
+                k = concurrencies[:i].count(C)  # how often this C was profiled before, on these engines
+                tag = f"{C}" + (f"#{k + 1}" if k else "")
+                for arm in wave:
+                    tdir = out / "traces" / f"{arm.name}-C{tag}"
+                    n = _profile_requests(C, load, steps, out_len)
+                    res = engines.command(
+                        procs[arm.name],
+                        arm.name,
+                        out,
                         {
-                            "sglang_version": envs.version,
-                            "threshold": threshold,
-                            "steps": steps,
-                            "load": load,
+                            "kind": "profile",
+                            "C": C,
+                            "n": n,
+                            "prompt_len": prompt_len,
                             "out_len": out_len,
-                            **({"tp": tp} if tp > 1 else {}),
-                            "rows": raw,
+                            "seed": C + 1000 * k,
+                            "steps": steps,
+                            "dir": str(tdir),
+                            "stagger": load == "staggered",
                         },
-                        indent=1,
                     )
-                )
-                (out / "profile.md").write_text(prof.markdown(rows))
-                if console:
-                    console.print(
-                        f"profiled {arm.name} at C={tag}: {summary.get('step_ms', 0):.2f} ms/step, "
-                        f"GPU busy {summary.get('gpu_busy_ms', 0):.2f} ms"
+                    traces = sorted(tdir.glob("*TP-0*.trace.json*")) or sorted(tdir.glob("*.trace.json*"))
+                    events = prof.load_events(traces[0]) if traces else []
+                    summary = prof.summarize(events, steps) if traces else {"error": "no trace written"}
+                    if events:  # the middle two steps, every event: the idle attribution can be re-read
+                        cut = out / "excerpts" / prof.excerpt_name(arm.name, C, k)
+                        cut.parent.mkdir(exist_ok=True)
+                        cut.write_bytes(
+                            gzip.compress(json.dumps({"traceEvents": prof.excerpt(events, steps)}).encode())
+                        )
+                    summary["output_tok_s"] = res.get("output_tok_s")
+                    rows[(arm.name, C, k)] = summary
+                    raw[f"{arm.name}@{tag}"] = summary
+                    # Written after every trace: an engine that dies later leaves what was measured.
+                    (out / "profile.json").write_text(
+                        json.dumps(
+                            {
+                                "sglang_version": envs.version,
+                                "threshold": threshold,
+                                "steps": steps,
+                                "load": load,
+                                "out_len": out_len,
+                                **({"tp": tp} if tp > 1 else {}),
+                                "rows": raw,
+                            },
+                            indent=1,
+                        )
                     )
+                    (out / "profile.md").write_text(prof.markdown(rows))
+                    if console:
+                        console.print(
+                            f"profiled {arm.name} at C={tag}: {summary.get('step_ms', 0):.2f} ms/step, "
+                            f"GPU busy {summary.get('gpu_busy_ms', 0):.2f} ms"
+                        )
     return raw
 
 
