@@ -157,6 +157,7 @@ def tier_goals_markdown(folder: Path) -> str:
         if upstream:
             row.append(ratio(C, upstream) if (upstream, C) in m else "-")
         lines.append("| " + " | ".join(row) + " |")
+    lines += _run_by_run(cells, acc_len, tiered, fixed_arms, concurrencies)
     for arm, lowest in analyze.lowest_phase_ratios(report.get("transition") or {}).items():
         rounds = max((r.get("round", 1) for r in report["transition"][arm]), default=1)
         each = f"each phase the median of {rounds} rounds" if rounds > 1 else "one round"
@@ -167,6 +168,37 @@ def tier_goals_markdown(folder: Path) -> str:
         if analyze.never_switched(rows) and not analyze.is_control(arm, rows):
             lines.append(f"\nTransition workload on {arm}: no figure, the engine never switched in it.")
     return "\n".join(lines) + "\n"
+
+
+def _run_by_run(cells, acc_len, tiered, fixed_arms, concurrencies) -> list[str]:
+    """For a folder pooled from several runs: per C, the tiered arm's median over each fixed
+    configuration's within each run, and how far each arm's median moved between the runs
+    (highest over lowest): whether a gap to a fixed configuration outlasts fresh engines."""
+    runs = {analyze.run_name(r): analyze.medians(cs, acc_len) for r, cs in analyze.cells_by_run(cells).items()}
+    if len(runs) < 2:
+        return []
+    lines = [
+        "",
+        f"Run by run: {tiered} over each fixed configuration of the same run, and each arm's median "
+        "between the runs (highest / lowest):",
+        "",
+        "| C | " + " | ".join(runs) + " | between runs |",
+        "|" + "---|" * (len(runs) + 2),
+    ]
+    arms = [tiered, *fixed_arms]
+    for C in concurrencies:
+        row = [str(C)]
+        for m in runs.values():
+            own = [f"{a} {m[(tiered, C)]['median'] / m[(a, C)]['median']:.3f}" for a in fixed_arms if (a, C) in m]
+            row.append(", ".join(own) if (tiered, C) in m and own else "-")
+        spread = []
+        for a in arms:
+            vals = [m[(a, C)]["median"] for m in runs.values() if (a, C) in m]
+            if len(vals) > 1:
+                spread.append(f"{a} {max(vals) / min(vals):.3f}")
+        row.append(", ".join(spread) or "-")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
 
 
 def cross_acceptance_markdown(folders: dict) -> str:

@@ -229,7 +229,7 @@ def rank_sum_p(xs, ys) -> float:
     return as_far / total
 
 
-def _run_cells(cells: list[dict]) -> dict:
+def cells_by_run(cells: list[dict]) -> dict:
     """run -> its cells, runs in the cells' order: a run is a source folder (as --merge keeps
     it), or one repetition of --fresh-engines (its own engines); one run, keyed None, for the
     cells of one run on one set of engines."""
@@ -241,8 +241,8 @@ def _run_cells(cells: list[dict]) -> dict:
 
 
 def _each_run(cells: list[dict], concurrencies: list[int], acc_len: float | None) -> dict:
-    """run (`_run_cells`) -> (its cells, its own `ratios`)."""
-    return {run: (cs, ratios(medians(cs, acc_len), concurrencies)) for run, cs in _run_cells(cells).items()}
+    """run (`cells_by_run`) -> (its cells, its own `ratios`)."""
+    return {run: (cs, ratios(medians(cs, acc_len), concurrencies)) for run, cs in cells_by_run(cells).items()}
 
 
 def tier_disputes(cells: list[dict], rows: list[dict], arms: dict[int, str], acc_len: float | None = None) -> dict:
@@ -259,7 +259,7 @@ def tier_disputes(cells: list[dict], rows: list[dict], arms: dict[int, str], acc
     rule's own exception (`against_the_rule`), not a dispute. `compared_at`: the C at which
     two runs or more measured the tier's configuration and another one, where their agreement
     means something."""
-    runs = {run: m for run, cs in _run_cells(cells).items() if (m := medians(cs, acc_len))}
+    runs = {run: m for run, cs in cells_by_run(cells).items() if (m := medians(cs, acc_len))}
     pooled = medians(cells, acc_len)
     disputed, compared_at = [], []
     for row in rows if len(runs) > 1 else []:
@@ -270,13 +270,13 @@ def tier_disputes(cells: list[dict], rows: list[dict], arms: dict[int, str], acc
                 continue
             if len(both) > 1 and C not in compared_at:
                 compared_at.append(C)
-            led = [_run_name(run) for run, m in both.items() if m[(arm, C)]["median"] > m[(mine, C)]["median"]]
+            led = [run_name(run) for run, m in both.items() if m[(arm, C)]["median"] > m[(mine, C)]["median"]]
             if led and pooled[(arm, C)]["median"] <= pooled[(mine, C)]["median"]:
                 disputed.append({"C": C, "tier": row["tier"], "steps": steps, "led_in": led, "compared": len(both)})
     return {"runs": len(runs), "disputed": disputed, "compared_at": compared_at}
 
 
-def _run_name(run) -> str:
+def run_name(run) -> str:
     """A run's name as the reports print it (cells without a source or engines: "untagged")."""
     return "untagged" if run is None else str(run)
 
