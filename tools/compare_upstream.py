@@ -112,7 +112,8 @@ def tier_goals_markdown(folder: Path) -> str:
     measured, if one of them speculates: a run of a few C against the configurations that win
     there; plain decoding alone is the envelope's, not a tier's), the acceptance in its
     bench-results.json. Where both arms of a ratio have three repetitions or more, its 90%
-    bootstrap interval follows it, so a tie can be told from a loss. Where the run has the
+    bootstrap interval follows it, so a tie can be told from a loss. A folder pooled from
+    several runs adds a run-by-run table (`_run_by_run`). Where the run has the
     transition workload, a last line gives its goal's figure: the lowest phase/steady, each
     phase the median of its rounds; a control's beside it (analyze.is_control) has a line of
     its own."""
