@@ -145,7 +145,6 @@ def test_select_unknown_recipe(tmp_path):
         (["--out-len", "1"], "1 is not in the range x>=2"),
         (["--max-engines", "0"], "0 is not in the range x>=1"),
         (["--variant", "A4D=A9:X=1"], "base arm 'A9' is not one of"),
-        (["--profile", "30"], "more than --max-engines 4"),
         (["--arm-sglang-dir", "UP"], "expected NAME=DIR"),
         (["--arm-sglang-dir", "UP=/nonexistent/site"], "/nonexistent/site is not a directory"),
     ],
