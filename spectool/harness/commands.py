@@ -137,8 +137,8 @@ def _disputes_text(res: dict) -> str:
 
     if res["runs"] < 2:
         return (
-            "\none run: its repetitions share their engines, and fresh engines of one configuration can "
-            "differ by more; merge two or three runs (--fresh-engines, or --merge) to see whether they agree"
+            "\none run: its repetitions share their engines, and a configuration's median moves from engine to "
+            "engine; merge two or three runs (--fresh-engines, or --merge) to see whether they agree"
         )
     rows = [r["C"] for r in res["rows"]]
     disputed = {d["C"] for d in res["disputed"]}

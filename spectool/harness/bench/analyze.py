@@ -248,9 +248,9 @@ def _each_run(cells: list[dict], concurrencies: list[int], acc_len: float | None
 def tier_disputes(cells: list[dict], rows: list[dict], arms: dict[int, str], acc_len: float | None = None) -> dict:
     """Whether the runs pooled in a folder order the configurations as the suggested tiers
     (`rows`, as suggest_tiers gives them; `arms`: draft steps -> arm) do. Why: a run's
-    repetitions share its engines, and two engines of one configuration differ by more than
-    those repetitions spread (on the H200's MoE-shaped target 2 and 3 draft steps swapped
-    places between runs), so pooled medians alone can hide a tie.
+    repetitions share its engines, and a configuration's median moves from engine to engine
+    (on the H200's MoE-shaped target 2 and 3 draft steps swapped places between runs), so
+    pooled medians alone can hide that two configurations are not told apart.
 
     `runs`: the runs with cells at this acceptance. `disputed`: per C, each configuration
     behind the tier's in the pooled medians whose own median beat the tier's within some run
