@@ -304,6 +304,11 @@ def _run_cells(speeds: dict, **tags) -> list[dict]:
     ]
 
 
+def _disputes(cells, rows, arms, acc_len=None):
+    """tier_disputes over `cells` with their pooled medians, as --suggest-tiers derives the tiers."""
+    return analyze.tier_disputes(cells, analyze.medians(cells, acc_len), rows, arms, acc_len)
+
+
 def test_runs_that_disagree_with_the_pooled_tiers_are_named():
     """Pooled, 3 steps lead at C=1 and plain decoding at 64; within run-02 two steps led at
     C=1. A dispute names the C, the configuration, and the runs that measured both arms."""
@@ -313,25 +318,25 @@ def test_runs_that_disagree_with_the_pooled_tiers_are_named():
     arms = {3: "A1", 2: "S2", 0: "A0"}
     res = analyze.suggest_tiers(analyze.medians(cells), [1, 64], arms)
     assert [r["tier"] for r in res["rows"]] == [3, 0]
-    assert analyze.tier_disputes(cells, res["rows"], arms) == {
+    assert _disputes(cells, res["rows"], arms) == {
         "runs": 2,
         "disputed": [{"C": 1, "tier": 3, "steps": 2, "led_in": ["run-02"], "compared": 2}],
         "compared_at": [1, 64],
     }
     # A configuration one run lacks is judged by the run that measured it beside the tier's.
     lacking = [c for c in cells if not (c["source"] == "run-01" and c["arm"] == "S2")]
-    got = analyze.tier_disputes(lacking, res["rows"], arms)
+    got = _disputes(lacking, res["rows"], arms)
     assert [(d["C"], d["steps"], d["compared"]) for d in got["disputed"]] == [(1, 2, 1)]
     # A longer draft ahead by the pooled medians is the rule's own exception, not a dispute.
     faster = {**one, "A1": {1: [360], 64: [170]}}, {**two, "A1": {1: [300], 64: [165]}}
     ahead = _run_cells(faster[0], source="a") + _run_cells(faster[1], source="b")
     rows = [{"C": 1, "tier": 3}, {"C": 64, "tier": 0}]
-    assert [d["C"] for d in analyze.tier_disputes(ahead, rows, arms)["disputed"]] == [1]  # none at 64
+    assert [d["C"] for d in _disputes(ahead, rows, arms)["disputed"]] == [1]  # none at 64
     # --fresh-engines repetitions are runs too; runs at another acceptance are not counted.
     fresh = _run_cells(one, engines=0) + _run_cells(one, engines=1)
-    assert analyze.tier_disputes(fresh, res["rows"], arms) == {"runs": 2, "disputed": [], "compared_at": [1, 64]}
+    assert _disputes(fresh, res["rows"], arms) == {"runs": 2, "disputed": [], "compared_at": [1, 64]}
     other = [{**c, "acc_len": 2.0} for c in _run_cells(two, source="run-02")]
-    alone = analyze.tier_disputes(_run_cells(one, source="run-01") + other, res["rows"], arms, 3.0)
+    alone = _disputes(_run_cells(one, source="run-01") + other, res["rows"], arms, 3.0)
     assert alone == {"runs": 1, "disputed": [], "compared_at": []}
 
 

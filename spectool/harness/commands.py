@@ -227,9 +227,10 @@ def _suggest(folders: dict, tiers: bool, tier_arms: str, cs: list[int] | None, o
                 f"{option}: {folder} has no cells.jsonl; measure there first "
                 "(spectool bench --out with the same folder)."
             )
-        m = analyze.load_medians(folder, a)
+        cells = analyze.read_cells(folder / "cells.jsonl")
+        m = analyze.medians(cells, a)
         if not m:
-            present = sorted({c.get("acc_len") for c in analyze.read_cells(folder / "cells.jsonl")} - {None})
+            present = sorted({c.get("acc_len") for c in cells} - {None})
             raise BadInputError(
                 f"{option}: {folder} has no cells at acceptance {a:g}; it holds "
                 f"{', '.join(f'{x:g}' for x in present) or 'none'} (pass --acc-len)."
@@ -246,8 +247,7 @@ def _suggest(folders: dict, tiers: bool, tier_arms: str, cs: list[int] | None, o
                     f"{tier_arms}; measure at least two, e.g. --arms A0,A1 --variant "
                     "'S1=A1:speculative_num_steps=1;speculative_num_draft_tokens=2'."
                 )
-            cells = analyze.read_cells(folder / "cells.jsonl")
-            res.update(analyze.tier_disputes(cells, res["rows"], res["arms"], a))
+            res.update(analyze.tier_disputes(cells, m, res["rows"], res["arms"], a))
             text = f"acceptance {a:g}:\n{analyze.tiers_markdown(res)}" + _tiers_text(res)
             if res["against_the_rule"]:
                 text += (

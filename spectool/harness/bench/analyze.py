@@ -245,9 +245,12 @@ def _each_run(cells: list[dict], concurrencies: list[int], acc_len: float | None
     return {run: (cs, ratios(medians(cs, acc_len), concurrencies)) for run, cs in cells_by_run(cells).items()}
 
 
-def tier_disputes(cells: list[dict], rows: list[dict], arms: dict[int, str], acc_len: float | None = None) -> dict:
-    """Whether the runs pooled in a folder order the configurations as the suggested tiers
-    (`rows`, as suggest_tiers gives them; `arms`: draft steps -> arm) do. Why: a run's
+def tier_disputes(
+    cells: list[dict], pooled: dict, rows: list[dict], arms: dict[int, str], acc_len: float | None = None
+) -> dict:
+    """Whether the runs pooled in a folder (`cells`; `pooled`, their medians at `acc_len`, as
+    the tiers were derived from) order the configurations as the suggested tiers (`rows`, as
+    suggest_tiers gives them; `arms`: draft steps -> arm) do. Why: a run's
     repetitions share its engines, and a configuration's median moves from engine to engine
     (on the H200's MoE-shaped target 2 and 3 draft steps swapped places between runs), so
     pooled medians alone can hide that two configurations are not told apart.
@@ -260,7 +263,6 @@ def tier_disputes(cells: list[dict], rows: list[dict], arms: dict[int, str], acc
     two runs or more measured the tier's configuration and another one, where their agreement
     means something."""
     runs = {run: m for run, cs in cells_by_run(cells).items() if (m := medians(cs, acc_len))}
-    pooled = medians(cells, acc_len)
     disputed, compared_at = [], []
     for row in rows if len(runs) > 1 else []:
         C, mine = row["C"], arms[row["tier"]]
