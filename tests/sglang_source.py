@@ -175,6 +175,33 @@ def forward_modes(tree: Path) -> tuple[type, type]:
 
 
 @functools.cache
+def prefill_forward_batch(tree: Path, release: type, spans) -> type:
+    """A subclass of the release's ForwardBatch `release` whose init_new is the real one in
+    miniature (which plans the GPU's attention metadata): the batch's ids, slots and draft
+    input, no multimodal inputs, positions continuing each request's cached prefix, in an
+    EXTEND forward batch. `spans(batch)`: each request's (cached prefix, new tokens), read
+    from the batch type the caller passes (a ScheduleBatch's or a ModelWorkerBatch's fields)."""
+    import torch
+
+    extend = forward_modes(tree)[0].EXTEND
+
+    class ForwardBatch(release):
+        @classmethod
+        def init_new(cls, batch, runner, **kwargs):
+            return release_instance(
+                cls,
+                input_ids=batch.input_ids,
+                positions=torch.cat([torch.arange(p, p + e) for p, e in spans(batch)]),
+                out_cache_loc=batch.out_cache_loc,
+                spec_info=batch.spec_info,
+                mm_inputs=None,
+                mm_input_embeds=None,
+                forward_mode=extend,
+            )
+
+    return ForwardBatch
+
+
 def _model_worker_batch_class(tree: Path) -> type:
     return release_class(tree, BATCH, "ModelWorkerBatch")
 

@@ -25,6 +25,7 @@ from .sglang_source import (
     forward_modes,
     logits_output_class,
     model_worker_batch,
+    prefill_forward_batch,
     release_class,
     release_instance,
     release_type,
@@ -675,28 +676,11 @@ def _prefill_batch(torch, tree):
     return batch, torch.tensor([41, 42, 43])
 
 
-def _forward_batch_class(tree, torch):
-    """The release's ForwardBatch whose init_new is ForwardBatch.init_new in miniature (the
-    real one plans the GPU's attention metadata): the batch's ids, slots and draft input,
-    positions continuing each request's cached prefix, in an EXTEND forward batch."""
-    release = _cls(tree, "ForwardBatch")
-
-    class ForwardBatch(release):
-        @classmethod
-        def init_new(cls, batch, runner):
-            spans = zip(batch.extend_prefix_lens, batch.extend_seq_lens)
-            return release_instance(
-                cls,
-                input_ids=batch.input_ids,
-                positions=torch.cat([torch.arange(p, p + e) for p, e in spans]),
-                out_cache_loc=batch.out_cache_loc,
-                spec_info=batch.spec_info,
-                mm_inputs=None,
-                mm_input_embeds=None,
-                forward_mode=forward_modes(tree)[0].EXTEND,
-            )
-
-    return ForwardBatch
+def _forward_batch_class(tree):
+    """The release's ForwardBatch, its init_new in miniature on a ModelWorkerBatch."""
+    return prefill_forward_batch(
+        tree, _cls(tree, "ForwardBatch"), lambda b: zip(b.extend_prefix_lens, b.extend_seq_lens)
+    )
 
 
 @pytest.mark.parametrize("sliced", [False, True])
@@ -711,7 +695,7 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(sliced, patched_
     model, forward, ref = _eagle3_model(torch, tree, fc_norm=False, sliced=sliced)
     ns = {
         "EagleDraftInput": eagle_draft_input_class(tree),
-        "ForwardBatch": _forward_batch_class(tree, torch),
+        "ForwardBatch": _forward_batch_class(tree),
         "ForwardMode": forward_modes(tree)[0],
         "maybe_detect_nan": lambda *a: None,
         "fast_topk": load_function(tree / "sglang/srt/utils/common.py", "fast_topk", {"torch": torch}),

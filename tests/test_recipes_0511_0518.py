@@ -32,6 +32,7 @@ from .sglang_source import (
     generation_batch_result_class,
     logits_output_class,
     model_worker_batch,
+    prefill_forward_batch,
     release_class,
     release_envs,
     release_instance,
@@ -619,26 +620,9 @@ def _schedule_prefill(torch, tree, chunked):
     return batch, torch.tensor([41, 42, 43])
 
 
-def _schedule_forward_batch(torch, tree):
-    """The release's ForwardBatch, its init_new in miniature on a ScheduleBatch: an extend
-    batch without multimodal inputs whose positions continue each request's cached prefix."""
-
-    class ForwardBatch(_sglang(tree, "ForwardBatch")):
-        @classmethod
-        def init_new(cls, batch, runner, **kwargs):
-            positions = torch.cat([torch.arange(p, p + e) for p, e in zip(batch.prefix_lens, batch.extend_lens)])
-            return release_instance(
-                cls,
-                input_ids=batch.input_ids,
-                positions=positions,
-                out_cache_loc=batch.out_cache_loc,
-                spec_info=batch.spec_info,
-                mm_input_embeds=None,
-                mm_inputs=None,
-                forward_mode=forward_modes(tree)[0].EXTEND,
-            )
-
-    return ForwardBatch
+def _schedule_forward_batch(tree):
+    """The release's ForwardBatch, its init_new in miniature on a ScheduleBatch."""
+    return prefill_forward_batch(tree, _sglang(tree, "ForwardBatch"), lambda b: zip(b.prefix_lens, b.extend_lens))
 
 
 def _spec_settings(tree, **values):
@@ -676,7 +660,7 @@ def test_kv_only_prefill_writes_what_the_release_prefill_writes(version, chunked
         "torch": torch,
         "EagleDraftInput": draft_input,
         "EagleDraftExtendInput": extend_input,
-        "ForwardBatch": _schedule_forward_batch(torch, tree),
+        "ForwardBatch": _schedule_forward_batch(tree),
         "ForwardMode": forward_mode,
         "CaptureHiddenMode": capture,
         "contextlib": contextlib,
