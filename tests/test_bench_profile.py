@@ -3,6 +3,8 @@
 import gzip
 import json
 
+import pytest
+
 from spectool.harness.bench import profile
 
 
@@ -201,12 +203,83 @@ def test_excerpt_keeps_the_middle_steps_whole():
     assert profile.excerpt([], steps=2) == []
 
 
-def test_a_lockstep_profile_has_waves_for_the_warmup_the_steps_and_one_more():
-    from spectool.harness.bench.sweep import _profile_requests, _requests_for
+def _arms(*specs):
+    """The bench's A0 and A1, and --variant arms of A1 from NAME=A1:FIELD=VALUE specs, with
+    the fields' types as SGLang's ServerArgs declares them."""
+    from spectool.harness.bench.arms import arms, variant
 
-    assert _profile_requests(64, "lockstep", steps=260, out_len=128) == 64 * 6  # 2 + 3 + 1 waves
-    assert _profile_requests(64, "wave", steps=30, out_len=1024) == 64
-    assert _profile_requests(64, "staggered", steps=30, out_len=128) == _requests_for(64, "staggered")
+    base = arms(threshold=32)
+    types = {
+        "speculative_num_steps": "Optional[int]",
+        "speculative_eagle_topk": "Optional[int]",
+        "speculative_num_draft_tokens": "Optional[int]",
+        "speculative_num_steps_tiers": "Optional[List[int]]",
+        "speculative_num_steps_tier_boundaries": "Optional[List[int]]",
+        "speculative_adaptive": "bool",
+        "speculative_adaptive_config": "Optional[str]",
+    }
+    return {a.name: a for a in base[:2] + [variant(spec, base, types) for spec in specs]}
+
+
+def test_tokens_per_step_is_the_deepest_draft_any_tier_or_candidate_runs(tmp_path):
+    """A step gives a request at most its deepest draft plus the target's token: 1 without
+    speculation, steps + 1 on EAGLE-3 (its tiers never deeper), SGLang's own choice where
+    the steps are left to it (5 for a Llama target), the largest candidate of an adaptive
+    config (its file-wide keys skipped), and SGLang's default config's 7 without one. The
+    tokens SGLang reserves against the context are its own rule: max(top-k x steps, draft
+    tokens)."""
+    from spectool.harness.bench.arms import reserved_tokens, tokens_per_step
+
+    config = tmp_path / "adaptive.json"
+    config.write_text('{"1": {"candidate_steps": [1, 5]}, "64": {"candidate_steps": [0]}, "warmup_batches": 3}')
+    arms = _arms(
+        "S2=A1:speculative_num_steps=2;speculative_num_draft_tokens=3",
+        "TIER=A1:speculative_num_steps_tiers=3,1,0;speculative_num_steps_tier_boundaries=16,48",
+        "AUTO=A1:speculative_num_steps=off;speculative_eagle_topk=off;speculative_num_draft_tokens=off",
+        f"UP=A1:speculative_adaptive=true;speculative_adaptive_config={config}",
+        "UPD=A1:speculative_adaptive=true",
+        "BAD=A1:speculative_adaptive=true;speculative_adaptive_config=/nonexistent.json",
+    )
+    per_step = {name: tokens_per_step(a) for name, a in arms.items()}
+    assert per_step == {"A0": 1, "A1": 4, "S2": 3, "TIER": 4, "AUTO": 6, "UP": 6, "UPD": 8, "BAD": 8}
+    reserved = {name: reserved_tokens(a) for name, a in arms.items()}
+    assert reserved == {"A0": 0, "A1": 4, "S2": 3, "TIER": 4, "AUTO": 20, "UP": 4, "UPD": 4, "BAD": 4}
+
+
+def test_a_profile_load_outlasts_its_steps_at_the_longest_chain():
+    """Every arm gets the same load, sized for the arm that finishes a request in fewest
+    steps (EAGLE-3's 4 tokens a step), with 16 spare steps: a wave of 1024 tokens holds 30
+    steps, 300 need 1265 tokens; lockstep waves of 128 tokens last 32 steps each, so 260
+    steps take 9 waves and one more; the staggered load as many rounds per client. Plain
+    decoding alone needs fewer."""
+    from spectool.harness.bench.sweep import _requests_for, profile_out_len, profile_requests
+
+    arms = _arms()
+    both, a0 = [arms["A0"], arms["A1"]], [arms["A0"]]
+    assert profile_out_len("wave", 30, 128, 1024, both, 8192) == 1024
+    assert profile_out_len("wave", 300, 128, 1024, both, 8192) == 316 * 4 + 1
+    assert profile_out_len("lockstep", 260, 128, 128, both, 8192) == 128, "the given length elsewhere"
+    assert profile_requests(64, "wave", 300, 1265, both) == 64
+    assert profile_requests(64, "lockstep", 260, 128, both) == 64 * 10
+    assert profile_requests(64, "lockstep", 260, 128, a0) == 64 * 4  # 127 steps a wave: 3 and one more
+    assert profile_requests(64, "staggered", 260, 128, both) == 64 * 10
+    assert profile_requests(64, "staggered", 30, 128, a0) == _requests_for(64, "staggered"), "at least the sweep's"
+
+
+def test_a_profile_that_cannot_fit_the_targets_context_is_refused_with_what_fits():
+    """SGLang refuses a request whose prompt, output and reserved draft tokens pass the
+    context: such a profile is refused before any engine starts, with the most steps a wave
+    holds (8192 - 128 - 4 = 8060 output tokens: 2014 steps at 4 tokens, less 16 spare) or
+    the longest --out-len of the other loads."""
+    from spectool.errors import BadInputError
+    from spectool.harness.bench.sweep import profile_out_len
+
+    both = list(_arms().values())
+    with pytest.raises(BadInputError, match="profile at most 1998 steps in a wave, or use --profile-load lockstep"):
+        profile_out_len("wave", 2100, 128, 1024, both, 8192)
+    assert profile_out_len("wave", 1998, 128, 1024, both, 8192) <= 8192 - 128 - 4
+    with pytest.raises(BadInputError, match="give --out-len 8060 or less"):
+        profile_out_len("staggered", 30, 128, 8100, both, 8192)
 
 
 COPY, INDEX = "Memcpy DtoD (Device -> Device)", "void at::native::index_elementwise_kernel<128, 4>"

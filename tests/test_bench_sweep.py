@@ -14,11 +14,14 @@ import pytest
 from spectool.harness.bench import engines, sweep
 
 ENGINE = '''
-import asyncio, json, os, sys
+import asyncio, gzip, json, os, sys
 
 
 class Engine:
-    """Serves every request after a delay per token; speculative arms a little faster. One of
+    """A continuous-batching engine in miniature: arrivals wait for a prefill step, then every
+    running request gains its tokens per step (a speculative arm's whole chain: the bench
+    sizes its loads for that). Its profiler works as SGLang's: started for N forward steps,
+    it writes its trace at the first step past them, or when stopped. One of
     STUB_FAIL_AT_STEPS draft steps dies at start-up, as a CUDA graph capture that fails."""
 
     def __init__(self, **kw):
@@ -27,19 +30,46 @@ class Engine:
             os._exit(1)
         with open(os.environ["STUB_ENGINE_ARGS"], "a") as f:
             f.write(json.dumps({**kw, "stub_tree": os.environ.get("STUB_TREE")}) + "\\n")
-        self.per_token = 0.0002 if kw.get("speculative_algorithm") else 0.0003
         self.spec, self.profiles = bool(kw.get("speculative_algorithm")), 0
+        # A step takes 0.3 ms; a speculative one 0.8 ms for its chain of steps + 1 tokens.
+        self.tokens_per_step = int(kw.get("speculative_num_steps") or 0) + 1 if self.spec else 1
+        self.step_s = 0.0008 if self.spec else 0.0003
+        self.waiting, self.running, self.task = [], [], None
+        self.forward_ct, self.profiler = 0, None  # profiler: [output_dir, the step it ends at, first step]
 
     async def async_generate(self, input_ids, sampling_params, stream=False):
-        n = sampling_params["max_new_tokens"]
+        loop = asyncio.get_running_loop()
+        req = {"want": sampling_params["max_new_tokens"], "got": 0, "first": loop.create_future(),
+               "done": loop.create_future()}
+        self.waiting.append(req)
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self._serve())
 
         async def chunks():
-            await asyncio.sleep(0.002)
-            yield {"meta_info": {"completion_tokens": 1}}
-            await asyncio.sleep(self.per_token * n)
-            yield {"meta_info": {"completion_tokens": n}, "output_ids": [1] * n}
+            yield await req["first"]
+            yield await req["done"]
 
         return chunks()
+
+    async def _serve(self):
+        while self.waiting or self.running:
+            self.forward_ct += 1  # then the profiler's check, as SGLang's run_batch does
+            if self.profiler and self.forward_ct >= self.profiler[1]:
+                self._write_trace()
+            if self.waiting:  # a prefill step: each new request gets its first token
+                new, self.waiting = self.waiting, []
+                await asyncio.sleep(0.002)
+                for r in new:
+                    r["got"] = 1
+                    r["first"].set_result({"meta_info": {"completion_tokens": 1}})
+                self.running += new
+            else:
+                await asyncio.sleep(self.step_s)
+                for r in self.running:
+                    r["got"] = min(r["want"], r["got"] + self.tokens_per_step)
+            for r in [r for r in self.running if r["got"] >= r["want"]]:
+                self.running.remove(r)
+                r["done"].set_result({"meta_info": {"completion_tokens": r["want"]}, "output_ids": [1] * r["want"]})
 
     def generate(self, input_ids, sampling_params):
         return {"meta_info": {"completion_tokens": sampling_params["max_new_tokens"]}}
@@ -52,16 +82,24 @@ class Engine:
         return self
 
     async def start_profile(self, output_dir, num_steps, activities, with_stack, record_shapes):
-        """A trace as SGLang's profiler leaves it: decode steps annotated on the GPU, one
-        launch per kernel, the forward 5 ms and 3 kernels between two of them."""
-        import gzip
-        import sys
         self.profiles += 1
         if self.spec and self.profiles == int(os.environ.get("STUB_SPEC_OOM_AT_PROFILE", 0)):
             print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 224.00 MiB.", file=sys.stderr)
             os._exit(1)  # as the real engine's scheduler dies: no result, the process gone
+        self.profiler = [output_dir, self.forward_ct + num_steps, self.forward_ct]
+
+    async def stop_profile(self):
+        if self.profiler is None:
+            raise RuntimeError("Profiling is not in progress. Call /start_profile first.")
+        self._write_trace()
+
+    def _write_trace(self):
+        """A trace as SGLang's profiler leaves it: the steps it ran, decode steps annotated on
+        the GPU, one launch per kernel, the forward 5 ms and 3 kernels between two of them."""
+        output_dir, _, first = self.profiler
+        self.profiler = None
         ev, t = [], 0.0
-        for step in range(num_steps):
+        for step in range(self.forward_ct - first):
             ev.append({"ph": "X", "cat": "gpu_user_annotation", "name": "step[DECODE bs=8]", "ts": t, "dur": 5000})
             for i, (name, at, dur) in enumerate([("gemm", 0, 4990), ("argmax", 5010, 30), ("copy", 5050, 2),
                                                  ("resolve", 5060, 2)]):
@@ -451,7 +489,8 @@ def test_max_batch_sizes_the_engines_for_the_full_sweep_while_measuring_some_of_
         max_batch=8,
     )
     profiled = json.loads(stub_engines.read_text().splitlines()[-1])
-    assert profiled["cuda_graph_max_bs"] == 8 and profiled["max_total_tokens"] == engines.kv_pool_tokens(8, 4, 8)
+    # Its pool holds the profile's own load: a wave of 21 tokens (4 steps and 16 spare past the prefill).
+    assert profiled["cuda_graph_max_bs"] == 8 and profiled["max_total_tokens"] == engines.kv_pool_tokens(8, 4, 21)
 
 
 def test_a_profile_reduces_each_trace_and_keeps_an_excerpt(tmp_path, stub_engines):
@@ -480,6 +519,25 @@ def test_a_profile_reduces_each_trace_and_keeps_an_excerpt(tmp_path, stub_engine
     assert cut and not [e for e in cut if e.get("ph") == "s"]
     md = (out / "profile.md").read_text()
     assert "A2 against A0 at C=8 (wave 2)" in md and "Decode steps taken apart on the GPU" in md
+
+
+def test_a_profile_outlasts_its_steps_on_a_fast_engine_and_a_short_load_says_why(tmp_path, stub_engines, monkeypatch):
+    """--profile-load lockstep on engines that finish an 8-token wave in three forward steps:
+    the profile starts once the first wave is prefilled and its load holds the 40 steps, so
+    every arm has its trace (the old fixed two-second wait started it after the load, and
+    SGLang wrote none). A load cut short (here one wave) leaves no trace: the profiler is
+    stopped and the row says why, in profile.json and profile.md."""
+    kw = dict(threshold=4, concurrencies=[8], arm_names=["A0", "A1"], steps=40, out_len=8, prompt_len=4)
+    rows = sweep.profile(tmp_path / "full", load="lockstep", port_base=28100, **kw)
+    assert {name: r.get("error") for name, r in rows.items()} == {"A0@8": None, "A1@8": None}
+    assert rows["A1@8"]["anatomy"]["steps"] == 39, "40 annotated steps: 39 intervals"
+    monkeypatch.setattr(sweep, "profile_requests", lambda C, *args: C)
+    out = tmp_path / "short"
+    rows = sweep.profile(out, load="lockstep", port_base=28300, **kw)
+    why = rows["A1@8"]["error"]
+    assert why.startswith("no trace of 40 steps: the load (8 requests of 8 tokens at C=8) ended before SGLang's")
+    assert f"what the stopped profiler wrote is in {out / 'traces' / 'A1-C8'}" in why
+    assert why in (out / "profile.md").read_text() and json.loads((out / "profile.json").read_text())["rows"]
 
 
 def test_a_profile_of_more_arms_than_fit_the_gpu_runs_them_in_waves(tmp_path, stub_engines):

@@ -347,27 +347,54 @@ def _tokenizer_manager(tree, on_send):
     return manager, profile_type
 
 
+def _profile_calls(tree, **kw):
+    """worker.profiled on a BatchEngine of 8 clients, 16 requests of 40 tokens and 30 steps,
+    its profiler started and stopped through the release's own TokenizerManager: what reached
+    the scheduler's socket (the loop's time, the requests then running, the request), the
+    result and the engine."""
+    eng = BatchEngine()
+    calls = []
+    eng.tokenizer_manager, profile_type = _tokenizer_manager(
+        tree, lambda req: calls.append((asyncio.get_running_loop().time(), len(eng.running), req))
+    )
+    loop = _loop()
+    try:
+        res = loop.run_until_complete(worker.profiled(eng, 8, 16, 4, 40, 0, 1000, 30, **kw))
+    finally:
+        loop.close()
+    return calls, profile_type, res, eng
+
+
 @pytest.mark.network
-def test_staggered_profile_starts_when_the_ramp_is_done(cached_release):
+def test_staggered_profile_starts_when_the_ramp_is_done(cached_release, tmp_path):
     """`--profile-load staggered`: SGLang's profiler is started once, when the last ramp request
     completes, while the measured requests still run, so the profiled steps are the steady
     serving mix (decode steps and the prefills of arriving requests). The profiler is started
     through 0.5.12's own TokenizerManager.start_profile, whose START_PROFILE request reaches
     the scheduler's socket with the worker's settings."""
-    eng = BatchEngine()
-    calls = []
-    eng.tokenizer_manager, profile_type = _tokenizer_manager(
-        cached_release("0.5.12"), lambda req: calls.append((asyncio.get_running_loop().time(), len(eng.running), req))
-    )
-    loop = _loop()
-    try:
-        res = loop.run_until_complete(worker.profiled(eng, 8, 16, 4, 40, 0, 1000, 30, "/tmp/x", stagger=True))
-    finally:
-        loop.close()
-    assert len(calls) == 1 and calls[0][2].num_steps == 30 and calls[0][2].output_dir == "/tmp/x"
-    assert calls[0][2].type == profile_type.START_PROFILE
+    calls, profile_type, res, _ = _profile_calls(cached_release("0.5.12"), out_dir=str(tmp_path), stagger=True)
+    start = calls[0][2]
+    assert start.num_steps == 30 and start.output_dir == str(tmp_path) and start.type == profile_type.START_PROFILE
     assert calls[0][1] >= 6, "started while the load is still at (about) C in flight"
     assert res["stagger"] and res["n"] == 16
+
+
+@pytest.mark.network
+def test_a_wave_profile_starts_right_after_the_first_waves_prefill(cached_release, tmp_path):
+    """The wave and lockstep loads: the profiler starts when the first wave's prefill is done
+    (every request has its first token), before its first decode step, whatever the
+    engine's speed. It used to start after a fixed two seconds, by when a fast engine had
+    finished the wave and SGLang never wrote the trace. A load that ends before the
+    profiled steps (no trace in the folder, as SGLang leaves it) stops the profiler through
+    the release's stop_profile, so the next load is not profiled, and says so."""
+    calls, profile_type, res, eng = _profile_calls(cached_release("0.5.12"), out_dir=str(tmp_path))
+    (t_start, running, start), (_, _, stop) = calls
+    assert start.type == profile_type.START_PROFILE and start.num_steps == 30
+    assert t_start == eng.prefill and running == 8, "right after the first wave's prefill, all 8 running"
+    assert stop.type == profile_type.STOP_PROFILE and res["profile_stopped_early"]
+    (tmp_path / "x-TP-0.trace.json.gz").write_bytes(b"")  # the trace, written at the 30th step
+    calls, _, res, _ = _profile_calls(cached_release("0.5.12"), out_dir=str(tmp_path))
+    assert [c[2].type.name for c in calls] == ["START_PROFILE"] and "profile_stopped_early" not in res
 
 
 def test_host_cpu_readings_parse_proc_stat(tmp_path):

@@ -458,7 +458,8 @@ def _arm_trees(items) -> dict[str, str]:
     type=click.Choice(PROFILE_LOADS),
     default="wave",
     show_default=True,
-    help="wave: decode steps of one wave of 1024-token requests; lockstep: the sweep's own waves at "
+    help="wave: decode steps of one wave of requests of 1024 tokens or as many as the steps need; lockstep: the "
+    "sweep's own waves at "
     "--out-len, prefills and wave ends included (profile enough steps for whole waves, e.g. 260 at "
     "128); staggered: the sweep's steady load at --out-len, the prefills of arriving requests included.",
 )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..engine_compat import rendezvous_port, server_arg_value
 
@@ -122,3 +124,62 @@ def engine_kwargs(
         kw["speculative_disable_batch_size_threshold"] = arm.threshold
     kw.update(arm.extra)
     return kw
+
+
+# What SGLang drafts where the bench leaves a setting to it: its auto-chosen steps, top-k and
+# draft tokens for a Llama-architecture target with all three unset (server_args.py,
+# auto_choose_speculative_params), and the most steps of its DEFAULT_ADAPTIVE_CONFIG
+# (0.5.14 on: --speculative-adaptive without a config file).
+SGLANG_AUTO_SPEC = {"speculative_num_steps": 5, "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8}
+SGLANG_DEFAULT_ADAPTIVE_MAX_STEPS = 7
+
+
+def _speculative_settings(arm: Arm) -> dict | None:
+    """The arm's speculative server args as its engine gets them (engine_kwargs), a setting
+    left to SGLang at SGLang's choice; None for an arm without speculation."""
+    if not arm.spec:
+        return None
+    kw = engine_kwargs(arm, {"target": "", "draft": ""}, max_bs=1, max_total_tokens=1, port=0)
+    return {**kw, **{k: auto for k, auto in SGLANG_AUTO_SPEC.items() if kw.get(k) is None}}
+
+
+def _adaptive_max_steps(config) -> int:
+    """The most draft steps SGLang's adaptive steps may pick: the largest candidate of the
+    config file's batch-size slots (keys of digits; the others are file-wide settings), or
+    of SGLang's default config without a file. A file that cannot be read counts as the
+    default's."""
+    if not config:
+        return SGLANG_DEFAULT_ADAPTIVE_MAX_STEPS
+    try:
+        slots = json.loads(Path(config).read_text())
+        steps = [s for key, slot in slots.items() if key.isdigit() for s in slot.get("candidate_steps", ())]
+    except (OSError, ValueError, AttributeError):
+        return SGLANG_DEFAULT_ADAPTIVE_MAX_STEPS
+    return max(steps, default=0)
+
+
+def tokens_per_step(arm: Arm) -> int:
+    """The most output tokens one decode step can give a request on this arm's engine: 1
+    without speculation; else its deepest draft, all accepted, plus the target's own token.
+    The depth is the most of its step count, its tiers' and SGLang's adaptive candidates. A
+    load that must last N steps is sized with this: at full acceptance a request finishes
+    in that many times fewer steps than it has tokens."""
+    kw = _speculative_settings(arm)
+    if kw is None:
+        return 1
+    chain = max(
+        kw["speculative_num_steps"],
+        *(kw.get("speculative_num_steps_tiers") or ()),
+        _adaptive_max_steps(kw.get("speculative_adaptive_config")) if kw.get("speculative_adaptive") else 0,
+    )
+    return chain + 1
+
+
+def reserved_tokens(arm: Arm) -> int:
+    """The tokens SGLang counts against the context on top of a request's prompt and output
+    (TokenizerManager.num_reserved_tokens: EAGLE keeps a step's drafts in output slots): the
+    most of top-k times steps and the draft tokens; none without speculation."""
+    kw = _speculative_settings(arm)
+    if kw is None:
+        return 0
+    return max(kw["speculative_eagle_topk"] * kw["speculative_num_steps"], kw["speculative_num_draft_tokens"])

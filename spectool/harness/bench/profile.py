@@ -26,6 +26,13 @@ FLOW_PHASES = {"s", "t", "f"}  # chrome-trace flow events (arrows), not activity
 HOST_CATS = {"cpu_op", "user_annotation", "python_function"}
 
 
+def trace_files(folder) -> list[Path]:
+    """The traces SGLang's profiler wrote into `folder`, rank 0's first (`...-TP-0.trace.json.gz`;
+    under tensor parallelism each rank writes one)."""
+    found = sorted(Path(folder).glob("*.trace.json*"))
+    return sorted(found, key=lambda p: "TP-0" not in p.name)
+
+
 def load_events(path: Path) -> list[dict]:
     raw = Path(path).read_bytes()
     if raw[:2] == b"\x1f\x8b":

@@ -15,7 +15,7 @@ from pathlib import Path
 from ...errors import BadInputError
 from ..engine_compat import server_arg_annotations
 from . import analyze, engines, results
-from .arms import DEFAULT_ARMS
+from .arms import DEFAULT_ARMS, reserved_tokens, tokens_per_step
 from .arms import arms as make_arms
 from .arms import variant as make_variant
 from .models import DEFAULT_TARGET, TARGETS
@@ -99,16 +99,57 @@ def _requests_for(C: int, load: str = "lockstep", waves: float | None = None) ->
     return max(16, 2 * C) if C <= 64 else int(1.5 * C)
 
 
-def _profile_requests(C: int, load: str, steps: int, out_len: int) -> int:
-    """Requests for a profile: one wave; the staggered sweep's; or for lockstep, waves enough
-    for the profiler's warm-up (worker.profiled waits two seconds: two waves of 128 tokens at
-    C=64 on the H200) and `steps` forward steps (out_len - 1 decode steps and about one
-    prefill step per wave), and one more so the last profiled wave is not the drain."""
+# Decode steps a profile's load keeps past the profiled ones: SGLang counts from the step after
+# its start request arrives and writes the trace at the first step past the last, so a load
+# that ends before them leaves no trace (worker.profiled).
+PROFILE_SPARE_STEPS = 16
+
+
+def profile_out_len(load: str, steps: int, prompt_len: int, out_len: int, arm_list, context: int) -> int:
+    """The output tokens of each request of a profile's load: `out_len`, and for the wave at
+    least enough that one wave outlasts the profiled steps and the spare ones after its
+    prefill, even at the longest chain any arm drafts (arms.tokens_per_step: the same load
+    for every arm). Refused (BadInputError) where the request would not
+    fit the target's context as SGLang counts it (prompt, output and the tokens it reserves
+    for a step's drafts, arms.reserved_tokens), with the most that fits."""
+    per_step = max(tokens_per_step(a) for a in arm_list)
+    reserved = max(reserved_tokens(a) for a in arm_list)
+    room = context - prompt_len - reserved  # the most output tokens SGLang takes
+    if load != "wave":
+        if out_len > room:
+            raise BadInputError(
+                f"--profile-load {load}: requests of {prompt_len} + {out_len} tokens do not fit the target's "
+                f"context of {context} tokens with the {reserved} SGLang reserves for a step's drafts; give "
+                f"--out-len {max(room, 0)} or less."
+            )
+        return out_len
+    wanted = max(out_len, (steps + PROFILE_SPARE_STEPS) * per_step + 1)
+    if wanted > room:
+        most = max(0, (room - 1) // per_step - PROFILE_SPARE_STEPS)
+        raise BadInputError(
+            f"--profile {steps}: one wave must outlast {steps} + {PROFILE_SPARE_STEPS} spare decode steps at up "
+            f"to {per_step} tokens a step ({wanted} output tokens), but the target's context of {context} tokens "
+            f"holds {max(room, 0)} after the {prompt_len}-token prompt and the {reserved} tokens SGLang reserves "
+            f"for a step's drafts: profile at most {most} steps in a wave, or use --profile-load lockstep."
+        )
+    return wanted
+
+
+def profile_requests(C: int, load: str, steps: int, out_len: int, arm_list) -> int:
+    """Requests of a profile's load at C, so that it lasts the profiled steps and
+    PROFILE_SPARE_STEPS more after the profiler starts (worker.profiled: once the first
+    wave's prefills are done, or after the staggered ramp), even at the longest chain any
+    arm drafts, when a request takes fewest steps. wave: one wave (profile_out_len makes it
+    long enough). lockstep: whole waves for the steps and one more, so the last profiled
+    wave is not the drain. staggered: as many requests per client (at least the sweep's,
+    `_requests_for`), about half a round of which has run by the end of the ramp."""
+    if load == "wave":
+        return C
+    per_request = -(-(out_len - 1) // max(tokens_per_step(a) for a in arm_list))  # its fewest decode steps
+    rounds = -(-(steps + PROFILE_SPARE_STEPS) // max(per_request, 1)) + 1
     if load == "staggered":
-        return _requests_for(C, "staggered")
-    if load == "lockstep":
-        return C * (2 + -(-steps // out_len) + 1)
-    return C
+        return max(_requests_for(C, "staggered"), C * rounds)
+    return C * rounds
 
 
 def run(
@@ -593,6 +634,9 @@ def profile(
 
     max_bs = engine_batch(concurrencies, max_batch)
     arm_list = select_arms(threshold, max_bs, arm_names, variants, sglang_dir, arm_trees=arm_trees)
+    out_len = profile_out_len(
+        load, steps, prompt_len, out_len, arm_list, TARGETS[target].target["max_position_embeddings"]
+    )
     waves = plan_waves(arm_list, engines_per_gpu(target, max_engines))
     gpu_info("bench")
     out.mkdir(parents=True, exist_ok=True)
@@ -617,7 +661,7 @@ def profile(
                 tag = f"{C}" + (f"#{k + 1}" if k else "")
                 for arm in wave:
                     tdir = out / "traces" / f"{arm.name}-C{tag}"
-                    n = _profile_requests(C, load, steps, out_len)
+                    n = profile_requests(C, load, steps, out_len, arm_list)
                     res = engines.command(
                         procs[arm.name],
                         arm.name,
@@ -634,9 +678,14 @@ def profile(
                             "stagger": load == "staggered",
                         },
                     )
-                    traces = sorted(tdir.glob("*TP-0*.trace.json*")) or sorted(tdir.glob("*.trace.json*"))
-                    events = prof.load_events(traces[0]) if traces else []
-                    summary = prof.summarize(events, steps) if traces else {"error": "no trace written"}
+                    traces, events = prof.trace_files(tdir), []
+                    if res.get("profile_stopped_early"):
+                        summary = {"error": _no_trace(steps, C, n, out_len, tdir if traces else None)}
+                    elif not traces:
+                        summary = {"error": f"no trace written in {tdir} (the engine's log: {out / f'{arm.name}.log'})"}
+                    else:
+                        events = prof.load_events(traces[0])
+                        summary = prof.summarize(events, steps)
                     if events:  # the middle two steps, every event: the idle attribution can be re-read
                         cut = out / "excerpts" / prof.excerpt_name(arm.name, C, k)
                         cut.parent.mkdir(exist_ok=True)
@@ -668,6 +717,16 @@ def profile(
                             f"GPU busy {summary.get('gpu_busy_ms', 0):.2f} ms"
                         )
     return raw
+
+
+def _no_trace(steps: int, C: int, n: int, out_len: int, partial: Path | None) -> str:
+    """Why a profile has no trace although the engine ran its load: SGLang writes the trace at
+    the first step past the profiled ones, and this load ended first."""
+    kept = f"; what the stopped profiler wrote is in {partial}" if partial else ""
+    return (
+        f"no trace of {steps} steps: the load ({n} requests of {out_len} tokens at C={C}) ended before SGLang's "
+        f"profiler had run them, so it was stopped without a full trace{kept}"
+    )
 
 
 def _rotated(arm_list, rep):

@@ -43,12 +43,19 @@ async def closed_loop(
     small eager prefill between nearly every two decode steps: docs/bench.md). The
     window then runs from the last ramp completion to the last submission (drain excluded);
     without `stagger`, from the first completion. Too short a window (under `min_window_s`)
-    falls back to the whole run. `on_steady` (a coroutine function) is started when the last
-    ramp request completes."""
+    falls back to the whole run. `on_steady` (a coroutine function) is started once the load
+    is steady: when the last ramp request completes, or without `stagger` when the first
+    wave's prefills are done (each of its requests has its first token)."""
     rng = random.Random(seed)
     ramp = [max(1, out_len * (k + 1) // C) for k in range(C)] if stagger else []
     prompts = [[rng.randrange(10, vocab - 10) for _ in range(prompt_len)] for _ in range(n + len(ramp))]
     nxt, recs, ramp_ends, steady = 0, [], [], []
+    first_wave = [min(C, n)]  # without stagger: the first wave's requests still without a first token
+
+    def steady_now():
+        if on_steady is not None:
+            steady.append(asyncio.ensure_future(on_steady()))
+
     cpu0 = hostload.cpu_times()
     gpu = gpuclock.Sampler().start()
     t0 = time.perf_counter()
@@ -76,6 +83,10 @@ async def closed_loop(
         async for out in chunks:  # noqa: B007 - the last chunk is read after the loop
             if first is None:
                 first = time.perf_counter()
+                if not stagger and first_wave[0] > 0:
+                    first_wave[0] -= 1
+                    if first_wave[0] == 0:
+                        steady_now()
         end = time.perf_counter()
         m = out.get("meta_info", {})
         tokens = m.get("completion_tokens") or len(out.get("output_ids", []))
@@ -96,8 +107,8 @@ async def closed_loop(
             r = await request(prompts[n + k], ramp[k])
             ramp_ends.append(r["end"])
             recs.append({**r, "ramp": True})
-            if on_steady is not None and len(ramp_ends) == C:
-                steady.append(asyncio.ensure_future(on_steady()))
+            if len(ramp_ends) == C:
+                steady_now()
         while nxt < n:
             i = nxt
             nxt += 1
@@ -179,18 +190,20 @@ async def profiled(
     vocab: int,
     steps: int,
     out_dir: str,
-    warmup_s: float = 2.0,
     stagger: bool = False,
 ) -> dict:
     """SGLang's own profiler records `steps` forward steps (CPU and GPU activity) into
-    `out_dir`, during a closed loop of `n` requests. Default: one wave of long requests,
-    profiled once their prefills are done (after `warmup_s`): decode steps only. `stagger`:
-    closed_loop's staggered load, profiled from the end of its ramp: decode steps and the
-    prefills of arriving requests in their serving mix."""
+    `out_dir`, during a closed loop of `n` requests, from the moment the load is steady
+    (closed_loop's on_steady): in waves, once the first wave's prefills are done; staggered,
+    from the end of its ramp (decode steps and the prefills of arriving requests in their
+    serving mix). The load must outlast the steps (sweep.profile_requests sizes it):
+    SGLang writes the trace at the first forward step past them, so a load that ends sooner
+    leaves the profiler waiting. It is then stopped, which writes what it has, and the result
+    says so (`profile_stopped_early`), so that no later load is profiled by accident."""
+    from ..engine_compat import start_profile
+    from .profile import trace_files
 
     def start():
-        from ..engine_compat import start_profile
-
         return start_profile(
             engine.tokenizer_manager,
             output_dir=out_dir,
@@ -200,12 +213,14 @@ async def profiled(
             record_shapes=False,
         )
 
-    if stagger:
-        return await closed_loop(engine, C, n, prompt_len, out_len, seed, vocab, stagger=True, on_steady=start)
-    run = asyncio.ensure_future(closed_loop(engine, C, n, prompt_len, out_len, seed, vocab))
-    await asyncio.wait([run], timeout=warmup_s)  # a load already over has no prefills left to wait for
-    await start()
-    return await run
+    res = await closed_loop(engine, C, n, prompt_len, out_len, seed, vocab, stagger=stagger, on_steady=start)
+    if not trace_files(out_dir):
+        try:
+            await engine.tokenizer_manager.stop_profile()
+        except RuntimeError:  # not in progress: it never started
+            pass
+        res["profile_stopped_early"] = True
+    return res
 
 
 # An engine's first load at a concurrency often runs slower: on the H200, A1's rep 0 was
