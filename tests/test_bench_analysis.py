@@ -488,6 +488,26 @@ def test_runs_of_two_engines_compared_run_by_run():
     assert "| 4 | 1.000 (0.980-1.020, 5) |" in one and "rank-sum" not in one
 
 
+def test_a_pooled_tiers_folder_gives_the_goals_figure_as_the_median_of_runs(tmp_path, load_tool):
+    """goals.md of a folder pooled from runs on fresh engines: per C, the median over the runs
+    of the tiered arm over that run's fastest fixed configuration, and in how many runs it
+    was below 1. A run that did not measure every fixed configuration there is left out of
+    that figure (its fastest would be of fewer), not of its own column."""
+    runs = {
+        "r0": {"TIER": 990, "A0": 500, "A1": 950, "S2": 1000},
+        "r1": {"TIER": 1020, "A0": 500, "A1": 990, "S2": 1000},
+        "r2": {"TIER": 980, "A0": 500, "A1": 1000, "S2": 990},
+        "r3": {"TIER": 1100, "A1": 1000},
+    }
+    cells = [cell(arm, 32, v, source=run) for run, arms in runs.items() for arm, v in arms.items()]
+    (tmp_path / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cells))
+    (tmp_path / "bench-results.json").write_text(json.dumps({"acc_len": 3.0}))
+    md = load_tool("compare_upstream").tier_goals_markdown(tmp_path)
+    assert "| C | r0 | r1 | r2 | r3 | median of runs | between runs |" in md
+    row = next(line for line in md.splitlines() if line.startswith("| 32 | A0"))
+    assert row.split(" | ")[4:6] == ["A1 1.100", "0.990 (2 of 3)"], row
+
+
 def test_transition_phases_are_compared_with_their_own_reference(tmp_path):
     """A phase is judged against the same (C, n) run on its own, not against the sweep's
     median at another request count; results without a reference fall back to it."""

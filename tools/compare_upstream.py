@@ -16,6 +16,7 @@ tiers derived at one acceptance, run at another (from the fixed configurations' 
 """
 
 from pathlib import Path
+from statistics import median
 
 from spectool.harness.bench import analyze
 
@@ -173,25 +174,33 @@ def tier_goals_markdown(folder: Path) -> str:
 
 def _run_by_run(cells, acc_len, tiered, fixed_arms, concurrencies) -> list[str]:
     """For a folder pooled from several runs: per C, the tiered arm's median over each fixed
-    configuration's within each run, and how far each arm's median moved between the runs
-    (highest over lowest): whether a gap to a fixed configuration outlasts fresh engines."""
+    configuration's within each run; the goal's figure, the median over the runs of the
+    tiered arm over that run's fastest fixed configuration, and in how many runs it was
+    below 1; and how far each arm's median moved between the runs (highest over lowest):
+    whether a gap to a fixed configuration outlasts fresh engines. The goal's figure counts
+    only the runs that measured every fixed configuration at that C."""
     runs = {analyze.run_name(r): analyze.medians(cs, acc_len) for r, cs in analyze.cells_by_run(cells).items()}
     if len(runs) < 2:
         return []
     lines = [
         "",
-        f"Run by run: {tiered} over each fixed configuration of the same run, and each arm's median "
-        "between the runs (highest / lowest):",
+        f"Run by run: {tiered} over each fixed configuration of the same run, the median over the runs of "
+        f"{tiered} over the run's fastest (in how many runs it is below 1), and each arm's median between the "
+        "runs (highest / lowest):",
         "",
-        "| C | " + " | ".join(runs) + " | between runs |",
-        "|" + "---|" * (len(runs) + 2),
+        "| C | " + " | ".join(runs) + " | median of runs | between runs |",
+        "|" + "---|" * (len(runs) + 3),
     ]
     arms = [tiered, *fixed_arms]
     for C in concurrencies:
-        row = [str(C)]
+        row, to_fastest = [str(C)], []
         for m in runs.values():
-            own = [f"{a} {m[(tiered, C)]['median'] / m[(a, C)]['median']:.3f}" for a in fixed_arms if (a, C) in m]
-            row.append(", ".join(own) if (tiered, C) in m and own else "-")
+            own = {a: m[(tiered, C)]["median"] / m[(a, C)]["median"] for a in fixed_arms if (a, C) in m}
+            row.append(", ".join(f"{a} {r:.3f}" for a, r in own.items()) if (tiered, C) in m and own else "-")
+            if (tiered, C) in m and len(own) == len(fixed_arms):
+                to_fastest.append(min(own.values()))  # over the fastest: the smallest ratio
+        below = sum(r < 1 for r in to_fastest)
+        row.append(f"{median(to_fastest):.3f} ({below} of {len(to_fastest)})" if to_fastest else "-")
         spread = []
         for a in arms:
             vals = [m[(a, C)]["median"] for m in runs.values() if (a, C) in m]
