@@ -278,7 +278,20 @@ def test_the_tier_rule_on_ties_noise_and_missing_arms():
         "speculative_num_steps_tiers=2,1;speculative_num_steps_tier_boundaries=16",
     )
     never = analyze.suggest_tiers(_configs({1: (100, 90, 80, 70)}), [1])
-    assert never["tiers"] == [0] and never["why"] == "speculation never wins: serve without it"
+    assert never["tiers"] == [0]
+    assert never["why"] == "speculation is slower than plain decoding at every C measured: serve without speculation"
+    # Plain decoding leads at C=1 and a draft at C=32: the rule keeps plain decoding, and says
+    # that it is the rule, naming what is faster where (never "speculation never wins").
+    kept = analyze.suggest_tiers(_configs({1: (100, 90, 80, 70), 32: (100, 90, 120, 110)}), [1, 32])
+    assert kept["tiers"] == [0] and kept["against_the_rule"] == [32]
+    assert kept["why"] == (
+        "the rule keeps no speculation at every C measured, since it leads at C=1 and the rule never returns to "
+        "a longer draft as the batch grows: serve without speculation; faster there: 2 draft steps at C=32"
+    )
+    assert analyze.suggest_threshold(_configs({1: (100, 90, 80, 70), 32: (100, 90, 80, 120)}), [1, 32])["why"] == (
+        "the rule keeps plain decoding at every C measured, since it leads at C=1 and the rule never returns to "
+        "a longer draft as the batch grows: always fall back; faster there: EAGLE-3 at C=32"
+    )
     # Other arm names, given.
     named = {
         ("base", 1): {"median": 1},

@@ -370,8 +370,9 @@ def per_run_markdown(per_run: dict, concurrencies: list[int]) -> str:
 def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:
     """The rule: speculate while it wins. Walking up the measured concurrencies, T is the
     last C at which EAGLE-3 (A1) is at least as fast as no speculation (A0) before the first
-    C where it loses; a decode batch of more than T requests then falls back. 0 when
-    speculation never wins; None when A0 and A1 share no measured C (a run cut off before
+    C where it loses; a decode batch of more than T requests then falls back. 0 when it
+    loses at the smallest C (`why` names any larger C where it wins); None when A0 and A1
+    share no measured C (a run cut off before
     one of them measured anything), which says nothing about who wins.
 
     The crossover lies somewhere between T and that first loss, and the rule places T at its
@@ -381,7 +382,7 @@ def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:
     step."""
     # The tiers' rule with two configurations: EAGLE-3's chain and no speculation.
     tiers = suggest_tiers(m, concurrencies, {1: "A1", 0: "A0"})
-    if len(tiers["arms"]) < 2 or not tiers["rows"]:  # nothing to compare: no T, not "never wins"
+    if len(tiers["arms"]) < 2 or not tiers["rows"]:  # nothing to compare: no T, not 0
         return {
             "threshold": None,
             "wins": [],
@@ -397,7 +398,7 @@ def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:
     first_loss = next((C for C in measured if C > T), None)
     refine = refine_between(T, first_loss) if T and first_loss and first_loss > 1.25 * T else []
     why = (
-        "speculation never wins: always fall back"
+        _rule_keeps(tiers["rows"], "always fall back", lambda s: "EAGLE-3" if s else "plain decoding")
         if T == 0
         else f"EAGLE-3 is at least as fast as plain decoding up to C={T} and slower above"
         if first_loss
@@ -445,9 +446,7 @@ def suggest_tiers(m: dict, concurrencies: list[int], arms: dict[int, str] | None
     fastest_everywhere = (
         "no C at which every configuration was measured"
         if not spans
-        else f"{steps_label(spans[0][0])} is the fastest at every C measured: no tiers"
-        if spans[0][0]
-        else "speculation never wins: serve without it"
+        else _rule_keeps(rows, "no tiers" if spans[0][0] else "serve without speculation")
     )
     return {
         "arms": present,
@@ -455,6 +454,27 @@ def suggest_tiers(m: dict, concurrencies: list[int], arms: dict[int, str] | None
         **_schedule(spans, fastest_everywhere),
         "against_the_rule": [r["C"] for r in rows if r["fastest"] > r["tier"]],
     }
+
+
+def _rule_keeps(rows: list[dict], then: str, label=None) -> str:
+    """Why the tier rule keeps one configuration at every C (`rows` of suggest_tiers, all in
+    one tier), and `then`, what follows: that configuration is the fastest at every C, or it
+    leads at the smallest C and the rule, which never returns to a longer draft as the batch
+    grows, leaves out the longer draft that is faster at a larger C (named with where).
+    Never "speculation never wins" where it does win somewhere. `label` names a step count
+    (steps_label by default)."""
+    label = label or steps_label
+    kept = rows[0]["tier"]
+    faster = [r for r in rows if r["fastest"] > kept]
+    if not faster:
+        if kept == 0:
+            return f"speculation is slower than plain decoding at every C measured: {then}"
+        return f"{label(kept)} is the fastest at every C measured: {then}"
+    where = ", ".join(f"{label(r['fastest'])} at C={r['C']}" for r in faster)
+    return (
+        f"the rule keeps {label(kept)} at every C measured, since it leads at C={rows[0]['C']} and the rule never "
+        f"returns to a longer draft as the batch grows: {then}; faster there: {where}"
+    )
 
 
 def suggest_tiers_across(ms: dict, concurrencies: list[int], arms: dict[int, str] | None = None) -> dict:
