@@ -225,13 +225,15 @@ def test_tokens_per_step_is_the_deepest_draft_any_tier_or_candidate_runs(tmp_pat
     """A step gives a request at most its deepest draft plus the target's token: 1 without
     speculation, steps + 1 on EAGLE-3 (its tiers never deeper), SGLang's own choice where
     the steps are left to it (5 for a Llama target), the largest candidate of an adaptive
-    config (its file-wide keys skipped), and SGLang's default config's 7 without one. The
-    tokens SGLang reserves against the context are its own rule: max(top-k x steps, draft
-    tokens)."""
+    config (per batch-size slot, its file-wide keys skipped, or 0.5.12's one list), and
+    SGLang's default config's 7 without one. The tokens SGLang reserves against the context
+    are its rule at its largest over the releases: max(top-k x steps, draft tokens)."""
     from spectool.harness.bench.arms import reserved_tokens, tokens_per_step
 
     config = tmp_path / "adaptive.json"
     config.write_text('{"1": {"candidate_steps": [1, 5]}, "64": {"candidate_steps": [0]}, "warmup_batches": 3}')
+    flat = tmp_path / "adaptive-0.5.12.json"  # 0.5.12 reads one list for every batch size
+    flat.write_text('{"candidate_steps": [1, 2, 6], "warmup_batches": 3}')
     arms = _arms(
         "S2=A1:speculative_num_steps=2;speculative_num_draft_tokens=3",
         "TIER=A1:speculative_num_steps_tiers=3,1,0;speculative_num_steps_tier_boundaries=16,48",
@@ -239,11 +241,13 @@ def test_tokens_per_step_is_the_deepest_draft_any_tier_or_candidate_runs(tmp_pat
         f"UP=A1:speculative_adaptive=true;speculative_adaptive_config={config}",
         "UPD=A1:speculative_adaptive=true",
         "BAD=A1:speculative_adaptive=true;speculative_adaptive_config=/nonexistent.json",
+        f"FLAT=A1:speculative_adaptive=true;speculative_adaptive_config={flat}",
     )
     per_step = {name: tokens_per_step(a) for name, a in arms.items()}
-    assert per_step == {"A0": 1, "A1": 4, "S2": 3, "TIER": 4, "AUTO": 6, "UP": 6, "UPD": 8, "BAD": 8}
+    assert per_step == {"A0": 1, "A1": 4, "S2": 3, "TIER": 4, "AUTO": 6, "UP": 6, "UPD": 8, "BAD": 8, "FLAT": 7}
+    # From 0.5.14 SGLang reserves an adaptive engine's largest candidate + 1 draft tokens.
     reserved = {name: reserved_tokens(a) for name, a in arms.items()}
-    assert reserved == {"A0": 0, "A1": 4, "S2": 3, "TIER": 4, "AUTO": 20, "UP": 4, "UPD": 4, "BAD": 4}
+    assert reserved == {"A0": 0, "A1": 4, "S2": 3, "TIER": 4, "AUTO": 20, "UP": 6, "UPD": 8, "BAD": 8, "FLAT": 7}
 
 
 def test_a_profile_load_outlasts_its_steps_at_the_longest_chain():

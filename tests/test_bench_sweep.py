@@ -14,7 +14,7 @@ import pytest
 from spectool.harness.bench import engines, sweep
 
 ENGINE = '''
-import asyncio, gzip, json, os, sys
+import asyncio, gzip, json, os, sys, time
 
 
 class Engine:
@@ -110,7 +110,7 @@ class Engine:
             ev.append({"ph": "s", "cat": "ac2g", "name": "ac2g", "ts": t, "id": step})
             t += 5100
         os.makedirs(output_dir, exist_ok=True)
-        with open(os.path.join(output_dir, "stub-TP-0.trace.json.gz"), "wb") as f:
+        with open(os.path.join(output_dir, f"{time.time()}-TP-0.trace.json.gz"), "wb") as f:  # SGLang's naming
             f.write(gzip.compress(json.dumps({"traceEvents": ev}).encode()))
 '''
 
@@ -526,13 +526,14 @@ def test_a_profile_outlasts_its_steps_on_a_fast_engine_and_a_short_load_says_why
     the profile starts once the first wave is prefilled and its load holds the 40 steps, so
     every arm has its trace (the old fixed two-second wait started it after the load, and
     SGLang wrote none). A load cut short (here one wave) leaves no trace: the profiler is
-    stopped and the row says why, in profile.json and profile.md."""
+    stopped and the row says why, in profile.json and profile.md, also where the folder
+    holds an earlier run's traces."""
     kw = dict(threshold=4, concurrencies=[8], arm_names=["A0", "A1"], steps=40, out_len=8, prompt_len=4)
-    rows = sweep.profile(tmp_path / "full", load="lockstep", port_base=28100, **kw)
+    out = tmp_path / "profile"
+    rows = sweep.profile(out, load="lockstep", port_base=28100, **kw)
     assert {name: r.get("error") for name, r in rows.items()} == {"A0@8": None, "A1@8": None}
     assert rows["A1@8"]["anatomy"]["steps"] == 39, "40 annotated steps: 39 intervals"
     monkeypatch.setattr(sweep, "profile_requests", lambda C, *args: C)
-    out = tmp_path / "short"
     rows = sweep.profile(out, load="lockstep", port_base=28300, **kw)
     why = rows["A1@8"]["error"]
     assert why.startswith("no trace of 40 steps: the load (8 requests of 8 tokens at C=8) ended before SGLang's")

@@ -347,16 +347,19 @@ def _tokenizer_manager(tree, on_send):
     return manager, profile_type
 
 
-def _profile_calls(tree, **kw):
+def _profile_calls(tree, on_send=lambda req: None, **kw):
     """worker.profiled on a BatchEngine of 8 clients, 16 requests of 40 tokens and 30 steps,
     its profiler started and stopped through the release's own TokenizerManager: what reached
     the scheduler's socket (the loop's time, the requests then running, the request), the
-    result and the engine."""
+    result and the engine. `on_send` sees each request as the scheduler would."""
     eng = BatchEngine()
     calls = []
-    eng.tokenizer_manager, profile_type = _tokenizer_manager(
-        tree, lambda req: calls.append((asyncio.get_running_loop().time(), len(eng.running), req))
-    )
+
+    def send(req):
+        calls.append((asyncio.get_running_loop().time(), len(eng.running), req))
+        on_send(req)
+
+    eng.tokenizer_manager, profile_type = _tokenizer_manager(tree, send)
     loop = _loop()
     try:
         res = loop.run_until_complete(worker.profiled(eng, 8, 16, 4, 40, 0, 1000, 30, **kw))
@@ -392,9 +395,19 @@ def test_a_wave_profile_starts_right_after_the_first_waves_prefill(cached_releas
     assert start.type == profile_type.START_PROFILE and start.num_steps == 30
     assert t_start == eng.prefill and running == 8, "right after the first wave's prefill, all 8 running"
     assert stop.type == profile_type.STOP_PROFILE and res["profile_stopped_early"]
-    (tmp_path / "x-TP-0.trace.json.gz").write_bytes(b"")  # the trace, written at the 30th step
-    calls, _, res, _ = _profile_calls(cached_release("0.5.12"), out_dir=str(tmp_path))
+    # A scheduler that writes the trace during the load (SGLang: at its 30th step), into a
+    # folder that holds the stopped profile's: the load's own trace counts, no stop is sent.
+    (tmp_path / "1.0-TP-0.trace.json.gz").write_bytes(b"")
+
+    def write_trace(req):
+        (tmp_path / "2.0-TP-0.trace.json.gz").write_bytes(b"")
+
+    calls, _, res, _ = _profile_calls(cached_release("0.5.12"), write_trace, out_dir=str(tmp_path))
     assert [c[2].type.name for c in calls] == ["START_PROFILE"] and "profile_stopped_early" not in res
+    # The stale trace alone: this load wrote none, so the profiler is stopped.
+    (tmp_path / "2.0-TP-0.trace.json.gz").unlink()
+    calls, _, res, _ = _profile_calls(cached_release("0.5.12"), out_dir=str(tmp_path))
+    assert [c[2].type.name for c in calls] == ["START_PROFILE", "STOP_PROFILE"] and res["profile_stopped_early"]
 
 
 def test_host_cpu_readings_parse_proc_stat(tmp_path):

@@ -145,17 +145,20 @@ def _speculative_settings(arm: Arm) -> dict | None:
 
 def _adaptive_max_steps(config) -> int:
     """The most draft steps SGLang's adaptive steps may pick: the largest candidate of the
-    config file's batch-size slots (keys of digits; the others are file-wide settings), or
-    of SGLang's default config without a file. A file that cannot be read counts as the
-    default's."""
+    config file, whether one list (`candidate_steps`, as 0.5.12 reads it) or one per
+    batch-size slot (keys of digits, 0.5.14 on; other keys are file-wide settings), else
+    of SGLang's default config. A file that cannot be read counts as the default's."""
     if not config:
         return SGLANG_DEFAULT_ADAPTIVE_MAX_STEPS
     try:
-        slots = json.loads(Path(config).read_text())
-        steps = [s for key, slot in slots.items() if key.isdigit() for s in slot.get("candidate_steps", ())]
-    except (OSError, ValueError, AttributeError):
+        cfg = json.loads(Path(config).read_text())
+        lists = [cfg.get("candidate_steps") or ()] + [
+            slot.get("candidate_steps") or () for key, slot in cfg.items() if key.isdigit()
+        ]
+        steps = [int(s) for candidates in lists for s in candidates]
+    except (OSError, ValueError, TypeError, AttributeError):
         return SGLANG_DEFAULT_ADAPTIVE_MAX_STEPS
-    return max(steps, default=0)
+    return max(steps, default=SGLANG_DEFAULT_ADAPTIVE_MAX_STEPS)
 
 
 def tokens_per_step(arm: Arm) -> int:
@@ -176,10 +179,14 @@ def tokens_per_step(arm: Arm) -> int:
 
 
 def reserved_tokens(arm: Arm) -> int:
-    """The tokens SGLang counts against the context on top of a request's prompt and output
-    (TokenizerManager.num_reserved_tokens: EAGLE keeps a step's drafts in output slots): the
-    most of top-k times steps and the draft tokens; none without speculation."""
+    """At least the tokens SGLang counts against the context on top of a request's prompt and
+    output (TokenizerManager.num_reserved_tokens: EAGLE keeps a step's drafts in output
+    slots): top-k times the steps, or the draft tokens, whichever is more. Both are taken at
+    their largest over the releases: the deepest draft of tokens_per_step (0.5.14 on counts
+    adaptive candidates as draft tokens) and, with top-k 1, its chain's steps + 1 (SGLang
+    sets the draft tokens so). None without speculation."""
     kw = _speculative_settings(arm)
     if kw is None:
         return 0
-    return max(kw["speculative_eagle_topk"] * kw["speculative_num_steps"], kw["speculative_num_draft_tokens"])
+    per_step = tokens_per_step(arm)
+    return max(kw["speculative_eagle_topk"] * (per_step - 1), kw["speculative_num_draft_tokens"], per_step)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,9 +100,10 @@ def _requests_for(C: int, load: str = "lockstep", waves: float | None = None) ->
     return max(16, 2 * C) if C <= 64 else int(1.5 * C)
 
 
-# Decode steps a profile's load keeps past the profiled ones: SGLang counts from the step after
-# its start request arrives and writes the trace at the first step past the last, so a load
-# that ends before them leaves no trace (worker.profiled).
+# Decode steps a profile's load keeps past the profiled ones: SGLang counts its steps from the
+# forward count at its start request and writes the trace at the forward N (0.5.12-0.5.15) or
+# N + 1 (0.5.16 on) steps later, so a load that ends before them leaves no trace
+# (worker.profiled).
 PROFILE_SPARE_STEPS = 16
 
 
@@ -661,6 +663,7 @@ def profile(
                 tag = f"{C}" + (f"#{k + 1}" if k else "")
                 for arm in wave:
                     tdir = out / "traces" / f"{arm.name}-C{tag}"
+                    shutil.rmtree(tdir, ignore_errors=True)  # a folder profiled again: this run's trace only
                     n = profile_requests(C, load, steps, out_len, arm_list)
                     res = engines.command(
                         procs[arm.name],

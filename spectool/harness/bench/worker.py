@@ -199,7 +199,8 @@ async def profiled(
     serving mix). The load must outlast the steps (sweep.profile_requests sizes it):
     SGLang writes the trace at the first forward step past them, so a load that ends sooner
     leaves the profiler waiting. It is then stopped, which writes what it has, and the result
-    says so (`profile_stopped_early`), so that no later load is profiled by accident."""
+    says so (`profile_stopped_early`), so that no later load is profiled by accident. Only a
+    trace this load wrote counts: SGLang names each by its start time."""
     from ..engine_compat import start_profile
     from .profile import trace_files
 
@@ -213,8 +214,9 @@ async def profiled(
             record_shapes=False,
         )
 
+    before = set(trace_files(out_dir))
     res = await closed_loop(engine, C, n, prompt_len, out_len, seed, vocab, stagger=stagger, on_steady=start)
-    if not trace_files(out_dir):
+    if not set(trace_files(out_dir)) - before:
         try:
             await engine.tokenizer_manager.stop_profile()
         except RuntimeError:  # not in progress: it never started
