@@ -257,10 +257,16 @@ def test_the_tiers_as_upstreams_adaptive_config_route_every_batch_alike(cached_r
 
 def test_the_tier_rule_on_ties_noise_and_missing_arms():
     # Ties keep the longer draft; a longer draft winning after a shorter one took over is
-    # listed, and the tier stays the shorter one.
+    # served (3 steps again at C=8); a draft winning after plain decoding took over is listed,
+    # and the tier stays plain decoding, the fallback's, the last.
     m = _configs({1: (100, 120, 150, 150), 4: (100, 130, 120, 110), 8: (100, 110, 105, 130), 16: (120, 100, 90, 80)})
     res = analyze.suggest_tiers(m, [1, 4, 8, 16])
-    assert (res["tiers"], res["boundaries"], res["against_the_rule"]) == ([3, 1, 0], [1, 8], [8])
+    assert (res["tiers"], res["boundaries"], res["against_the_rule"]) == ([3, 1, 3, 0], [1, 4, 8], [])
+    assert res["flags"] == (
+        "--speculative-num-steps 3 --speculative-num-steps-tiers 3,1,3,0 --speculative-num-steps-tier-boundaries 1,4,8"
+    )
+    late = analyze.suggest_tiers({**m, **_configs({32: (100, 90, 120, 110)})}, [1, 4, 8, 16, 32])
+    assert (late["tiers"], late["boundaries"], late["against_the_rule"]) == ([3, 1, 3, 0], [1, 4, 8], [32])
     # Only A0 and A1 measured: the threshold's rule (T = 32 on this sweep), as flags for tiers.
     only = {k: v for k, v in m.items() if k[0] in ("A0", "A1")}
     assert analyze.suggest_tiers(only, [1, 4, 8, 16])["arms"] == {3: "A1", 0: "A0"}
@@ -280,17 +286,18 @@ def test_the_tier_rule_on_ties_noise_and_missing_arms():
     never = analyze.suggest_tiers(_configs({1: (100, 90, 80, 70)}), [1])
     assert never["tiers"] == [0]
     assert never["why"] == "speculation is slower than plain decoding at every C measured: serve without speculation"
-    # Plain decoding leads at C=1 and a draft at C=32: the rule keeps plain decoding, and says
-    # that it is the rule, naming what is faster where (never "speculation never wins").
+    # Plain decoding leads at C=1 and a draft at C=32: the rule keeps plain decoding (the
+    # fallback is the last tier), and says that it is the rule, naming what is faster where
+    # (never "speculation never wins").
     kept = analyze.suggest_tiers(_configs({1: (100, 90, 80, 70), 32: (100, 90, 120, 110)}), [1, 32])
     assert kept["tiers"] == [0] and kept["against_the_rule"] == [32]
     assert kept["why"] == (
-        "the rule keeps no speculation at every C measured, since it leads at C=1 and the rule never returns to "
-        "a longer draft as the batch grows: serve without speculation; faster there: 2 draft steps at C=32"
+        "the rule keeps no speculation at every C measured, since it leads at C=1 and the rule drafts no more "
+        "after plain decoding: serve without speculation; faster there: 2 draft steps at C=32"
     )
     assert analyze.suggest_threshold(_configs({1: (100, 90, 80, 70), 32: (100, 90, 80, 120)}), [1, 32])["why"] == (
-        "the rule keeps plain decoding at every C measured, since it leads at C=1 and the rule never returns to "
-        "a longer draft as the batch grows: always fall back; faster there: EAGLE-3 at C=32"
+        "the rule keeps plain decoding at every C measured, since it leads at C=1 and the rule drafts no more "
+        "after plain decoding: always fall back; faster there: EAGLE-3 at C=32"
     )
     # Other arm names, given.
     named = {
@@ -387,8 +394,9 @@ def test_one_schedule_for_several_acceptances_has_the_highest_worst_ratio():
 
 
 def _every_schedule_best(ratios: list[dict]) -> list[int]:
-    """The schedule suggest_tiers_across wants, by trying every one whose steps only fall:
-    the highest lowest ratio, then the highest exact sum, then the longer drafts first."""
+    """The schedule suggest_tiers_across wants, by trying every one the tiers serve (no draft
+    after plain decoding): the highest lowest ratio, then the highest exact sum, then the
+    longer drafts first."""
     from fractions import Fraction
 
     def key(sch):
@@ -396,8 +404,10 @@ def _every_schedule_best(ratios: list[dict]) -> list[int]:
         return min(rs), sum(map(Fraction, rs)), sch
 
     steps = sorted(ratios[0])
-    falling = (sch for sch in itertools.product(steps, repeat=len(ratios)) if all(b <= a for a, b in zip(sch, sch[1:])))
-    return list(max(falling, key=key))
+    served = (
+        sch for sch in itertools.product(steps, repeat=len(ratios)) if all(a or not b for a, b in zip(sch, sch[1:]))
+    )
+    return list(max(served, key=key))
 
 
 def test_one_schedule_is_the_best_of_every_schedule():

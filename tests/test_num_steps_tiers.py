@@ -143,6 +143,11 @@ def test_each_tier_captures_the_graph_sizes_of_the_batches_it_serves(tiers_class
     # No size holds 100: every size from the tier's smallest batch up (above: eager).
     assert tiers_class(steps=(3, 1), boundaries=(100,)).graph_sizes(sizes, 0) == sizes
     assert tiers_class(steps=(3, 1), boundaries=(100,), hysteresis=10).graph_sizes(sizes, 1) == []
+    # A step count that serves two ranges (2,3,2,0: 2 steps up to 8 and again from 22 to 64)
+    # has the graphs of both; one that serves one range has that range's.
+    again = tiers_class(steps=(2, 3, 2, 0), boundaries=(8, 24, 64), hysteresis=3)
+    assert again.step_graph_sizes(sizes, 2) == [1, 2, 4, 8, 24, 32, 48, 80]
+    assert again.step_graph_sizes(sizes, 3) == [8, 12, 16, 24] == tiers.step_graph_sizes(sizes, 2)
 
 
 # -- the flags ---------------------------------------------------------------------------------
@@ -191,14 +196,19 @@ def _validate(args):
         (dict(speculative_num_steps_tier_boundaries=[16.0, 48]), "tier-boundaries takes whole numbers"),
         (
             dict(speculative_num_steps_tiers=[0, 1, 3]),
-            "each fewer than the one before and none below 0 (e.g. 3,1,0), got 0,1,3",
+            "none below 0, and 0 (the fallback) only as the last (e.g. 3,1,0 or 2,3,2,0), got 0,1,3",
         ),
-        (dict(speculative_num_steps_tiers=[3, 3, 0]), "each fewer than the one before"),
+        (dict(speculative_num_steps_tiers=[3, 3, 0]), "each different from the one before"),
         (dict(speculative_num_steps_tiers=[3], speculative_num_steps_tier_boundaries=[]), "two or more step counts"),
         (dict(speculative_num_steps_tiers=[1, -1]), "none below 0"),
+        (dict(speculative_num_steps_tiers=[1, 3, -1]), "none below 0"),
         (
             dict(speculative_num_steps_tiers=[4, 1, 0]),
             "at most --speculative-num-steps steps (the KV cache is allocated",
+        ),
+        (
+            dict(speculative_num_steps_tiers=[2, 4, 0]),
+            "got a tier of 4 with --speculative-num-steps 3",
         ),
         (
             dict(speculative_num_steps_tier_boundaries=[16]),
@@ -306,11 +316,14 @@ def test_the_validation_accepts_and_sets_tier_zero_s_threshold(args_cls, caplog)
     for kw in (
         dict(speculative_num_steps_tiers=[3, 2, 1], speculative_num_steps_tier_boundaries=[8, 32]),
         dict(speculative_num_steps_tiers=[3, 0], speculative_num_steps_tier_boundaries=[1]),
+        # A longer draft again at larger batches, and a step count serving two ranges.
+        dict(speculative_num_steps_tiers=[2, 3, 2, 0], speculative_num_steps_tier_boundaries=[8, 16, 32]),
+        dict(speculative_num_steps_tiers=[1, 3], speculative_num_steps_tier_boundaries=[8]),
     ):
         args = _tiers(args_cls, **kw)
         _validate(args)
         assert args.speculative_disable_batch_size_threshold == (
-            None if 0 not in kw["speculative_num_steps_tiers"] else 1
+            kw["speculative_num_steps_tier_boundaries"][-1] if kw["speculative_num_steps_tiers"][-1] == 0 else None
         )
     # Unset: nothing checked, the threshold left alone.
     args = _tiers(
@@ -318,6 +331,11 @@ def test_the_validation_accepts_and_sets_tier_zero_s_threshold(args_cls, caplog)
     )
     _validate(args)
     assert args.speculative_disable_batch_size_threshold is None
+    with caplog.at_level(logging.WARNING):
+        _validate(
+            _tiers(args_cls, speculative_num_steps_tiers=[2, 3, 0], speculative_num_steps_tier_boundaries=[8, 16])
+        )
+    assert "no tier uses" not in caplog.text, "the start-up count is a tier, though not the first"
     with caplog.at_level(logging.WARNING):
         _validate(_tiers(args_cls, speculative_num_steps_tiers=[2, 0], speculative_num_steps_tier_boundaries=[16]))
     assert "no tier uses" in caplog.text
@@ -390,6 +408,10 @@ def test_tier_memory_is_reserved_for_the_tiers_sglang_does_not_capture(patched):
     assert reserved(speculative_disable_batch_size_threshold=48) == 640
     assert reserved(speculative_num_steps_tiers=None) == 0
     assert reserved(speculative_num_steps_tiers=[2, 1]) == 2 * 640
+    # One state per step count: 2,3,2,0 reserves for the 2 steps once, and tier 0.
+    assert (
+        reserved(speculative_num_steps_tiers=[2, 3, 2, 0], speculative_num_steps_tier_boundaries=[8, 16, 48]) == 2 * 640
+    )
     # --speculative-num-steps left to SGLang: the first tier's graphs are SGLang's own.
     assert reserved(speculative_num_steps=None) == 2 * 640
 
@@ -536,6 +558,39 @@ def test_startup_in_a_tier_below_the_servers_step_count(release):
     assert w._draft_worker.speculative_num_steps == 2
     assert w._target_worker.model_runner.graph_runner.name == "target verify graph, 2 steps"
     assert (args.speculative_num_steps, args.speculative_num_draft_tokens) == (3, 4)
+
+
+def test_startup_builds_a_step_count_of_two_tiers_once_for_both(release):
+    """Tiers 2,3,2,0 at 4, 12, 24 (hysteresis 2) with --speculative-num-steps 3: SGLang's own
+    state serves the 3 steps between 4 and 12; 2 steps serve batches up to 4 and again 11-24,
+    so their state is built once, its graphs at the sizes of both ranges; the worker starts
+    in it."""
+    rank = TierRank(release, 0, tier_args(release, tiers=(2, 3, 2, 0)))
+    both = (1, 2, 4, 12, 16, 24)
+    assert rank.tier_startup == [
+        ("capture", "draft graph, 2 steps", both),
+        ("capture", "draft extend graph, 3 tokens", both),
+        ("capture", "target verify graph, 2 steps", both, 3, "target plain"),
+    ]
+    assert sorted(rank.tiers.states) == [2, 3] and rank.tiers.states[3].target_graph_runner == "target verify graph"
+    assert (rank.worker.speculative_num_steps, rank.server_args.speculative_num_steps) == (2, 3)
+
+
+def test_each_step_runs_its_tier_when_a_longer_draft_comes_back(release):
+    """The walk of test_each_step_runs_its_tier_on_every_rank with tiers 2,3,2,0: the same
+    tier at every step (the rule reads the boundaries, not the step counts), each verified
+    with its tier's state, and two ranks making the same calls."""
+    steps = [("decode", bs, False, False) for bs in DECODES]
+    ranks = [TierRank(release, r, tier_args(release, tiers=(2, 3, 2, 0)), noise=r) for r in range(2)]
+    per_rank = run_ranks(ranks, steps)
+    assert_ranks_agree(ranks, per_rank)
+    tier = [1, 1, 2, 2, 1, 3, 3, 2, 2, 1, 0, 3, 0, 1, 2, 1]  # the tier indices of that walk
+    expected = [(2, 3, 2, 0)[t] for t in tier]
+    assert [s.mode for s in per_rank[0]] == ["fallback" if s == 0 else "spec" for s in expected]
+    names = {3: ("target verify graph", "draft graph"), 2: ("target verify graph, 2 steps", "draft graph, 2 steps")}
+    decode_sizes = [bs for bs, s in zip(DECODES, expected) if s]
+    assert ranks[0].verified == [(bs, s, *names[s], 3) for bs, s in zip(decode_sizes, [s for s in expected if s])]
+    assert ranks[0].state.stats["tier_steps"] == {s: expected.count(s) for s in (3, 2, 0)}
 
 
 def test_without_graphs_every_tier_is_eager(release):
@@ -920,6 +975,22 @@ def test_later_startup_in_a_tier_below_the_servers_step_count(version, patched_r
             ("adaptive_spec.restore", {"speculative_num_steps": 2, "speculative_num_draft_tokens": 3}),
             ("spec_tiers.startup_counts", {"speculative_num_steps": 3, "speculative_num_draft_tokens": 4}),
         ]
+
+
+@pytest.mark.parametrize("version", LATER)
+def test_later_startup_builds_a_step_count_of_two_tiers_once_for_both(version, patched_release, monkeypatch):
+    """Tiers 2,3,2,0 at 4, 12, 24 (hysteresis 2): as on 0.5.12, one 2-step state with the
+    graphs of both its ranges, SGLang's own for 3 steps, and the worker in the 2-step state
+    with the start-up counts where the scheduler reads them."""
+    rank = LaterRank(patched_release(version), version, monkeypatch, tiers=(2, 3, 2, 0))
+    both = (1, 2, 4, 12, 16, 24)
+    assert [c[:3] for c in rank.log if c[0] == "capture"] == [
+        ("capture", "draft graph, 2 steps", both),
+        ("capture", "draft extend graph, 3 tokens", both),
+        ("capture", "target verify graph, 2 steps", both),
+    ]
+    assert sorted(rank.tiers.states) == [2, 3] and rank.worker.speculative_num_steps == 2
+    assert set(rank.counts().values()) == {(3, 4)}
 
 
 @pytest.mark.parametrize("version", LATER)

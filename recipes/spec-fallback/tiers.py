@@ -79,6 +79,14 @@ class SpecTiers:
             s for s in ordered if s >= low and (holds_high is None or s <= holds_high)
         ]
 
+    def step_graph_sizes(self, sizes, steps):
+        """The CUDA-graph batch sizes the state of `steps` draft steps replays: those of every
+        tier that drafts that many steps (a step count may serve several batch ranges, such
+        as 2,3,2,0: 2 steps below the first boundary and again above the second)."""
+        return sorted(
+            {s for tier, n in enumerate(self.steps) if n == steps for s in self.graph_sizes(sizes, tier)}
+        )
+
 
 class EAGLEWorkerV2:
     def _spec_tiers_init(self, server_args):
@@ -104,8 +112,8 @@ class EAGLEWorkerV2:
 
     def _spec_tiers_build(self):
         """Start-up: SGLang's own state for the step count it started with, and a state per
-        other positive tier, its CUDA graphs captured only for the batch sizes the tier
-        serves (SpecTiers.graph_sizes). The GPU memory taken is measured, logged and written
+        other positive step count, its CUDA graphs captured only for the batch sizes its tiers
+        serve (SpecTiers.step_graph_sizes). The GPU memory taken is measured, logged and written
         to the counters (tiers_startup_memory_gib); up to 0.5.16 it is also added to the
         model runner's graph_mem_usage, which SGLang's memory report shows. From 0.5.17 the
         release's build_adaptive_runtime_state records each state's graphs in that report
@@ -131,6 +139,7 @@ class EAGLEWorkerV2:
             cuda_graph_runner_for_draft_extend=dw.cuda_graph_runner_for_draft_extend,
         )
         server_sizes = self._spec_tiers_graph_sizes()
+        startup = self.speculative_num_steps
         plan = []
         for tier, steps in enumerate(tiers.steps):
             low, high = tiers.batch_range(tier)
@@ -138,12 +147,15 @@ class EAGLEWorkerV2:
             if steps == 0:
                 plan.append(f"0 steps at {served} requests (the fallback)")
                 continue
-            if steps in tiers.states:
+            if steps == startup:
                 plan.append(f"{steps} at {served} (SGLang's start-up graphs)")
+                continue
+            if steps in tiers.states:  # built for an earlier tier of this step count
+                plan.append(f"{steps} at {served} (the graphs above)")
                 continue
             sizes = []
             if server_sizes is not None:
-                sizes = tiers.graph_sizes(server_sizes, tier)
+                sizes = tiers.step_graph_sizes(server_sizes, steps)
             tiers.states[steps] = self._spec_tiers_build_state(steps, sizes)
             plan.append(f"{steps} at {served} (CUDA graphs: {sizes or 'none'})")
         used = before - get_available_gpu_memory(self.device, self.gpu_id)

@@ -33,10 +33,10 @@ def add_cli_args(parser: argparse.ArgumentParser):
         type=int_list,
         default=ServerArgs.speculative_num_steps_tiers,
         help="Draft length chosen per decode step from the batch size: the numbers of draft "
-        "steps, from the smallest batches to the largest, each fewer than the one before "
-        "(e.g. 3,1,0; at most --speculative-num-steps). 0 is the plain decode step of "
-        "--speculative-disable-batch-size-threshold. Every tier's CUDA graphs are captured at "
-        "start-up for the batch sizes it serves. Needs "
+        "steps, from the smallest batches to the largest, each different from the one before "
+        "(e.g. 3,1,0 or 2,3,2,0; at most --speculative-num-steps). 0, only as the last, is the "
+        "plain decode step of --speculative-disable-batch-size-threshold. Every tier's CUDA "
+        "graphs are captured at start-up for the batch sizes it serves. Needs "
         "--speculative-num-steps-tier-boundaries. Default: off (the fixed step count).",
     )
     parser.add_argument(
@@ -62,7 +62,7 @@ def reserve_tier_memory(self, reserved_mem):
     # first tier above it, so the first tier's graphs are SGLang's own.
     tiers = self.speculative_num_steps_tiers or ()
     start = self.speculative_num_steps if self.speculative_num_steps is not None else tiers[:1] and tiers[0]
-    for tier_steps in tiers:
+    for tier_steps in dict.fromkeys(tiers):  # one state per step count, whatever it serves
         if tier_steps != start and (
             tier_steps > 0 or self.speculative_disable_batch_size_threshold is None
         ):
@@ -91,17 +91,22 @@ class ServerArgs(TierFields):
                     f"{name} takes whole numbers (on the command line: comma-separated, "
                     f"such as 3,1,0), got {value!r}."
                 )
-        if len(tiers) < 2 or any(a <= b for a, b in zip(tiers, tiers[1:])) or tiers[-1] < 0:
+        if (
+            len(tiers) < 2
+            or any(a == b for a, b in zip(tiers, tiers[1:]))
+            or min(tiers) < 0
+            or 0 in tiers[:-1]
+        ):
             raise ValueError(
                 f"{flag} lists two or more step counts from the smallest batches to the "
-                "largest, each fewer than the one before and none below 0 (e.g. 3,1,0), got "
-                f"{','.join(map(str, tiers))}."
+                "largest, each different from the one before, none below 0, and 0 (the "
+                f"fallback) only as the last (e.g. 3,1,0 or 2,3,2,0), got {','.join(map(str, tiers))}."
             )
-        if self.speculative_num_steps is None or tiers[0] > self.speculative_num_steps:
+        if self.speculative_num_steps is None or max(tiers) > self.speculative_num_steps:
             raise ValueError(
                 f"{flag}: every tier must draft at most --speculative-num-steps steps (the "
                 "KV cache is allocated for that many), got a tier of "
-                f"{tiers[0]} with --speculative-num-steps {self.speculative_num_steps}."
+                f"{max(tiers)} with --speculative-num-steps {self.speculative_num_steps}."
             )
         if bounds is None or len(bounds) != len(tiers) - 1:
             raise ValueError(
@@ -193,12 +198,12 @@ class ServerArgs(TierFields):
                 "--speculative-disable-batch-size-threshold: add 0 as the last tier, with the "
                 "threshold as the last boundary."
             )
-        if tiers[0] != self.speculative_num_steps:
+        if self.speculative_num_steps not in tiers:
             logger.warning(
-                "--speculative-num-steps-tiers starts at %s steps, below "
+                "--speculative-num-steps-tiers drafts at most %s steps, below "
                 "--speculative-num-steps %s: SGLang still captures the graphs of %s steps at "
                 "start-up, which no tier uses.",
-                tiers[0],
+                max(tiers),
                 self.speculative_num_steps,
                 self.speculative_num_steps,
             )

@@ -418,20 +418,26 @@ def suggest_threshold(m: dict, concurrencies: list[int]) -> dict:
 TIER_ARMS = {3: "A1", 2: "S2", 1: "S1", 0: "A0"}
 
 
+def _may_follow(before: int, steps: int) -> bool:
+    """Whether a tier of `steps` draft steps may serve the batches above a tier of `before`:
+    any draft length after a draft (the tiers need not shorten: 2,3,2,0 is served), and only
+    plain decoding after plain decoding, whose tier is the fallback's, the last."""
+    return before != 0 or steps == 0
+
+
 def suggest_tiers(m: dict, concurrencies: list[int], arms: dict[int, str] | None = None) -> dict:
     """The draft length per batch size (--speculative-num-steps-tiers), by the threshold's
-    rule generalised: walking up the measured concurrencies, each C runs the fastest of the
-    configurations with no more steps than the C before ran (ties keep the longer draft), so
-    the step count only falls as the batch grows; a boundary is the last C of a tier, as T is
-    the last C at which speculation wins. `arms` maps draft steps (0: no speculation) to the
-    arm measured with them; those the folder lacks are left out, and only the C at which
-    every remaining one was measured count.
+    rule generalised: walking up the measured concurrencies, each C runs the fastest
+    configuration (ties keep the longer draft), except that once plain decoding is the
+    fastest every larger C keeps it (the fallback is the last tier, _may_follow); a boundary
+    is the last C of a tier, as T is the last C at which speculation wins. `arms` maps draft
+    steps (0: no speculation) to the arm measured with them; those the folder lacks are left
+    out, and only the C at which every remaining one was measured count.
 
-    `rows` gives each C's medians, the fastest configuration and the tier chosen; where the
-    fastest has more steps than the tier (a longer draft wins again after a shorter one took
-    over: noise, or a curve the rule cannot follow) the C is listed in `against_the_rule`.
-    `refine` lists request counts to measure between a boundary and the next C when they are
-    more than 25% apart, as for T."""
+    `rows` gives each C's medians, the fastest configuration and the tier chosen; where a
+    draft is the fastest after plain decoding took over (noise, or a curve the tiers cannot
+    serve) the C is listed in `against_the_rule`. `refine` lists request counts to measure
+    between a boundary and the next C when they are more than 25% apart, as for T."""
     arms = TIER_ARMS if arms is None else arms
     present = {s: a for s, a in sorted(arms.items(), reverse=True) if any((a, C) in m for C in concurrencies)}
     measured = sorted(C for C in set(concurrencies) if present and all((a, C) in m for a in present.values()))
@@ -439,7 +445,7 @@ def suggest_tiers(m: dict, concurrencies: list[int], arms: dict[int, str] | None
     for C in measured:
         speed = {s: m[(a, C)]["median"] for s, a in present.items()}
         fastest = max(speed, key=lambda s: (speed[s], s))
-        allowed = [s for s in speed if not rows or s <= rows[-1]["tier"]]
+        allowed = [s for s in speed if not rows or _may_follow(rows[-1]["tier"], s)]
         tier = max(allowed, key=lambda s: (speed[s], s))
         rows.append({"C": C, "tok_s": speed, "fastest": fastest, "tier": tier})
     spans = _spans(rows)
@@ -458,29 +464,29 @@ def suggest_tiers(m: dict, concurrencies: list[int], arms: dict[int, str] | None
 
 def _rule_keeps(rows: list[dict], then: str, label=None) -> str:
     """Why the tier rule keeps one configuration at every C (`rows` of suggest_tiers, all in
-    one tier), and `then`, what follows: that configuration is the fastest at every C, or it
-    leads at the smallest C and the rule, which never returns to a longer draft as the batch
-    grows, leaves out the longer draft that is faster at a larger C (named with where).
-    Never "speculation never wins" where it does win somewhere. `label` names a step count
-    (steps_label by default)."""
+    one tier), and `then`, what follows: that configuration is the fastest at every C, or
+    plain decoding leads at the smallest C and the rule, which drafts no more after plain
+    decoding (_may_follow), leaves out a draft that is faster at a larger C (named with
+    where). Never "speculation never wins" where it does win somewhere. `label` names a
+    step count (steps_label by default)."""
     label = label or steps_label
     kept = rows[0]["tier"]
-    faster = [r for r in rows if r["fastest"] > kept]
+    faster = [r for r in rows if r["fastest"] != kept]
     if not faster:
         if kept == 0:
             return f"speculation is slower than plain decoding at every C measured: {then}"
         return f"{label(kept)} is the fastest at every C measured: {then}"
     where = ", ".join(f"{label(r['fastest'])} at C={r['C']}" for r in faster)
     return (
-        f"the rule keeps {label(kept)} at every C measured, since it leads at C={rows[0]['C']} and the rule never "
-        f"returns to a longer draft as the batch grows: {then}; faster there: {where}"
+        f"the rule keeps {label(kept)} at every C measured, since it leads at C={rows[0]['C']} and the rule drafts "
+        f"no more after plain decoding: {then}; faster there: {where}"
     )
 
 
 def suggest_tiers_across(ms: dict, concurrencies: list[int], arms: dict[int, str] | None = None) -> dict:
     """One draft length per batch size for several acceptances (`ms`: acceptance -> medians of
-    the fixed configurations measured at it): among the schedules --suggest-tiers' rule allows
-    (the step count only falls as C grows), the one whose worst ratio to the fastest fixed
+    the fixed configurations measured at it): among the schedules the tiers serve (no draft
+    after plain decoding, _may_follow), the one whose worst ratio to the fastest fixed
     configuration, over every C and acceptance, is highest (then the highest mean, then the
     longer drafts). Tiers derived at one acceptance can lose far more at another than any tie
     costs, and a server sees its traffic's acceptance move. Only the configurations measured
@@ -526,8 +532,8 @@ def ratios_to_fastest(m: dict, arms: dict[int, str], C: int) -> dict[int, float]
 
 def _most_even_schedule(ratios: list[dict[int, list[float]]]) -> list[int]:
     """The draft steps per C (`ratios`: per C, draft steps -> its ratios to the fastest fixed
-    configuration, one per acceptance) whose lowest ratio is highest, among the schedules whose
-    step count only falls as C grows; of those, the highest sum of ratios (exact), then the
+    configuration, one per acceptance) whose lowest ratio is highest, among the schedules the
+    tiers serve (_may_follow); of those, the highest sum of ratios (exact), then the
     longer drafts first. Two dynamic programmes over (C, steps), not the schedules themselves,
     whose number grows as C to the power of the configurations."""
     if not ratios:
@@ -537,7 +543,7 @@ def _most_even_schedule(ratios: list[dict[int, list[float]]]) -> list[int]:
     # The highest worst ratio of a schedule, by the steps it ends on at each C.
     reach = dict(low[0])
     for at_c in low[1:]:
-        reach = {s: min(at_c[s], max(reach[t] for t in steps if t >= s)) for s in steps}
+        reach = {s: min(at_c[s], max(reach[t] for t in steps if _may_follow(t, s))) for s in steps}
     floor = max(reach.values())
     # From the last C down: the best (sum, schedule) of what follows each step count, among
     # the schedules with no ratio below the floor.
@@ -547,7 +553,7 @@ def _most_even_schedule(ratios: list[dict[int, list[float]]]) -> list[int]:
         for s in steps:
             if low[i][s] < floor:
                 continue
-            nexts = [after[t] for t in steps if t <= s and t in after] if i + 1 < len(ratios) else [(0, [])]
+            nexts = [after[t] for t in steps if _may_follow(s, t) and t in after] if i + 1 < len(ratios) else [(0, [])]
             if nexts:
                 total, rest = max(nexts)
                 here[s] = (sum(map(Fraction, ratios[i][s])) + total, [s, *rest])
@@ -578,7 +584,7 @@ def _schedule(spans: list, one_tier: str) -> dict:
         if first > 1.25 * last:
             refine[last] = refine_between(last, first)
     flags = (
-        f"--speculative-num-steps {tiers[0]} --speculative-num-steps-tiers {','.join(map(str, tiers))} "
+        f"--speculative-num-steps {max(tiers)} --speculative-num-steps-tiers {','.join(map(str, tiers))} "
         f"--speculative-num-steps-tier-boundaries {','.join(map(str, boundaries))}"
         if len(tiers) > 1
         else None
@@ -612,13 +618,14 @@ def _schedule(spans: list, one_tier: str) -> dict:
 def tier_variant(tiers: list[int], boundaries: list[int], name: str | None = None) -> tuple[int | None, str | None]:
     """(--threshold, --variant) of the arm that measures these tiers: A2 with the tiers when
     the last is the fallback (its threshold is the last boundary), else A1 with them; the
-    step count of the first tier is the engine's own. The arm is named after its tiers
+    longest tier's step count is the engine's own (its KV allocation holds every tier's).
+    The arm is named after its tiers
     (TIER3-1-0_16-48), so other tiers measured into the same folder are another arm. (None,
     None) without tiers."""
     if len(tiers) < 2:
         return None, None
     fields = (
-        f"{_first_tier(tiers)};speculative_num_steps_tiers={','.join(map(str, tiers))};"
+        f"{_engine_steps(max(tiers))};speculative_num_steps_tiers={','.join(map(str, tiers))};"
         f"speculative_num_steps_tier_boundaries={','.join(map(str, boundaries))}"
     )
     threshold = boundaries[-1] if tiers[-1] == 0 else None
@@ -633,9 +640,9 @@ def _tiers_name(prefix: str, tiers: list[int], boundaries: list[int]) -> str:
     return f"{prefix}{'-'.join(map(str, tiers))}_{'-'.join(map(str, boundaries))}"
 
 
-def _first_tier(tiers: list[int]) -> str:
-    """The engine's own step count: the first tier's, with its chain's draft tokens."""
-    return f"speculative_num_steps={tiers[0]};speculative_num_draft_tokens={tiers[0] + 1}"
+def _engine_steps(steps: int) -> str:
+    """An engine's own step count as --variant fields, with its chain's draft tokens."""
+    return f"speculative_num_steps={steps};speculative_num_draft_tokens={steps + 1}"
 
 
 def upstream_adaptive_config(tiers: list[int], boundaries: list[int]) -> dict | None:
@@ -660,7 +667,7 @@ def upstream_variant(tiers: list[int], boundaries: list[int], config_path: str) 
     if len(tiers) < 2:
         return None
     return (
-        f"{_tiers_name('UP', tiers, boundaries)}=A1:{_first_tier(tiers)};"
+        f"{_tiers_name('UP', tiers, boundaries)}=A1:{_engine_steps(tiers[0])};"
         f"speculative_adaptive=true;speculative_adaptive_config={config_path}"
     )
 

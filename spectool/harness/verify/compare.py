@@ -76,7 +76,8 @@ def tier_walk(phases: list[dict]) -> list[int]:
 
 def tier_crossings(walk: list[int], tiers: list[int]) -> list[str]:
     """The tier boundaries `walk` did not cross in both directions, as text ("3|1 up"); a
-    boundary lies between neighbouring tiers of `tiers` (draft steps, largest first)."""
+    boundary lies between neighbouring tiers of `tiers` (draft steps from the smallest
+    batches up, each step count once, as the walk names a tier by its step count)."""
     order = {steps: i for i, steps in enumerate(tiers)}
     index = [order.get(steps) for steps in walk]
     seen = set()

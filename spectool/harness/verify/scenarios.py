@@ -124,8 +124,9 @@ class Expect:
     # The hidden states of the requests that ask for them equal the baseline's decode steps'
     # within this tolerance, relative to the row's largest value; None: not compared.
     hidden_states_within: float | None = None
-    # --speculative-num-steps-tiers: the draft steps of each tier (largest first), every
-    # boundary between neighbours crossed in both directions by the workload's batches.
+    # --speculative-num-steps-tiers: the draft steps of each tier (from the smallest batches
+    # up, each step count once: the counters name a tier by it), every boundary between
+    # neighbours crossed in both directions by the workload's batches.
     tiers: tuple[int, ...] | None = None
     # The acceptance of each positive tier's phases entered from another tier, at least this
     # share of the most it can accept (draft steps + 1): the trained head drafts the copy
@@ -288,6 +289,8 @@ KV_ONLY_EACH_STEP = {"speculative_disable_kv_only_steps_per_replay": 1}
 TIERS = (3, 1, 0)
 TIER_BOUNDARIES = (1, THRESHOLD)
 TIER_ACCEPTANCE = HEAD_ACCEPTANCE / 4  # of steps + 1, as the 3-step engines' floor is of 4
+# The same boundaries with the longer draft in the middle tier: the tiers need not shorten.
+TIERS_LONGER_LATER = (1, 3, 0)
 
 
 def configs() -> list[EngineConfig]:
@@ -346,6 +349,17 @@ def configs() -> list[EngineConfig]:
             workloads=["stagger", "arrive", "tier-walk"],
             fallback_args=MARGIN_8,
             tiers=TIERS,
+            tier_boundaries=TIER_BOUNDARIES,
+        ),
+        # A longer draft at larger batches: 1 draft step for one request, 3 for 2-4, the
+        # fallback above (--speculative-num-steps-tiers 1,3,0).
+        EngineConfig(
+            "eagle3-tiers-130",
+            "EAGLE3",
+            T,
+            workloads=["tier-walk"],
+            fallback_args=MARGIN_8,
+            tiers=TIERS_LONGER_LATER,
             tier_boundaries=TIER_BOUNDARIES,
         ),
         # The tiers without the fallback: 3 draft steps for one request, 1 above.
@@ -542,6 +556,14 @@ def scenarios() -> list[Scenario]:
             Expect("positive", tiers=TIERS, min_tier_acceptance=TIER_ACCEPTANCE),
             "a long request on 3 draft steps while 2 requests join and leave (1 step), then 6 (fallback, "
             "then 1 step, then 3): every boundary crossed up and down",
+        ),
+        Scenario(
+            "tiers 1,3,0 every boundary both ways",
+            "eagle3-tiers-130",
+            "tier-walk",
+            Expect("positive", tiers=TIERS_LONGER_LATER, min_tier_acceptance=TIER_ACCEPTANCE),
+            "the tier walk with the longer draft in the middle tier: 1 draft step for the long request "
+            "alone, 3 while 2-4 run, the fallback above, every boundary crossed up and down",
         ),
         Scenario(
             "eagle3 long request through both transitions",
