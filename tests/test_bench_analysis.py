@@ -265,6 +265,7 @@ def test_the_tier_rule_on_ties_noise_and_missing_arms():
     assert res["flags"] == (
         "--speculative-num-steps 3 --speculative-num-steps-tiers 3,1,3,0 --speculative-num-steps-tier-boundaries 1,4,8"
     )
+    assert res["longer_again"] == [{"C": 8, "steps": 3, "after": 1, "lead": pytest.approx(130 / 110 - 1)}]
     late = analyze.suggest_tiers({**m, **_configs({32: (100, 90, 120, 110)})}, [1, 4, 8, 16, 32])
     assert (late["tiers"], late["boundaries"], late["against_the_rule"]) == ([3, 1, 3, 0], [1, 4, 8], [32])
     # Only A0 and A1 measured: the threshold's rule (T = 32 on this sweep), as flags for tiers.

@@ -246,6 +246,22 @@ def test_bench_suggest_tiers(tmp_path):
         assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output
     r = run("bench", "--out", tmp_path, "--suggest-tiers", "--tier-arms", "3=A1,2=S2")
     assert r.exit_code == 2 and "holds 1 of the configurations 3=A1,2=S2" in r.output
+    # 3 steps ahead again at C=64 after 1 step at 16: served, named with its lead, and the
+    # engine started at the longest tier's steps; a draft ahead after plain decoding is named.
+    speeds = {"A0": (100, 100, 100, 150, 100), "S1": (120, 130, 130, 100, 120), "A1": (150, 110, 140, 90, 90)}
+    cells = [
+        {"arm": arm, "C": C, "rep": 0, "acc_len": 3.0, "output_tok_s": v * C}
+        for arm, vs in speeds.items()
+        for C, v in zip((1, 16, 64, 128, 256), vs)
+    ]
+    (tmp_path / "cells.jsonl").write_text("\n".join(json.dumps(c) for c in cells))
+    r = run("bench", "--out", tmp_path, "--suggest-tiers")
+    assert (
+        "--speculative-num-steps 3 --speculative-num-steps-tiers 3,1,3,0 --speculative-num-steps-tier-boundaries 1,16,64"
+        in r.output
+    )
+    assert "at C=64 a longer draft comes back: 3 draft steps, 7.7% ahead of 1 draft step there (served" in r.output
+    assert "at C=256 a draft is the fastest after plain decoding took over: the tiers keep plain decoding" in r.output
 
 
 def test_bench_suggest_tiers_names_the_runs_that_disagree(tmp_path):

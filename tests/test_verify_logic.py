@@ -35,6 +35,17 @@ def test_scenario_plan_is_consistent():
     assert any(s.expect.min_acceptance and s.expect.min_acceptance >= 2 for s in scenarios.scenarios())
 
 
+def test_a_tier_walk_claim_names_each_step_count_once():
+    """The counters name a tier by its step count, so a walk over 2,3,2,0 could not tell its
+    two 2-step tiers apart: such a claim is refused where it is written; tiers of distinct
+    counts in any order are claims (1,3,0)."""
+    with pytest.raises(ValueError, match="names a tier by its step count"):
+        scenarios.Expect("positive", tiers=(2, 3, 2, 0))
+    assert scenarios.Expect("positive", tiers=(1, 3, 0)).tiers == (1, 3, 0)
+    assert compare.tier_crossings([1, 3, 1, 0, 3, 1], [1, 3, 0]) == []
+    assert compare.tier_crossings([1, 3, 0], [1, 3, 0]) == ["1|3 down", "3|0 down"]
+
+
 def test_engine_flags_name_what_the_recipe_adds():
     """The golden engines force code paths through the fallback's server flags: each is a
     field the spec-disable-threshold recipe adds, and the paths chosen by batch size are

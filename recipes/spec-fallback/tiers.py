@@ -3,11 +3,12 @@ the tiers serve (0.5.12, 0.5.14 to 0.5.18): among the step counts the server was
 each decode step runs the one its batch size falls to (SpecFallbackState.tier_for_batch), tier
 0 being the fallback's plain decode step (common.py).
 
-Every tier above 0 is one of the release's own adaptive runtime states
+Every step count above 0 is one of the release's own adaptive runtime states
 (EAGLEWorkerV2.build_adaptive_runtime_state: the draft's attention backend and CUDA graphs
 for that many steps, the target's verify backend and graph at steps + 1 tokens, the draft
-extend's), built at start-up with its CUDA graphs captured only for the batch sizes the tier
-serves, and swapped in with the release's apply_runtime_state before the step runs. The step
+extend's), built at start-up with its CUDA graphs captured only for the batch sizes its tiers
+serve (the step counts need not fall as the batch grows: 2,3,2,0 has one 2-step state for
+both its ranges), and swapped in with the release's apply_runtime_state before the step runs. The step
 count SGLang was started with keeps the state SGLang built for it. What start-up took is
 measured and logged as the fallback's is.
 

@@ -251,8 +251,15 @@ def _suggest(folders: dict, tiers: bool, tier_arms: str, cs: list[int] | None, o
             text = f"acceptance {a:g}:\n{analyze.tiers_markdown(res)}" + _tiers_text(res)
             if res["against_the_rule"]:
                 text += (
-                    f"\nat C={','.join(map(str, res['against_the_rule']))} a longer draft is the fastest "
-                    "after a shorter one took over: the tiers keep the shorter (measure again there)"
+                    f"\nat C={','.join(map(str, res['against_the_rule']))} a draft is the fastest after plain "
+                    "decoding took over: the tiers keep plain decoding, the fallback's, the last tier (measure "
+                    "again there)"
+                )
+            for back in res["longer_again"]:
+                text += (
+                    f"\nat C={back['C']} a longer draft comes back: {analyze.steps_label(back['steps'])}, "
+                    f"{back['lead']:.1%} ahead of {analyze.steps_label(back['after'])} there (served; measure "
+                    "again there if that is within the run-to-run spread)"
                 )
             text += _disputes_text(res)
         else:

@@ -59,9 +59,9 @@ def reserve_tier_memory(self, reserved_mem):
     # --speculative-num-steps, reserved as the fallback's (tier 0) are; tier 0's here only
     # when its threshold comes from the last boundary (set later, by the validation).
     # Left unset, --speculative-num-steps is chosen later; the validation then refuses a
-    # first tier above it, so the first tier's graphs are SGLang's own.
+    # tier above it, so the longest tier's graphs are SGLang's own.
     tiers = self.speculative_num_steps_tiers or ()
-    start = self.speculative_num_steps if self.speculative_num_steps is not None else tiers[:1] and tiers[0]
+    start = self.speculative_num_steps if self.speculative_num_steps is not None else max(tiers, default=0)
     for tier_steps in dict.fromkeys(tiers):  # one state per step count, whatever it serves
         if tier_steps != start and (
             tier_steps > 0 or self.speculative_disable_batch_size_threshold is None

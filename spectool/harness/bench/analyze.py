@@ -258,8 +258,8 @@ def tier_disputes(
     `runs`: the runs with cells at this acceptance. `disputed`: per C, each configuration
     behind the tier's in the pooled medians whose own median beat the tier's within some run
     (`led_in`, of the `compared` runs that measured both there; pooled medians can take the
-    two from different runs); a longer draft ahead of the tier by the pooled medians is the
-    rule's own exception (`against_the_rule`), not a dispute. `compared_at`: the C at which
+    two from different runs); a draft ahead of plain decoding's tier by the pooled medians is
+    the rule's own exception (`against_the_rule`), not a dispute. `compared_at`: the C at which
     two runs or more measured the tier's configuration and another one, where their agreement
     means something."""
     runs = {run: m for run, cs in cells_by_run(cells).items() if (m := medians(cs, acc_len))}
@@ -436,7 +436,10 @@ def suggest_tiers(m: dict, concurrencies: list[int], arms: dict[int, str] | None
 
     `rows` gives each C's medians, the fastest configuration and the tier chosen; where a
     draft is the fastest after plain decoding took over (noise, or a curve the tiers cannot
-    serve) the C is listed in `against_the_rule`. `refine` lists request counts to measure
+    serve) the C is listed in `against_the_rule`. `longer_again` names each tier that drafts
+    more steps than the tier below it, at its first C, with its lead there over the steps it
+    took over from: served, and worth measuring again where that lead is small (a curve whose
+    best draft length comes back, or noise). `refine` lists request counts to measure
     between a boundary and the next C when they are more than 25% apart, as for T."""
     arms = TIER_ARMS if arms is None else arms
     present = {s: a for s, a in sorted(arms.items(), reverse=True) if any((a, C) in m for C in concurrencies)}
@@ -448,7 +451,7 @@ def suggest_tiers(m: dict, concurrencies: list[int], arms: dict[int, str] | None
         allowed = [s for s in speed if not rows or _may_follow(rows[-1]["tier"], s)]
         tier = max(allowed, key=lambda s: (speed[s], s))
         rows.append({"C": C, "tok_s": speed, "fastest": fastest, "tier": tier})
-    spans = _spans(rows)
+    spans, by_c = _spans(rows), {r["C"]: r for r in rows}
     fastest_everywhere = (
         "no C at which every configuration was measured"
         if not spans
@@ -459,6 +462,16 @@ def suggest_tiers(m: dict, concurrencies: list[int], arms: dict[int, str] | None
         "rows": rows,
         **_schedule(spans, fastest_everywhere),
         "against_the_rule": [r["C"] for r in rows if r["fastest"] > r["tier"]],
+        "longer_again": [
+            {
+                "C": first,
+                "steps": steps,
+                "after": before,
+                "lead": by_c[first]["tok_s"][steps] / by_c[first]["tok_s"][before] - 1,
+            }
+            for (before, _, _), (steps, first, _) in zip(spans, spans[1:])
+            if steps > before
+        ],
     }
 
 

@@ -46,7 +46,7 @@ TRANSITION = _alternating(HIGH_C)
 def switch_point(arm) -> int | None:
     """The largest batch at which an arm's engine still runs what it runs at small batches:
     its threshold, or its highest tier boundary where that is higher (above it the engine
-    falls back, or drafts fewer steps); None for an engine that never switches."""
+    falls back, or drafts another number of steps); None for an engine that never switches."""
     threshold = arm.extra.get("speculative_disable_batch_size_threshold", arm.threshold)
     bounds = arm.extra.get("speculative_num_steps_tier_boundaries") or ()
     points = [b for b in (threshold, *bounds) if b is not None]

@@ -141,6 +141,12 @@ class Expect:
     # generated token is counted once.
     metrics_agree: bool = False
 
+    def __post_init__(self):
+        if self.tiers and len(set(self.tiers)) != len(self.tiers):
+            raise ValueError(
+                f"Expect(tiers={self.tiers}): the tier walk names a tier by its step count, give each once"
+            )
+
 
 # The claims checked on the recipe's own counters and log lines (not where the switch is
 # upstream's).
