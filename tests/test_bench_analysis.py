@@ -248,6 +248,15 @@ def test_the_tiers_as_upstreams_adaptive_config_route_every_batch_alike(cached_r
     params = _upstream_adaptive_params(cached_release(version))(initial_steps=3, cfg_path=str(path))
     params.set_cuda_graph_bs([32, 40])
     assert [params.get_steps_for_batch(bs) for bs in (32, 33, 36, 37)] == [3, 0, 0, 0]
+    # Tiers whose draft comes back longer (2,3,2,0): the release routes each batch to its tier's
+    # count, starting in the first tier's.
+    path.write_text(json.dumps(analyze.upstream_adaptive_config([2, 3, 2, 0], [16, 32, 48])))
+    params = _upstream_adaptive_params(cached_release(version))(initial_steps=2, cfg_path=str(path))
+    params.set_cuda_graph_bs(None)
+    assert params.candidate_steps == [0, 2, 3]
+    assert {bs: params.get_steps_for_batch(bs) for bs in range(1, 65)} == {
+        bs: 2 if bs <= 16 else 3 if bs <= 32 else 2 if bs <= 48 else 0 for bs in range(1, 65)
+    }
     assert analyze.upstream_adaptive_config([2], []) is None
     assert analyze.upstream_variant([2, 0], [48], "/tmp/up.json") == (
         "UP2-0_48=A1:speculative_num_steps=2;speculative_num_draft_tokens=3;"
