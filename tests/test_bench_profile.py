@@ -251,23 +251,22 @@ def test_tokens_per_step_is_the_deepest_draft_any_tier_or_candidate_runs(tmp_pat
 
 
 def test_a_profile_load_outlasts_its_steps_at_the_longest_chain():
-    """Every arm gets the same load, sized for the arm that finishes a request in fewest
+    """One load for every arm, sized for the arm that finishes a request in fewest
     steps (EAGLE-3's 4 tokens a step), with 16 spare steps: a wave of 1024 tokens holds 30
     steps, 300 need 1265 tokens; lockstep waves of 128 tokens last 32 steps each, so 260
     steps take 9 waves and one more; the staggered load as many rounds per client. Plain
     decoding alone needs fewer."""
     from spectool.harness.bench.sweep import _requests_for, profile_out_len, profile_requests
 
-    arms = _arms()
-    both, a0 = [arms["A0"], arms["A1"]], [arms["A0"]]
-    assert profile_out_len("wave", 30, 128, 1024, both, 8192) == 1024
-    assert profile_out_len("wave", 300, 128, 1024, both, 8192) == 316 * 4 + 1
-    assert profile_out_len("lockstep", 260, 128, 128, both, 8192) == 128, "the given length elsewhere"
-    assert profile_requests(64, "wave", 300, 1265, both) == 64
-    assert profile_requests(64, "lockstep", 260, 128, both) == 64 * 10
-    assert profile_requests(64, "lockstep", 260, 128, a0) == 64 * 4  # 127 steps a wave: 3 and one more
-    assert profile_requests(64, "staggered", 260, 128, both) == 64 * 10
-    assert profile_requests(64, "staggered", 30, 128, a0) == _requests_for(64, "staggered"), "at least the sweep's"
+    # EAGLE-3 beside plain decoding: 4 tokens a step, 4 reserved; plain decoding alone: 1, 0.
+    assert profile_out_len("wave", 30, 128, 1024, 4, 4, 8192) == 1024
+    assert profile_out_len("wave", 300, 128, 1024, 4, 4, 8192) == 316 * 4 + 1
+    assert profile_out_len("lockstep", 260, 128, 128, 4, 4, 8192) == 128, "the given length elsewhere"
+    assert profile_requests(64, "wave", 300, 1265, 4) == 64
+    assert profile_requests(64, "lockstep", 260, 128, 4) == 64 * 10
+    assert profile_requests(64, "lockstep", 260, 128, 1) == 64 * 4  # 127 steps a wave: 3 and one more
+    assert profile_requests(64, "staggered", 260, 128, 4) == 64 * 10
+    assert profile_requests(64, "staggered", 30, 128, 1) == _requests_for(64, "staggered"), "at least the sweep's"
 
 
 def test_a_profile_that_cannot_fit_the_targets_context_is_refused_with_what_fits():
@@ -278,12 +277,11 @@ def test_a_profile_that_cannot_fit_the_targets_context_is_refused_with_what_fits
     from spectool.errors import BadInputError
     from spectool.harness.bench.sweep import profile_out_len
 
-    both = list(_arms().values())
     with pytest.raises(BadInputError, match="profile at most 1998 steps in a wave, or use --profile-load lockstep"):
-        profile_out_len("wave", 2100, 128, 1024, both, 8192)
-    assert profile_out_len("wave", 1998, 128, 1024, both, 8192) <= 8192 - 128 - 4
+        profile_out_len("wave", 2100, 128, 1024, 4, 4, 8192)
+    assert profile_out_len("wave", 1998, 128, 1024, 4, 4, 8192) <= 8192 - 128 - 4
     with pytest.raises(BadInputError, match="give --out-len 8060 or less"):
-        profile_out_len("staggered", 30, 128, 8100, both, 8192)
+        profile_out_len("staggered", 30, 128, 8100, 4, 4, 8192)
 
 
 COPY, INDEX = "Memcpy DtoD (Device -> Device)", "void at::native::index_elementwise_kernel<128, 4>"

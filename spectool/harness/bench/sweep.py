@@ -107,15 +107,15 @@ def _requests_for(C: int, load: str = "lockstep", waves: float | None = None) ->
 PROFILE_SPARE_STEPS = 16
 
 
-def profile_out_len(load: str, steps: int, prompt_len: int, out_len: int, arm_list, context: int) -> int:
+def profile_out_len(
+    load: str, steps: int, prompt_len: int, out_len: int, per_step: int, reserved: int, context: int
+) -> int:
     """The output tokens of each request of a profile's load: `out_len`, and for the wave at
     least enough that one wave outlasts the profiled steps and the spare ones after its
-    prefill, even at the longest chain any arm drafts (arms.tokens_per_step: the same load
-    for every arm). Refused (BadInputError) where the request would not
-    fit the target's context as SGLang counts it (prompt, output and the tokens it reserves
-    for a step's drafts, arms.reserved_tokens), with the most that fits."""
-    per_step = max(tokens_per_step(a) for a in arm_list)
-    reserved = max(reserved_tokens(a) for a in arm_list)
+    prefill, even at `per_step` tokens a step (the longest chain any arm drafts,
+    arms.tokens_per_step: the same load for every arm). Refused (BadInputError) where the
+    request would not fit the target's context as SGLang counts it (prompt, output and the
+    `reserved` tokens for a step's drafts, arms.reserved_tokens), with the most that fits."""
     room = context - prompt_len - reserved  # the most output tokens SGLang takes
     if load != "wave":
         if out_len > room:
@@ -137,17 +137,18 @@ def profile_out_len(load: str, steps: int, prompt_len: int, out_len: int, arm_li
     return wanted
 
 
-def profile_requests(C: int, load: str, steps: int, out_len: int, arm_list) -> int:
+def profile_requests(C: int, load: str, steps: int, out_len: int, per_step: int) -> int:
     """Requests of a profile's load at C, so that it lasts the profiled steps and
     PROFILE_SPARE_STEPS more after the profiler starts (worker.profiled: once the first
-    wave's prefills are done, or after the staggered ramp), even at the longest chain any
-    arm drafts, when a request takes fewest steps. wave: one wave (profile_out_len makes it
-    long enough). lockstep: whole waves for the steps and one more, so the last profiled
-    wave is not the drain. staggered: as many requests per client (at least the sweep's,
-    `_requests_for`), about half a round of which has run by the end of the ramp."""
+    wave's prefills are done, or after the staggered ramp), even at `per_step` tokens a step
+    (the longest chain any arm drafts), when a request takes fewest steps. wave: one wave
+    (profile_out_len makes it long enough). lockstep: whole waves for the steps and one
+    more, so the last profiled wave is not the drain. staggered: as many requests per client
+    (at least the sweep's, `_requests_for`), about half a round of which has run by the end
+    of the ramp."""
     if load == "wave":
         return C
-    per_request = -(-(out_len - 1) // max(tokens_per_step(a) for a in arm_list))  # its fewest decode steps
+    per_request = -(-(out_len - 1) // per_step)  # its fewest decode steps
     rounds = -(-(steps + PROFILE_SPARE_STEPS) // max(per_request, 1)) + 1
     if load == "staggered":
         return max(_requests_for(C, "staggered"), C * rounds)
@@ -636,9 +637,10 @@ def profile(
 
     max_bs = engine_batch(concurrencies, max_batch)
     arm_list = select_arms(threshold, max_bs, arm_names, variants, sglang_dir, arm_trees=arm_trees)
-    out_len = profile_out_len(
-        load, steps, prompt_len, out_len, arm_list, TARGETS[target].target["max_position_embeddings"]
-    )
+    per_step = max(tokens_per_step(a) for a in arm_list)
+    reserved = max(reserved_tokens(a) for a in arm_list)
+    context = TARGETS[target].target["max_position_embeddings"]
+    out_len = profile_out_len(load, steps, prompt_len, out_len, per_step, reserved, context)
     waves = plan_waves(arm_list, engines_per_gpu(target, max_engines))
     gpu_info("bench")
     out.mkdir(parents=True, exist_ok=True)
@@ -664,7 +666,7 @@ def profile(
                 for arm in wave:
                     tdir = out / "traces" / f"{arm.name}-C{tag}"
                     shutil.rmtree(tdir, ignore_errors=True)  # a folder profiled again: this run's trace only
-                    n = profile_requests(C, load, steps, out_len, arm_list)
+                    n = profile_requests(C, load, steps, out_len, per_step)
                     res = engines.command(
                         procs[arm.name],
                         arm.name,
