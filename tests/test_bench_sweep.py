@@ -524,8 +524,8 @@ def test_a_profile_reduces_each_trace_and_keeps_an_excerpt(tmp_path, stub_engine
 def test_a_profile_outlasts_its_steps_on_a_fast_engine_and_a_short_load_says_why(tmp_path, stub_engines, monkeypatch):
     """--profile-load lockstep on engines that finish an 8-token wave in three forward steps:
     the profile starts once the first wave is prefilled and its load holds the 40 steps, so
-    every arm has its trace (the old fixed two-second wait started it after the load, and
-    SGLang wrote none). A load cut short (here one wave) leaves no trace: the profiler is
+    every arm has its trace (a fixed two-second wait would start it after the load, and SGLang
+    would write none). A load cut short (here one wave) leaves no trace: the profiler is
     stopped and the row says why, in profile.json and profile.md, also where the folder
     holds an earlier run's traces."""
     kw = dict(threshold=4, concurrencies=[8], arm_names=["A0", "A1"], steps=40, out_len=8, prompt_len=4)

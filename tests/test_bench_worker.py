@@ -386,8 +386,8 @@ def test_staggered_profile_starts_when_the_ramp_is_done(cached_release, tmp_path
 def test_a_wave_profile_starts_right_after_the_first_waves_prefill(cached_release, tmp_path):
     """The wave and lockstep loads: the profiler starts when the first wave's prefill is done
     (every request has its first token), before its first decode step, whatever the
-    engine's speed. It used to start after a fixed two seconds, by when a fast engine had
-    finished the wave and SGLang never wrote the trace. A load that ends before the
+    engine's speed (after a fixed wait of two seconds a fast engine has finished the wave, and
+    SGLang writes no trace). A load that ends before the
     profiled steps (no trace in the folder, as SGLang leaves it) stops the profiler through
     the release's stop_profile, so the next load is not profiled, and says so."""
     calls, profile_type, res, eng = _profile_calls(cached_release("0.5.12"), out_dir=str(tmp_path))
