@@ -74,7 +74,7 @@ def test_engine_flags_name_what_the_recipe_adds():
         "eagle3-t4-chunked",
         "eagle3-t4-kv-only",
         "eagle3-tiers",
-        "eagle3-tiers-130",
+        "eagle3-tiers-1310",
     }
     assert all(c.threshold is not None for c in scenarios.configs() if c.fallback_args), "flags act with a threshold"
 

@@ -295,8 +295,9 @@ KV_ONLY_EACH_STEP = {"speculative_disable_kv_only_steps_per_replay": 1}
 TIERS = (3, 1, 0)
 TIER_BOUNDARIES = (1, THRESHOLD)
 TIER_ACCEPTANCE = HEAD_ACCEPTANCE / 4  # of steps + 1, as the 3-step engines' floor is of 4
-# The same boundaries with the longer draft in the middle tier: the tiers need not shorten.
-TIERS_LONGER_LATER = (1, 3, 0)
+# Tiers need not shorten, and a step count may serve two ranges (its tier walk names tiers by
+# step count, so its claims are tokens and acceptance, not the boundaries crossed).
+TIERS_ONE_COUNT_TWICE = (1, 3, 1, 0)
 
 
 def configs() -> list[EngineConfig]:
@@ -357,16 +358,18 @@ def configs() -> list[EngineConfig]:
             tiers=TIERS,
             tier_boundaries=TIER_BOUNDARIES,
         ),
-        # A longer draft at larger batches: 1 draft step for one request, 3 for 2-4, the
-        # fallback above (--speculative-num-steps-tiers 1,3,0).
+        # A longer draft at larger batches, and one step count in two tiers: 1 draft step for
+        # one request and again for 3-4, 3 for 2, the fallback above
+        # (--speculative-num-steps-tiers 1,3,1,0 at 1,2,4): the 1-step state has the CUDA graphs
+        # of both its ranges.
         EngineConfig(
-            "eagle3-tiers-130",
+            "eagle3-tiers-1310",
             "EAGLE3",
             T,
             workloads=["tier-walk"],
             fallback_args=MARGIN_8,
-            tiers=TIERS_LONGER_LATER,
-            tier_boundaries=TIER_BOUNDARIES,
+            tiers=TIERS_ONE_COUNT_TWICE,
+            tier_boundaries=(1, 2, T),
         ),
         # The tiers without the fallback: 3 draft steps for one request, 1 above.
         EngineConfig(
@@ -564,12 +567,12 @@ def scenarios() -> list[Scenario]:
             "then 1 step, then 3): every boundary crossed up and down",
         ),
         Scenario(
-            "tiers 1,3,0 every boundary both ways",
-            "eagle3-tiers-130",
+            "tiers 1,3,1,0 one step count in two tiers",
+            "eagle3-tiers-1310",
             "tier-walk",
-            Expect("positive", tiers=TIERS_LONGER_LATER, min_tier_acceptance=TIER_ACCEPTANCE),
-            "the tier walk with the longer draft in the middle tier: 1 draft step for the long request "
-            "alone, 3 while 2-4 run, the fallback above, every boundary crossed up and down",
+            Expect("positive", spec_after_fallback=True, min_tier_acceptance=TIER_ACCEPTANCE),
+            "the tier walk with 1 draft step at one request and again at 3-4 (one state, the graphs of "
+            "both ranges), 3 at 2, the fallback above: tokens exact and drafts accepted in every tier it enters",
         ),
         Scenario(
             "eagle3 long request through both transitions",
