@@ -161,32 +161,34 @@ def _adaptive_max_steps(config) -> int:
     return max(steps, default=SGLANG_DEFAULT_ADAPTIVE_MAX_STEPS)
 
 
-def tokens_per_step(arm: Arm) -> int:
-    """The most output tokens one decode step can give a request on this arm's engine: 1
-    without speculation; else its deepest draft, all accepted, plus the target's own token.
-    The depth is the most of its step count, its tiers' and SGLang's adaptive candidates. A
-    load that must last N steps is sized with this: at full acceptance a request finishes
-    in that many times fewer steps than it has tokens."""
-    kw = _speculative_settings(arm)
-    if kw is None:
-        return 1
-    chain = max(
+def _deepest_draft(kw: dict) -> int:
+    """The most draft steps one decode step of an engine with these speculative settings can
+    run: its step count, its tiers', SGLang's adaptive candidates."""
+    return max(
         kw["speculative_num_steps"],
         *(kw.get("speculative_num_steps_tiers") or ()),
         _adaptive_max_steps(kw.get("speculative_adaptive_config")) if kw.get("speculative_adaptive") else 0,
     )
-    return chain + 1
+
+
+def tokens_per_step(arm: Arm) -> int:
+    """The most output tokens one decode step can give a request on this arm's engine: 1
+    without speculation; else its deepest draft, all accepted, plus the target's own token.
+    A load that must last N steps is sized with this: at full acceptance a request finishes
+    in that many times fewer steps than it has tokens."""
+    kw = _speculative_settings(arm)
+    return 1 if kw is None else _deepest_draft(kw) + 1
 
 
 def reserved_tokens(arm: Arm) -> int:
     """At least the tokens SGLang counts against the context on top of a request's prompt and
     output (TokenizerManager.num_reserved_tokens: EAGLE keeps a step's drafts in output
     slots): top-k times the steps, or the draft tokens, whichever is more. Both are taken at
-    their largest over the releases: the deepest draft of tokens_per_step (0.5.14 on counts
-    adaptive candidates as draft tokens) and, with top-k 1, its chain's steps + 1 (SGLang
-    sets the draft tokens so). None without speculation."""
+    their largest over the releases: the deepest draft (0.5.14 on counts adaptive candidates
+    as draft tokens) and, with top-k 1, its chain's steps + 1 (SGLang sets the draft tokens
+    so). None without speculation."""
     kw = _speculative_settings(arm)
     if kw is None:
         return 0
-    per_step = tokens_per_step(arm)
-    return max(kw["speculative_eagle_topk"] * (per_step - 1), kw["speculative_num_draft_tokens"], per_step)
+    depth = _deepest_draft(kw)
+    return max(kw["speculative_eagle_topk"] * depth, kw["speculative_num_draft_tokens"], depth + 1)

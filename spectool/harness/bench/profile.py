@@ -29,8 +29,7 @@ HOST_CATS = {"cpu_op", "user_annotation", "python_function"}
 def trace_files(folder) -> list[Path]:
     """The traces SGLang's profiler wrote into `folder`, rank 0's first (`...-TP-0.trace.json.gz`;
     under tensor parallelism each rank writes one)."""
-    found = sorted(Path(folder).glob("*.trace.json*"))
-    return sorted(found, key=lambda p: "TP-0" not in p.name)
+    return sorted(Path(folder).glob("*.trace.json*"), key=lambda p: ("TP-0" not in p.name, p.name))
 
 
 def load_events(path: Path) -> list[dict]:

@@ -50,7 +50,7 @@ async def closed_loop(
     ramp = [max(1, out_len * (k + 1) // C) for k in range(C)] if stagger else []
     prompts = [[rng.randrange(10, vocab - 10) for _ in range(prompt_len)] for _ in range(n + len(ramp))]
     nxt, recs, ramp_ends, steady = 0, [], [], []
-    first_wave = [min(C, n)]  # without stagger: the first wave's requests still without a first token
+    unprefilled = 0 if stagger else min(C, n)  # the first wave's requests still without a first token
 
     def steady_now():
         if on_steady is not None:
@@ -62,6 +62,7 @@ async def closed_loop(
     last_submit = [t0]
 
     async def request(prompt, max_new_tokens) -> dict:
+        nonlocal unprefilled
         # Streamed with an interval past the output length, so SGLang sends exactly two
         # chunks: the first token (len(output_ids) % interval == 1) and the finished request.
         # TTFT and TPOT are then clocked here. (meta_info's decode_throughput times decode from
@@ -83,9 +84,9 @@ async def closed_loop(
         async for out in chunks:  # noqa: B007 - the last chunk is read after the loop
             if first is None:
                 first = time.perf_counter()
-                if not stagger and first_wave[0] > 0:
-                    first_wave[0] -= 1
-                    if first_wave[0] == 0:
+                if unprefilled:
+                    unprefilled -= 1
+                    if not unprefilled:
                         steady_now()
         end = time.perf_counter()
         m = out.get("meta_info", {})
