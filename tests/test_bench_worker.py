@@ -379,6 +379,8 @@ def test_staggered_profile_starts_when_the_ramp_is_done(cached_release, tmp_path
     start = calls[0][2]
     assert start.num_steps == 30 and start.output_dir == str(tmp_path) and start.type == profile_type.START_PROFILE
     assert calls[0][1] >= 6, "started while the load is still at (about) C in flight"
+    # No scheduler writes a trace here: the one other request is the stop after the load.
+    assert [c[2].type.name for c in calls] == ["START_PROFILE", "STOP_PROFILE"] and res["profile_stopped_early"]
     assert res["stagger"] and res["n"] == 16
 
 
