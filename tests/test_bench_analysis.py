@@ -222,6 +222,29 @@ def _upstream_adaptive_params(release: Path):
     return ns["AdaptiveSpeculativeParams"]
 
 
+@pytest.mark.parametrize("version", ["0.5.16", "0.5.17", "0.5.18"])
+def test_upstreams_other_adaptive_states_capture_the_draft_extend_at_their_width_but_on_0517(cached_release, version):
+    """Why --suggest-tiers says upstream's states other than the start-up one run their draft
+    extend eagerly on 0.5.17 only: there the draft-extend graph runner sizes its capture from
+    server_args, which the adaptive capture override leaves as it was; 0.5.16 overrides
+    server_args itself, 0.5.18 sizes from the override."""
+    spec = cached_release(version) / "sglang/srt/speculative"
+    worker = (spec / "eagle_worker_v2.py").read_text()
+    override = worker[worker.index("def _override_worker_state") :][:3000]
+    runner = (spec / "eagle_draft_extend_cuda_graph_runner.py").read_text()
+    utils = (spec / "spec_utils.py").read_text()
+    resolve = utils[utils.index("def resolve_num_tokens_per_req") :][:1500]
+    reads_server_args = "server_args=model_runner.server_args" in runner and (
+        "return server_args.speculative_num_draft_tokens" in resolve
+    )
+    overrides_server_args = "sa.override(" in override
+    eager_on_this_release = reads_server_args and not overrides_server_args
+    assert eager_on_this_release == (version == "0.5.17")
+    assert analyze.upstream_eager_draft_extend([2, 3, 2, 0]) == [3]
+    assert analyze.upstream_eager_draft_extend([2, 0]) == []
+    assert analyze.upstream_eager_draft_extend([3, 1, 0]) == [1]
+
+
 @pytest.mark.parametrize("version", ["0.5.14", "0.5.17"])
 def test_the_tiers_as_upstreams_adaptive_config_route_every_batch_alike(cached_release, tmp_path, version):
     """--suggest-tiers also gives the schedule as SGLang's own adaptive steps take it: read by

@@ -236,11 +236,13 @@ def test_bench_suggest_tiers(tmp_path):
         "measure it beside them: --variant 'UP3-1-0_1-16=A1:speculative_num_steps=3;speculative_num_draft_tokens=4;"
         "speculative_adaptive=true;speculative_adaptive_config=FILE' --arm-sglang-dir UP3-1-0_1-16=DIR" in r.output
     )
+    assert "on 0.5.17 upstream's draft extend at 1 draft step runs without a CUDA graph" in r.output
     assert "one run: its repetitions share their engines" in r.output
     r = run("bench", "--out", tmp_path, "--suggest-tiers", "--json")
     assert json.loads(r.output)["boundaries"] == [1, 16]
     assert (json.loads(r.output)["runs"], json.loads(r.output)["disputed"]) == (1, [])
     assert set(json.loads(r.output)["upstream_adaptive_config"]) == {"1", "2", "17"}
+    assert json.loads(r.output)["upstream_eager_draft_extend"] == [1]
     for arms, needle in (("3=A1,x=A0", "'x=A0' is not STEPS=ARM"), ("3=A1,3=S1", "3 steps are named twice")):
         r = run("bench", "--out", tmp_path, "--suggest-tiers", "--tier-arms", arms)
         assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output

@@ -623,6 +623,7 @@ def _schedule(spans: list, one_tier: str) -> dict:
         "threshold": threshold,
         "variant": variant,
         "upstream_adaptive_config": upstream_adaptive_config(tiers, boundaries),
+        "upstream_eager_draft_extend": upstream_eager_draft_extend(tiers),
         "refine": refine,
         "why": why,
     }
@@ -671,6 +672,17 @@ def upstream_adaptive_config(tiers: list[int], boundaries: list[int]) -> dict | 
     fixed = {"up_hysteresis": 0.0, "down_hysteresis": 0.0, "ceiling_coeff": 0}
     lows = [1] + [b + 1 for b in boundaries]
     return {str(low): {"candidate_steps": [steps], **fixed} for low, steps in zip(lows, tiers)}
+
+
+def upstream_eager_draft_extend(tiers: list[int]) -> list[int]:
+    """The step counts whose draft extend SGLang 0.5.17's own adaptive steps run without a
+    CUDA graph, given these tiers as its config: its states other than the start-up one (the
+    first tier's) capture the draft-extend graph at the start-up width, read from server_args,
+    which their capture override leaves as it was, so a step of another width cannot replay it
+    and runs eagerly (0.5.14-0.5.16 write the width to server_args, 0.5.18 reads it from the
+    override). Steps 0 run no draft extend. Such an arm measures the release, not the
+    schedule alone."""
+    return sorted({s for s in tiers if s and s != tiers[0]})
 
 
 def upstream_variant(tiers: list[int], boundaries: list[int], config_path: str) -> str | None:
