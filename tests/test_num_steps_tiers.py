@@ -225,6 +225,11 @@ def _validate(args):
         (dict(speculative_disable_batch_size_hysteresis=-1), "below the smallest tier boundary (16), got -1"),
         (dict(speculative_adaptive=True), "cannot be combined with --speculative-adaptive"),
         (dict(speculative_algorithm="STANDALONE"), "needs --speculative-algorithm EAGLE or EAGLE3"),
+        # No algorithm, so no step count either: the algorithm is the reason given.
+        (
+            dict(speculative_algorithm=None, speculative_num_steps=None),
+            "needs --speculative-algorithm EAGLE or EAGLE3 (got None)",
+        ),
         (dict(speculative_eagle_topk=2), "needs --speculative-eagle-topk 1"),
         (dict(disable_overlap_schedule=True), "overlap (spec v2) worker only"),
         (dict(enable_dp_attention=True), "--enable-dp-attention"),

@@ -102,6 +102,12 @@ class ServerArgs(TierFields):
                 "largest, each different from the one before, none below 0, and 0 (the "
                 f"fallback) only as the last (e.g. 3,1,0 or 2,3,2,0), got {','.join(map(str, tiers))}."
             )
+        # Before the step counts: without an algorithm SGLang sets none.
+        if self.speculative_algorithm not in ("EAGLE", "EAGLE3"):
+            raise ValueError(
+                f"{flag} needs --speculative-algorithm EAGLE or EAGLE3 (got "
+                f"{self.speculative_algorithm})."
+            )
         if self.speculative_num_steps is None or max(tiers) > self.speculative_num_steps:
             raise ValueError(
                 f"{flag}: every tier must draft at most --speculative-num-steps steps (the "
@@ -135,11 +141,6 @@ class ServerArgs(TierFields):
             raise ValueError(
                 f"{flag} needs the spec-fallback recipe's worker in this SGLang (it builds the "
                 "tiers and switches between them): apply spec-fallback with spectool."
-            )
-        if self.speculative_algorithm not in ("EAGLE", "EAGLE3"):
-            raise ValueError(
-                f"{flag} needs --speculative-algorithm EAGLE or EAGLE3 (got "
-                f"{self.speculative_algorithm})."
             )
         if self.speculative_eagle_topk != 1:
             raise ValueError(
