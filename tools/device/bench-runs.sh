@@ -8,6 +8,7 @@
 set -uo pipefail
 SGLANG_VERSION=$1; RESULTS=$2; RUNS=$3; shift 3
 OUT=${OUT:-/tmp/out}
+export BENCH_KEEP=0  # each run on engines of its own, never resumed from an earlier call's copy
 CALL_LIMIT=${CALL_LIMIT:-585}; RUN_S=${RUN_S:-230}
 for r in $(echo abcdefgh | head -c "$RUNS" | fold -w1); do
   left=$((CALL_LIMIT - SECONDS))
