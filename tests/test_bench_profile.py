@@ -228,7 +228,7 @@ def test_tokens_per_step_is_the_deepest_draft_any_tier_or_candidate_runs(tmp_pat
     config (per batch-size slot, its file-wide keys skipped, or 0.5.12's one list), and
     SGLang's default config's 7 without one. The tokens SGLang reserves against the context
     are its rule at its largest over the releases: max(top-k x steps, draft tokens)."""
-    from spectool.harness.bench.arms import reserved_tokens, tokens_per_step
+    from spectool.harness.bench.arms import step_tokens
 
     config = tmp_path / "adaptive.json"
     config.write_text('{"1": {"candidate_steps": [1, 5]}, "64": {"candidate_steps": [0]}, "warmup_batches": 3}')
@@ -243,10 +243,10 @@ def test_tokens_per_step_is_the_deepest_draft_any_tier_or_candidate_runs(tmp_pat
         "BAD=A1:speculative_adaptive=true;speculative_adaptive_config=/nonexistent.json",
         f"FLAT=A1:speculative_adaptive=true;speculative_adaptive_config={flat}",
     )
-    per_step = {name: tokens_per_step(a) for name, a in arms.items()}
+    per_step = {name: step_tokens(a).per_step for name, a in arms.items()}
     assert per_step == {"A0": 1, "A1": 4, "S2": 3, "TIER": 4, "AUTO": 6, "UP": 6, "UPD": 8, "BAD": 8, "FLAT": 7}
     # From 0.5.14 SGLang reserves an adaptive engine's largest candidate + 1 draft tokens.
-    reserved = {name: reserved_tokens(a) for name, a in arms.items()}
+    reserved = {name: step_tokens(a).reserved for name, a in arms.items()}
     assert reserved == {"A0": 0, "A1": 4, "S2": 3, "TIER": 4, "AUTO": 20, "UP": 6, "UPD": 8, "BAD": 8, "FLAT": 7}
 
 

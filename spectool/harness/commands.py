@@ -128,7 +128,7 @@ def _tiers_text(res: dict) -> str:
             f"{json.dumps(res['upstream_adaptive_config'], separators=(',', ':'))}; measure it "
             f"beside them: --variant '{up}' --arm-sglang-dir {up.split('=', 1)[0]}=DIR (DIR: that SGLang)"
         )
-        eager = res.get("upstream_eager_draft_extend")
+        eager = res["upstream_eager_draft_extend"]
         if eager:
             text += (
                 f"\non 0.5.17 upstream's draft extend at {' and '.join(map(analyze.steps_label, eager))} runs "

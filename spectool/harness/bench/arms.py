@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from ..engine_compat import rendezvous_port, server_arg_value
 
@@ -171,24 +172,27 @@ def _deepest_draft(kw: dict) -> int:
     )
 
 
-def tokens_per_step(arm: Arm) -> int:
-    """The most output tokens one decode step can give a request on this arm's engine: 1
-    without speculation; else its deepest draft, all accepted, plus the target's own token.
-    A load that must last N steps is sized with this: at full acceptance a request finishes
-    in that many times fewer steps than it has tokens."""
-    kw = _speculative_settings(arm)
-    return 1 if kw is None else _deepest_draft(kw) + 1
+class StepTokens(NamedTuple):
+    """What one decode step of an arm's engine can take of a request's context (step_tokens)."""
+
+    per_step: int  # the most output tokens one step gives a request
+    reserved: int  # the tokens SGLang counts against the context on top of prompt and output
 
 
-def reserved_tokens(arm: Arm) -> int:
-    """At least the tokens SGLang counts against the context on top of a request's prompt and
-    output (TokenizerManager.num_reserved_tokens: EAGLE keeps a step's drafts in output
-    slots): top-k times the steps, or the draft tokens, whichever is more. Both are taken at
-    their largest over the releases: the deepest draft (0.5.14 on counts adaptive candidates
-    as draft tokens) and, with top-k 1, its chain's steps + 1 (SGLang sets the draft tokens
-    so). None without speculation."""
+def step_tokens(arm: Arm) -> StepTokens:
+    """`per_step`: 1 without speculation; else its deepest draft, all accepted, plus the
+    target's own token. A load that must last N steps is sized with this: at full acceptance
+    a request finishes in that many times fewer steps than it has tokens. `reserved`: at
+    least what SGLang counts on top of a request's prompt and output
+    (TokenizerManager.num_reserved_tokens: EAGLE keeps a step's drafts in output slots),
+    top-k times the steps, or the draft tokens, whichever is more, both at their largest over
+    the releases: the deepest draft (0.5.14 on counts adaptive candidates as draft tokens)
+    and, with top-k 1, its chain's steps + 1 (SGLang sets the draft tokens so); 0 without
+    speculation. Both from one reading of the arm's settings (its adaptive config file
+    included)."""
     kw = _speculative_settings(arm)
     if kw is None:
-        return 0
+        return StepTokens(1, 0)
     depth = _deepest_draft(kw)
-    return max(kw["speculative_eagle_topk"] * depth, kw["speculative_num_draft_tokens"], depth + 1)
+    reserved = max(kw["speculative_eagle_topk"] * depth, kw["speculative_num_draft_tokens"], depth + 1)
+    return StepTokens(depth + 1, reserved)

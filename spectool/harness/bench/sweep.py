@@ -16,7 +16,7 @@ from pathlib import Path
 from ...errors import BadInputError
 from ..engine_compat import server_arg_annotations
 from . import analyze, engines, results
-from .arms import DEFAULT_ARMS, reserved_tokens, tokens_per_step
+from .arms import DEFAULT_ARMS, step_tokens
 from .arms import arms as make_arms
 from .arms import variant as make_variant
 from .models import DEFAULT_TARGET, TARGETS
@@ -113,9 +113,9 @@ def profile_out_len(
     """The output tokens of each request of a profile's load: `out_len`, and for the wave at
     least enough that one wave outlasts the profiled steps and the spare ones after its
     prefill, even at `per_step` tokens a step (the longest chain any arm drafts,
-    arms.tokens_per_step: the same load for every arm). Refused (BadInputError) where the
+    arms.step_tokens: the same load for every arm). Refused (BadInputError) where the
     request would not fit the target's context as SGLang counts it (prompt, output and the
-    `reserved` tokens for a step's drafts, arms.reserved_tokens), with the most that fits."""
+    `reserved` tokens for a step's drafts, arms.step_tokens), with the most that fits."""
     room = context - prompt_len - reserved  # the most output tokens SGLang takes
     if load != "wave":
         if out_len > room:
@@ -637,8 +637,9 @@ def profile(
 
     max_bs = engine_batch(concurrencies, max_batch)
     arm_list = select_arms(threshold, max_bs, arm_names, variants, sglang_dir, arm_trees=arm_trees)
-    per_step = max(tokens_per_step(a) for a in arm_list)
-    reserved = max(reserved_tokens(a) for a in arm_list)
+    arm_tokens = [step_tokens(a) for a in arm_list]
+    per_step = max(t.per_step for t in arm_tokens)
+    reserved = max(t.reserved for t in arm_tokens)
     context = TARGETS[target].target["max_position_embeddings"]
     out_len = profile_out_len(load, steps, prompt_len, out_len, per_step, reserved, context)
     waves = plan_waves(arm_list, engines_per_gpu(target, max_engines))
