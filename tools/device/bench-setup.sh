@@ -11,7 +11,7 @@ seed_dest "$RESULTS" "$DEST"
 BENCH=(python3 -m spectool.cli bench --sglang-dir "$SITE" --out "$DEST")
 pack_results() {
   keep_dest "$DEST"
-  tar czf "$DEST.tgz" -C "$DEST" --exclude=models --exclude=traces . && rm -rf "$DEST"
+  tar czf "$DEST.tgz" -C "$DEST" "${PACK_EXCLUDE[@]}" . && rm -rf "$DEST"
 }
 
 # stage(): one stage of a derived sweep, under this call's time (stage.sh).

@@ -7,11 +7,14 @@
 # BENCH_KEEP=0 turns it off (bench-runs.sh, whose runs are each meant to start afresh).
 # seed_dest RESULTS DEST: fill DEST from the fuller of RESULTS and the kept copy.
 # keep_dest DEST: replace the kept copy with DEST (models and traces left out, as packed).
+# What a packed folder leaves out (pack_results in bench-setup.sh), and so the kept copy.
+PACK_EXCLUDE=(--exclude=models --exclude=traces)
 _cells() { if [ -f "$1/cells.jsonl" ]; then wc -l < "$1/cells.jsonl"; else echo 0; fi; }
+_kept() { echo "${KEEP_ROOT:-/tmp/bench-keep}/$(basename "$1")"; }
 
 seed_dest() {
   local results=$1 dest=$2 kept
-  kept="${KEEP_ROOT:-/tmp/bench-keep}/$(basename "$dest")"
+  kept=$(_kept "$dest")
   if [ "${BENCH_KEEP:-1}" = 1 ] && [ -d "$kept" ] && [ "$(_cells "$kept")" -gt "$(_cells "$results")" ]; then
     echo "seeding $(basename "$dest") from this machine's copy ($(_cells "$kept") cells; $results has $(_cells "$results"))"
     cp -r "$kept"/. "$dest"/
@@ -22,8 +25,8 @@ seed_dest() {
 
 keep_dest() {
   local dest=$1 kept
-  kept="${KEEP_ROOT:-/tmp/bench-keep}/$(basename "$dest")"
   [ "${BENCH_KEEP:-1}" = 1 ] || return 0
+  kept=$(_kept "$dest")
   rm -rf "$kept" && mkdir -p "$kept"
-  tar cf - -C "$dest" --exclude=models --exclude=traces . | tar xf - -C "$kept"
+  tar cf - -C "$dest" "${PACK_EXCLUDE[@]}" . | tar xf - -C "$kept"
 }
