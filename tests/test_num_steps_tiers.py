@@ -1,5 +1,5 @@
 """The draft length chosen per decode step (--speculative-num-steps-tiers) on the real patched
-SGLang 0.5.12, 0.5.14 and 0.5.17: the tier rule (SpecFallbackState.tier_for_batch) and the
+SGLang 0.5.12, 0.5.13, 0.5.14 and 0.5.17: the tier rule (SpecFallbackState.tier_for_batch) and the
 tiers' batch ranges, the flags and their validation in the release's ServerArgs, and the
 worker's start-up and per-step switch, run on the CPU through the release's own
 build_adaptive_runtime_state, _override_worker_state and apply_runtime_state (GPU work: on
@@ -55,9 +55,9 @@ def patched(patched_release):
     return patched_release("0.5.12")
 
 
-@pytest.fixture(scope="module", params=["0.5.12", "0.5.14", "0.5.17"])
+@pytest.fixture(scope="module", params=["0.5.12", "0.5.13", "0.5.14", "0.5.17"])
 def any_patched(request, patched_release):
-    """Each era the tiers serve: 0.5.12, 0.5.14 (to 0.5.15), 0.5.17 (0.5.16 to 0.5.18)."""
+    """Each era the tiers serve: 0.5.12, 0.5.13, 0.5.14 (to 0.5.15), 0.5.17 (0.5.16 to 0.5.18)."""
     return patched_release(request.param)
 
 
@@ -681,9 +681,13 @@ def test_the_tiers_read_rank_local_values_only_for_logs(any_patched):
     assert not [t for t in tests if "before" in t or "used" in t], tests
 
 
-# -- the worker on 0.5.14 to 0.5.18 --------------------------------------------------------------
+# -- the worker on 0.5.13 to 0.5.18 --------------------------------------------------------------
 
-LATER = ["0.5.14", "0.5.17"]  # 0.5.14: server_args written in place; 0.5.17: the runtime context
+# 0.5.13: 0.5.12's graph settings (server_args.cuda_graph_bs) and start-up in __init__, the
+# ScheduleBatch step; 0.5.14: cuda_graph_config, server_args written in place; 0.5.17: the
+# runtime context.
+LATER = ["0.5.13", "0.5.14", "0.5.17"]
+FLAT_GRAPH_ARGS = ("0.5.13",)  # capture sizes in server_args.cuda_graph_bs, as on 0.5.12
 CUDA_GRAPH_CONFIG = "sglang/srt/model_executor/cuda_graph_config.py"
 RUNTIME_CONTEXT = "sglang/srt/runtime_context.py"
 BASE_SPEC_WORKER = "sglang/srt/speculative/base_spec_worker.py"
@@ -716,41 +720,56 @@ def model_runner_on_cpu(tree, name):
     return ModelRunnerOnCpu
 
 
-def model_runner(tree, name, args, per_phase_memory):
+def model_runner(tree, name, args, per_phase_memory, graph_attr="decode_cuda_graph_runner"):
     """A model runner holding its server_args, attention backend and, for the target, the
-    decode graph runner and its graph memory record, under the release's own names."""
+    decode graph runner (`graph_attr`: graph_runner up to 0.5.13) and its graph memory
+    record, under the release's own names."""
     memory = {"graph_memory_usage": {"decode": 1.0}} if per_phase_memory else {"graph_mem_usage": 1.0}
     return release_instance(
         model_runner_on_cpu(tree, name),
         server_args=args,
         tp_group="tp",
         attn_backend=f"{name} attention",
-        decode_cuda_graph_runner=f"{name} verify graph",
         init_new_workspace=False,
+        **{graph_attr: f"{name} verify graph"},
         **memory,
     )
 
 
 class LaterRank:
-    """A worker of the real patched EAGLEWorkerV2 of 0.5.14 or 0.5.17 (made without __init__,
-    which loads models), its tiers started by the patched _spec_tiers_init through the
-    release's own build_adaptive_runtime_state, _override_worker_state and
-    apply_runtime_state; the release's ServerArgs, CudaGraphConfig, SpecRuntimeState,
-    check_cuda_graph_backend, topk-1 chain buffers and (0.5.17) runtime context and config
-    bags. The GPU work is logged by the stand-ins above."""
+    """A worker of the real patched EAGLEWorkerV2 of 0.5.13, 0.5.14 or 0.5.17 (made without
+    __init__, which loads models), its tiers started by the patched _spec_tiers_init through
+    the release's own build_adaptive_runtime_state, _override_worker_state and
+    apply_runtime_state; the release's ServerArgs, SpecRuntimeState, topk-1 chain buffers,
+    from 0.5.14 its CudaGraphConfig and check_cuda_graph_backend, and (0.5.17) runtime
+    context and config bags. The GPU work is logged by the stand-ins above."""
 
     def __init__(self, tree, version, monkeypatch, tiers=(3, 2, 1, 0), bounds=(4, 12, 24), hysteresis=2, graphs=True):
         self.log = GraphLog()
-        cfg_ns = {"field": dataclasses.field, "dataclass": dataclasses.dataclass}
-        for name in ("Phase", "Backend", "PhaseConfig"):
-            cfg_ns[name] = release_class(tree, CUDA_GRAPH_CONFIG, name, cfg_ns)
-        # 0.5.17's prefill default asks the machine (CUDA: breakable graphs); decode is FULL.
-        cfg_ns["default_prefill_backend"] = lambda: cfg_ns["Backend"].FULL
-        for name in ("CudaGraphConfig", "check_cuda_graph_backend"):
-            cfg_ns[name] = release_class(tree, CUDA_GRAPH_CONFIG, name, cfg_ns)
-        config = cfg_ns["CudaGraphConfig"]()
-        config.decode.backend = "full" if graphs else "disabled"
-        config.decode.bs, config.decode.max_bs = list(GRAPH_BS), GRAPH_BS[-1]
+        self.flat = version in FLAT_GRAPH_ARGS
+        self.graph_attr = "graph_runner" if self.flat else "decode_cuda_graph_runner"
+        ns = {}
+        if self.flat:
+            graph_args = dict(cuda_graph_bs=list(GRAPH_BS), disable_cuda_graph=not graphs)
+            ns["CudaGraphRunner"] = ns["NPUGraphRunner"] = self._verify_graph_runner()
+        else:
+            cfg_ns = {"field": dataclasses.field, "dataclass": dataclasses.dataclass}
+            for name in ("Phase", "Backend", "PhaseConfig"):
+                cfg_ns[name] = release_class(tree, CUDA_GRAPH_CONFIG, name, cfg_ns)
+            # 0.5.17's prefill default asks the machine (CUDA: breakable graphs); decode is FULL.
+            cfg_ns["default_prefill_backend"] = lambda: cfg_ns["Backend"].FULL
+            for name in ("CudaGraphConfig", "check_cuda_graph_backend"):
+                cfg_ns[name] = release_class(tree, CUDA_GRAPH_CONFIG, name, cfg_ns)
+            config = cfg_ns["CudaGraphConfig"]()
+            config.decode.backend = "full" if graphs else "disabled"
+            config.decode.bs, config.decode.max_bs = list(GRAPH_BS), GRAPH_BS[-1]
+            graph_args = dict(cuda_graph_config=config)
+            ns.update(
+                Phase=cfg_ns["Phase"],
+                Backend=cfg_ns["Backend"],
+                check_cuda_graph_backend=cfg_ns["check_cuda_graph_backend"],
+                DecodeCudaGraphRunner=self._verify_graph_runner(),
+            )
         args = self.server_args = server_args(
             server_args_class(tree, {}),
             speculative_algorithm="EAGLE3",
@@ -761,26 +780,24 @@ class LaterRank:
             speculative_num_steps_tier_boundaries=list(bounds),
             speculative_disable_batch_size_hysteresis=hysteresis,
             speculative_disable_batch_size_threshold=bounds[-1] if 0 in tiers else None,
-            cuda_graph_config=config,
             max_running_requests=64,
             device="cpu",
+            **graph_args,
         )
-        self.per_phase = version != "0.5.14"
-        ns = {
-            "torch": torch,
-            "time": __import__("time"),
-            "contextlib": contextlib,
-            "dataclasses": dataclasses,
-            "logger": logging.getLogger("spec-tiers-test"),
-            "log_info_on_rank0": lambda logger, msg: self.log.append(("sglang log", msg.split(":")[0])),
-            "speculative_moe_backend_context": contextlib.nullcontext,
-            "speculative_moe_a2a_backend_context": contextlib.nullcontext,
-            "_is_npu": False,
-            "Phase": cfg_ns["Phase"],
-            "Backend": cfg_ns["Backend"],
-            "check_cuda_graph_backend": cfg_ns["check_cuda_graph_backend"],
-            "DecodeCudaGraphRunner": self._verify_graph_runner(),
-        }
+        self.per_phase = version not in ("0.5.13", "0.5.14")
+        ns.update(
+            {
+                "torch": torch,
+                "time": __import__("time"),
+                "contextlib": contextlib,
+                "dataclasses": dataclasses,
+                "logger": logging.getLogger("spec-tiers-test"),
+                "log_info_on_rank0": lambda logger, msg: self.log.append(("sglang log", msg.split(":")[0])),
+                "speculative_moe_backend_context": contextlib.nullcontext,
+                "speculative_moe_a2a_backend_context": contextlib.nullcontext,
+                "_is_npu": False,
+            }
+        )
         free = iter(80.0 - 0.25 * k for k in range(1000))
         ns["get_available_gpu_memory"] = lambda device, gpu_id: next(free)
         # The published server arguments check_cuda_graph_backend reads: 0.5.14's global
@@ -800,7 +817,8 @@ class LaterRank:
         w.server_args, w.topk, w.device, w.gpu_id = args, 1, "cpu", 0
         w.speculative_num_steps, w.speculative_num_draft_tokens = 3, 4
         w._target_worker = release_instance(
-            _tp_model_worker_class(tree), _model_runner=model_runner(tree, "target", args, self.per_phase)
+            _tp_model_worker_class(tree),
+            _model_runner=model_runner(tree, "target", args, self.per_phase, self.graph_attr),
         )
         w._draft_worker = self._draft_worker(tree, args, ns)
         w.adaptive_controller = None
@@ -825,10 +843,19 @@ class LaterRank:
                 self.draft_attn_backend = f"draft attention, {self.speculative_num_steps} steps"
                 self.draft_extend_attn_backend = f"draft extend attention, {self.speculative_num_draft_tokens} tokens"
 
-            def _capture_cuda_graphs(self):
-                rank._capture_draft_graphs(self, ns)
+            # The release's capture: in init_cuda_graphs up to 0.5.13, from 0.5.14 in the
+            # _capture_cuda_graphs it calls.
+            if rank.flat:
 
-        runner = model_runner(tree, "draft", args, self.per_phase)
+                def init_cuda_graphs(self):
+                    rank._capture_draft_graphs(self, ns)
+
+            else:
+
+                def _capture_cuda_graphs(self):
+                    rank._capture_draft_graphs(self, ns)
+
+        runner = model_runner(tree, "draft", args, self.per_phase, self.graph_attr)
         runner.draft_attn_backend = None  # an attribute the release's draft worker gives its runner
         return release_instance(
             DraftWorkerOnCpu,
@@ -844,14 +871,23 @@ class LaterRank:
             cuda_graph_runner_for_draft_extend="draft extend graph",
         )
 
+    def graph_sizes(self, args):
+        """The decode capture sizes in `args` where the release's graph runners read them:
+        server_args.cuda_graph_bs up to 0.5.13, server_args.cuda_graph_config.decode.bs from
+        0.5.14."""
+        return tuple(args.cuda_graph_bs if self.flat else args.cuda_graph_config.decode.bs)
+
     def _capture_draft_graphs(self, dw, ns):
         """The draft's graphs for the step count `dw` holds: the sizes read where the release's
-        graph runners read them (server_args.cuda_graph_config.decode.bs), no capture where
-        they skip it (check_cuda_graph_backend)."""
+        graph runners read them (graph_sizes), no capture where they skip it
+        (server_args.disable_cuda_graph up to 0.5.13, then check_cuda_graph_backend)."""
         dw.cuda_graph_runner = dw.cuda_graph_runner_for_draft_extend = None
-        if ns["check_cuda_graph_backend"]("decode", "disabled"):
+        if self.flat:
+            if dw.server_args.disable_cuda_graph:
+                return
+        elif ns["check_cuda_graph_backend"]("decode", "disabled"):
             return
-        sizes = tuple(dw.draft_runner.server_args.cuda_graph_config.decode.bs)
+        sizes = self.graph_sizes(dw.draft_runner.server_args)
         if dw.speculative_num_steps > 1:
             dw.cuda_graph_runner = f"draft graph, {dw.speculative_num_steps} steps"
             self.log.append(("capture", dw.cuda_graph_runner, sizes))
@@ -893,14 +929,14 @@ class LaterRank:
         self.context = context
 
     def _verify_graph_runner(self):
-        log = self.log
+        log, rank = self.log, self
 
         class VerifyGraphRunner:
             def __init__(
                 self, model_runner, attn_backend=None, speculative_num_steps=None, speculative_num_draft_tokens=None
             ):
                 self.name = f"target verify graph, {speculative_num_steps} steps"
-                sizes = tuple(model_runner.server_args.cuda_graph_config.decode.bs)
+                sizes = rank.graph_sizes(model_runner.server_args)
                 log.append(("capture", self.name, sizes, speculative_num_draft_tokens, attn_backend))
 
         return VerifyGraphRunner
@@ -916,11 +952,24 @@ class LaterRank:
             got["spec"] = (spec.speculative_num_steps, spec.speculative_num_draft_tokens)
         return got
 
+    def target_graph(self):
+        """The target's decode graph runner, under the release's name for it."""
+        return getattr(self.worker._target_worker.model_runner, self.graph_attr)
+
+    def graphs_disabled(self):
+        args = self.server_args
+        return args.disable_cuda_graph if self.flat else args.cuda_graph_config.decode.backend == "disabled"
+
 
 def test_later_releases_read_graph_sizes_where_the_tiers_set_them(patched_release):
     """The stand-ins capture where the releases' graph runners read their sizes: every
     release's get_batch_sizes_to_capture starts from the model runner's
-    server_args.cuda_graph_config.decode.bs (0.5.18: the published one)."""
+    server_args.cuda_graph_bs (0.5.13), from 0.5.14 its server_args.cuda_graph_config.decode.bs
+    (0.5.18: the published one)."""
+    src = function_source(
+        patched_release("0.5.13") / "sglang/srt/model_executor/cuda_graph_runner.py", "get_batch_sizes_to_capture"
+    )
+    assert "server_args = model_runner.server_args\n    capture_bs = server_args.cuda_graph_bs\n" in src
     for version in ("0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.18"):
         src = function_source(
             patched_release(version) / "sglang/srt/model_executor/runner/base_cuda_graph_runner.py",
@@ -943,10 +992,10 @@ def test_later_startup_builds_each_tier_for_its_batch_sizes(version, patched_rel
     assert sorted(rank.tiers.states) == [1, 2, 3]
     assert rank.tiers.states[3].target_graph_runner == "target verify graph"  # SGLang's own
     assert rank.tiers.states[1].cuda_graph_runner is None
-    assert args.cuda_graph_config.decode.bs == list(GRAPH_BS) and args.cuda_graph_config.decode.backend == "full"
+    assert rank.graph_sizes(args) == GRAPH_BS and not rank.graphs_disabled()
     assert (w.speculative_num_steps, w.speculative_num_draft_tokens) == (3, 4)
     assert w._draft_worker.cuda_graph_runner == "draft graph"
-    assert w._target_worker.model_runner.decode_cuda_graph_runner == "target verify graph"
+    assert rank.target_graph() == "target verify graph"
     assert set(rank.counts().values()) == {(3, 4)}
     mr = w._target_worker.model_runner
     # Free memory falls by 0.25 GiB at each reading: the tiers' two, and around each of the
@@ -973,7 +1022,7 @@ def test_later_startup_in_a_tier_below_the_servers_step_count(version, patched_r
     )
     assert (w.speculative_num_steps, w.speculative_num_draft_tokens) == (2, 3)
     assert w._draft_worker.speculative_num_steps == 2
-    assert w._target_worker.model_runner.decode_cuda_graph_runner.name == "target verify graph, 2 steps"
+    assert rank.target_graph().name == "target verify graph, 2 steps"
     assert set(rank.counts().values()) == {(3, 4)}
     if rank.per_phase:  # written back through the runtime context, after the release's own write
         assert rank.context.overrides_log()[-2:] == [
@@ -1003,7 +1052,7 @@ def test_later_without_graphs_every_tier_is_eager(version, patched_release, monk
     rank = LaterRank(patched_release(version), version, monkeypatch, graphs=False)
     assert [c for c in rank.log if c[0] == "capture"] == []
     assert rank.tiers.states[2].target_graph_runner is None
-    assert rank.server_args.cuda_graph_config.decode.backend == "disabled"
+    assert rank.graphs_disabled()
 
 
 @pytest.mark.parametrize("version", LATER)
@@ -1015,7 +1064,7 @@ def test_later_each_decode_step_runs_its_tier(version, patched_release, monkeypa
     ones after every step."""
     tree = patched_release(version)
     rank = LaterRank(tree, version, monkeypatch)
-    w, mr = rank.worker, rank.worker._target_worker.model_runner
+    w = rank.worker
     forward_mode, capture_mode = forward_modes(tree)
     mixin = release_class(
         tree, "sglang/srt/disaggregation/decode_schedule_batch_mixin.py", "ScheduleBatchDisaggregationDecodeMixin"
@@ -1034,9 +1083,7 @@ def test_later_each_decode_step_runs_its_tier(version, patched_release, monkeypa
     states = []
     for bs in DECODES:
         w._spec_tiers_select(batch(forward_mode.DECODE, bs))
-        states.append(
-            (w.speculative_num_steps, getattr(mr.decode_cuda_graph_runner, "name", mr.decode_cuda_graph_runner))
-        )
+        states.append((w.speculative_num_steps, getattr(rank.target_graph(), "name", rank.target_graph())))
         assert set(rank.counts().values()) == {(3, 4)}, bs
         w._spec_tiers_select(batch(forward_mode.IDLE, 0))
         assert w.speculative_num_steps == states[-1][0]
@@ -1055,7 +1102,7 @@ def test_later_each_decode_step_runs_its_tier(version, patched_release, monkeypa
     grammar.has_grammar = True
     assert not w._spec_fallback_eligible(grammar)
     w._spec_tiers_select(grammar)
-    assert (w.speculative_num_steps, mr.decode_cuda_graph_runner) == (3, "target verify graph")
+    assert (w.speculative_num_steps, rank.target_graph()) == (3, "target verify graph")
     assert stats["tier_steps"][3] == expected.count(3) + 1 and stats["tier_steps"][0] == expected.count(0)
     assert set(rank.counts().values()) == {(3, 4)}
 

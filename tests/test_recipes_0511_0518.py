@@ -755,7 +755,8 @@ def test_the_flags_are_validated_where_the_release_validates(version, patched_re
     """The classic validation, called once the release has settled the speculative arguments:
     at the end of ServerArgs._handle_speculative_decoding (0.5.11), of speculative_hook's
     handle_speculative_decoding (0.5.13; from 0.5.14 after the algorithm's own handler, which
-    settles top-k, steps and max_running_requests); the refusals hold (0.5.14: spec v2 is always on,
+    settles top-k, steps and max_running_requests), from 0.5.13 just after the tiers'; the
+    refusals hold (0.5.14: spec v2 is always on,
     and rejection sampling keeps draft probabilities the fallback's sync does not make)."""
     tree = patched_release(version)
     if version == "0.5.11":
@@ -777,7 +778,7 @@ def test_the_flags_are_validated_where_the_release_validates(version, patched_re
             adaptive = "if algo is not None:\n    algo.handle_server_args(server_args)"
     text = [ast.unparse(s) for s in fn.body]
     at = text.index(call)
-    if version in LATER:  # the tiers' validation first: tier 0 sets the threshold
+    if version != "0.5.11":  # the tiers' validation first: tier 0 sets the threshold
         assert text[at - 1] == "server_args._validate_speculative_num_steps_tiers()"
         at -= 1
     assert text[at - 1].startswith(adaptive)

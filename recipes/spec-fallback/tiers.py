@@ -1,5 +1,5 @@
 """The draft length chosen per decode step (--speculative-num-steps-tiers), on every release
-the tiers serve (0.5.12, 0.5.14 to 0.5.18): among the step counts the server was started with,
+the tiers serve (0.5.12 to 0.5.18): among the step counts the server was started with,
 each decode step runs the one its batch size falls to (SpecFallbackState.tier_for_batch), tier
 0 being the fallback's plain decode step (common.py).
 

@@ -1,4 +1,4 @@
-"""Flags of the draft length chosen per decode step (SGLang 0.5.12, 0.5.14 to 0.5.18): the step
+"""Flags of the draft length chosen per decode step (SGLang 0.5.12 to 0.5.18): the step
 counts the server keeps ready (--speculative-num-steps-tiers) and the batch sizes between them
 (--speculative-num-steps-tier-boundaries), validated just before the threshold's own
 validation. Tier 0 is the spec-fallback recipe's plain decode step: its threshold is the last

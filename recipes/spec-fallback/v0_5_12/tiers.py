@@ -1,5 +1,6 @@
-"""The tiers' (../tiers.py) hooks and release differences on SGLang 0.5.12; the step-count
-write also serves 0.5.14 and 0.5.15, whose apply_runtime_state assigns server_args the same way.
+"""The tiers' (../tiers.py) hooks and release differences on SGLang 0.5.12, which also serve
+0.5.13 (whose decode hook takes the ScheduleBatch, ../v0_5_14/tiers.py); the step-count write
+also serves 0.5.14 and 0.5.15, whose apply_runtime_state assigns server_args the same way.
 
 * Start-up: in EAGLEWorkerV2.__init__ (and StandaloneWorkerV2's), after the fallback's.
 * The graph runners read their capture sizes from server_args.cuda_graph_bs and skip capture

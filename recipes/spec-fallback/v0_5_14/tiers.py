@@ -3,7 +3,8 @@ differ from 0.5.12's (../v0_5_12/tiers.py).
 
 * Start-up: at the end of EAGLEWorkerV2.init_cuda_graphs, after the fallback's (the workers'
   graphs are built after the workers from 0.5.14; worker.py).
-* The decode step's batch is the ScheduleBatch `batch` (from 0.5.13).
+* The decode step's batch is the ScheduleBatch `batch` (from 0.5.13: decode_hook serves 0.5.13
+  too, whose other hooks and differences are 0.5.12's).
 * The graph runners read their capture sizes from server_args.cuda_graph_config.decode.bs
   (0.5.18: the same config object, through the runtime context) and skip capture when its
   backend is disabled (check_cuda_graph_backend). build_adaptive_runtime_state's own

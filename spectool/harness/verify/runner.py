@@ -345,9 +345,7 @@ def _cannot_run(c, sg_version: str, upstream_switch: bool, tiers: bool, stock_ro
     if c.stock and stock_root is None:
         return "a stock engine needs --sglang-dir, a tree spectool patched (its originals are the stock files)"
     if c.tiers and (upstream_switch or not tiers):
-        return (
-            f"SGLang {sg_version} has no --speculative-num-steps-tiers (the recipes add it to 0.5.12 and 0.5.14-0.5.18)"
-        )
+        return f"SGLang {sg_version} has no --speculative-num-steps-tiers (the recipes add it to 0.5.12-0.5.18)"
     if upstream_switch and c.algorithm not in (None, "EAGLE", "EAGLE3"):
         # Upstream's tiers (0.5.19+) cover EAGLE/EAGLE3 only; the threshold recipe refuses the
         # flag for other algorithms at start-up, so those scenarios do not apply there.
