@@ -386,11 +386,14 @@ def test_the_flags_are_in_help_and_parse_lists(any_patched, args_cls):
         parser.parse_args(["--speculative-num-steps-tiers", "3;1"])
 
 
-def test_tier_memory_is_reserved_for_the_tiers_sglang_does_not_capture(patched):
-    """0.5.12: the graphs of each tier other than --speculative-num-steps are reserved for (512
-    MiB + 2 MiB per graph batch), tier 0's only when its threshold comes from the last boundary
-    (the fallback's own reservation counts it otherwise); nothing without tiers. (From 0.5.14
-    neither the fallback nor the tiers reserve, as SGLang does not for its adaptive states.)"""
+@pytest.mark.parametrize("version", ["0.5.12", "0.5.13"])
+def test_tier_memory_is_reserved_for_the_tiers_sglang_does_not_capture(version, patched_release):
+    """0.5.12 and 0.5.13: the graphs of each tier other than --speculative-num-steps are reserved
+    for (512 MiB + 2 MiB per graph batch), tier 0's only when its threshold comes from the last
+    boundary (the fallback's own reservation counts it otherwise); nothing without tiers. (From
+    0.5.14 neither the fallback nor the tiers reserve, as SGLang does not for its adaptive
+    states.)"""
+    patched = patched_release(version)
     marker = load_function(patched / ARGS, "spectool_fallback_worker", {})
     args_cls = server_args_class(
         patched, {"envs": _Envs, "logger": logging.getLogger("test"), "spectool_fallback_worker": marker}

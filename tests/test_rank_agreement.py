@@ -267,6 +267,9 @@ def on_cpu_classes(tree, types):
 
         rank: Rank
         name: str
+        # Dense Llama models, no linear-attention layers: what the release's own property
+        # answers for them (test_recipes_0512 reads it on the release's model configs).
+        mambaish_config = None
 
         def _get_attention_backend(self, init_new_workspace=False):
             self.init_new_workspace = init_new_workspace  # the fallback restores it

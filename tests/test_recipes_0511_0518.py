@@ -2,7 +2,8 @@
 worker calls is there; the hooks sit where those releases run them; the decode step's result
 goes through the release's own consumer; the draft sync and the KV-only prefill follow the
 release's draft extend; the threshold flags are validated where the release validates its
-speculative arguments."""
+speculative arguments, and the fallback's memory reserved where 0.5.12 and 0.5.13 reserve
+SGLang's graphs."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import pytest
 from packaging.version import Version
 
 from spectool import api
-from spectool.testing import load_function
+from spectool.testing import function_source, load_function
 
 from .sglang_source import (
     disable_flags_parser,
@@ -748,6 +749,38 @@ def _validate(tree, version, spec_v2=True, **kw):
         return
     with envs.SGLANG_ENABLE_SPEC_V2.override(spec_v2):
         args._validate_speculative_disable_threshold()
+
+
+@pytest.mark.parametrize("version", ["0.5.12", "0.5.13", "0.5.13.post1"])
+def test_the_fallback_memory_is_reserved_where_sglang_reserves_its_graphs(version, patched_release, monkeypatch):
+    """With --mem-fraction-static left to SGLang, its _handle_gpu_memory_settings reserves
+    memory for activations and CUDA graphs before it derives the fraction; with the flag set,
+    the fallback's decode graphs and attention backend are reserved there too (what SGLang
+    reserves for its own: 512 MB of backend metadata and 2 MB per graph batch size), and
+    nothing changes without the flag. 0.5.13 keeps 0.5.12's heuristics; from 0.5.14 nothing is
+    reserved, as SGLang reserves nothing for its own adaptive states."""
+    monkeypatch.setenv("SGLANG_ENABLE_SPEC_V2", "true")
+    patched = patched_release(version)
+    server_args_cls = server_args_class(patched, {"envs": release_envs(patched), "logger": logging.getLogger("test")})
+    method = ast.parse(function_source(patched / ARGS, "ServerArgs._handle_gpu_memory_settings")).body[0]
+    auto = next(
+        n
+        for n in ast.walk(method)
+        if isinstance(n, ast.If) and ast.unparse(n.test) == "self.mem_fraction_static is None"
+    )
+    body = [ast.unparse(n) for n in auto.body]
+    ours = next(i for i, text in enumerate(body) if "speculative_disable_batch_size_threshold" in text)
+    assert body[ours - 1].startswith("if self.speculative_algorithm is not None:"), "after SGLang's draft reserve"
+    assert any(t.startswith("self.mem_fraction_static = ") for t in body[ours + 1 :]), "before the fraction is derived"
+    for threshold, want in ((8, 1000 + 512 + 2 * 256), (None, 1000)):
+        scope = {
+            "self": server_args(
+                server_args_cls, speculative_disable_batch_size_threshold=threshold, cuda_graph_max_bs=256
+            ),
+            "reserved_mem": 1000,
+        }
+        exec(compile(ast.Module([auto.body[ours]], []), "reserve", "exec"), scope)
+        assert scope["reserved_mem"] == want
 
 
 @pytest.mark.parametrize("version", RELEASES)

@@ -474,35 +474,6 @@ def test_future_map_reads_an_unfiltered_batch_as_views_and_gathers_the_rest(patc
         assert not is_view(getattr(merged, name), name)
 
 
-def test_the_fallback_memory_is_reserved_where_sglang_reserves_its_graphs(patched, server_args_cls):
-    """With --mem-fraction-static left to SGLang, its _handle_gpu_memory_settings reserves
-    memory for activations and CUDA graphs before it derives the fraction; with the flag set,
-    the fallback's decode graphs and attention backend are reserved there too (what SGLang
-    reserves for its own: 512 MB of backend metadata and 2 MB per graph batch size), and
-    nothing changes without the flag."""
-    import ast
-
-    method = ast.parse(function_source(patched / ARGS, "ServerArgs._handle_gpu_memory_settings")).body[0]
-    auto = next(
-        n
-        for n in ast.walk(method)
-        if isinstance(n, ast.If) and ast.unparse(n.test) == "self.mem_fraction_static is None"
-    )
-    body = [ast.unparse(n) for n in auto.body]
-    ours = next(i for i, text in enumerate(body) if "speculative_disable_batch_size_threshold" in text)
-    assert body[ours - 1].startswith("if self.speculative_algorithm is not None:"), "after SGLang's draft reserve"
-    assert any(t.startswith("self.mem_fraction_static = ") for t in body[ours + 1 :]), "before the fraction is derived"
-    for threshold, want in ((8, 1000 + 512 + 2 * 256), (None, 1000)):
-        scope = {
-            "self": server_args(
-                server_args_cls, speculative_disable_batch_size_threshold=threshold, cuda_graph_max_bs=256
-            ),
-            "reserved_mem": 1000,
-        }
-        exec(compile(ast.Module([auto.body[ours]], []), "reserve", "exec"), scope)
-        assert scope["reserved_mem"] == want
-
-
 RUNNER = "sglang/srt/model_executor/model_runner.py"
 
 
@@ -514,29 +485,38 @@ class PretrainedConfig:
         return self
 
 
+HYBRID_PROPERTIES = ("hybrid_gdn_config", "mamba2_config", "kimi_linear_config", "hybrid_lightning_config")
+
+
 @functools.cache
 def _runner_classes(tree):
     """The release's ModelRunner, ModelConfig and the model configs ModelRunner's
-    hybrid_gdn_config and mamba2_config properties test a model's config against."""
+    mambaish_config tests a model's config against (through the hybrid properties it reads
+    and the release's linear-attention registry, empty: no model registered itself)."""
     import ast
 
     names = {
         n.id
-        for prop in ("hybrid_gdn_config", "mamba2_config")
+        for prop in HYBRID_PROPERTIES
         for n in ast.walk(ast.parse(function_source(tree / RUNNER, f"ModelRunner.{prop}")))
         if isinstance(n, ast.Name) and n.id.endswith("Config")
     }
-    configs = {name: release_type(tree, name, {"PretrainedConfig": PretrainedConfig}) for name in names}
+    ns = {name: release_type(tree, name, {"PretrainedConfig": PretrainedConfig}) for name in names}
+    ns["get_linear_attn_config"] = load_function(
+        tree / "sglang/srt/configs/linear_attn_model_registry.py",
+        "get_linear_attn_config",
+        {"_LINEAR_ATTN_MODEL_REGISTRY": [], "Any": object, "Optional": Optional},
+    )
     model_config = release_type(
         tree, "ModelConfig", {"ModelImpl": release_type(tree, "ModelImpl")}, rel="sglang/srt/configs/model_config.py"
     )
-    return release_type(tree, "ModelRunner", configs, rel=RUNNER), model_config, configs
+    return release_type(tree, "ModelRunner", ns, rel=RUNNER), model_config, ns
 
 
 def _target_runner(tree, config):
     """A real ModelRunner of the release serving a model whose HF config is the release's own
-    `config` class (None: a plain transformers config); its hybrid_gdn_config and mamba2_config
-    properties, which SGLang's own verify reads, answer from that config."""
+    `config` class (None: a plain transformers config); its mambaish_config answers from
+    that config."""
     runner, model_config, configs = _runner_classes(tree)
     hf_config = release_instance(configs[config]) if config else PretrainedConfig()
     return release_instance(
@@ -558,6 +538,8 @@ def _model_class(tree, name):
     [
         ("Qwen3NextConfig", "LlamaForCausalLMEagle3", "hybrid linear-attention targets"),
         ("FalconH1Config", "LlamaForCausalLMEagle3", "hybrid linear-attention targets"),
+        ("KimiLinearConfig", "LlamaForCausalLMEagle3", "hybrid linear-attention targets"),
+        ("BailingHybridConfig", "LlamaForCausalLMEagle3", "hybrid linear-attention targets"),
         (None, "DeepseekV3ForCausalLMNextN", "NEXTN/MTP drafts (the draft model is DeepseekV3ForCausalLMNextN"),
         (None, "Qwen3NextForCausalLMMTP", "NEXTN/MTP drafts"),
         (None, "LlamaForCausalLMEagle3", None),
@@ -565,15 +547,16 @@ def _model_class(tree, name):
     ],
 )
 def test_start_up_refuses_models_the_fallback_cannot_serve(target, draft, msg, patched):
-    """Hybrid GDN/Mamba targets (a fallback step would not update the recurrent state that
-    the speculative path updates after verify; here a Qwen3-Next and a Falcon-H1 config) and
+    """Hybrid linear-attention targets (a fallback step would not update the recurrent state
+    that the speculative path updates after verify; here Qwen3-Next, Falcon-H1, Kimi-Linear and
+    Bailing hybrid configs, every kind the release's mambaish_config names) and
     NEXTN/MTP drafts stop the server at start-up with one message each; EAGLE-3 heads and
     STANDALONE drafts start. The worker, its target and draft workers, their model runners
     and the draft model are objects of the release's own classes."""
     import re
 
     runner = _target_runner(patched, target)
-    assert (runner.hybrid_gdn_config is not None or runner.mamba2_config is not None) == (target is not None)
+    assert (runner.mambaish_config is not None) == (target is not None)
     draft_runner = release_instance(_runner_classes(patched)[0], model=release_instance(_model_class(patched, draft)))
     worker = release_instance(
         _worker_class(patched),
@@ -587,6 +570,3 @@ def test_start_up_refuses_models_the_fallback_cannot_serve(target, draft, msg, p
     else:
         with pytest.raises(ValueError, match=re.escape(msg)):
             worker._spec_fallback_refuse_unsupported_models()
-    assert "model_runner.hybrid_gdn_config is not None" in (patched / WORKER).read_text(), (
-        "the release's own verify tells hybrid targets by these properties"
-    )

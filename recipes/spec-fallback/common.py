@@ -230,25 +230,24 @@ class EAGLEWorkerV2:
 
     def _spec_fallback_refuse_unsupported_models(self):
         """Stop at start-up on models the fallback step cannot serve, saying why: a hybrid
-        linear-attention target (GDN or Mamba layers), whose recurrent state the speculative
-        path updates after verify and the scheduler then tracks, which a plain fallback step
-        does not do; and a NEXTN/MTP draft (the target's own next-token layers), which is
+        linear-attention target (GDN, Mamba, Kimi linear or lightning layers, or one in the
+        release's linear-attention registry: whatever its mambaish_config names), whose
+        recurrent state the speculative path updates after verify and the scheduler then
+        tracks, which a plain fallback step does not do; and a NEXTN/MTP draft (the target's own next-token layers), which is
         not an EAGLE head the draft sync can keep in step. Every rank loads the same models,
         so every rank stops with the same message."""
         mr = self._target_worker.model_runner
         try:
             from sglang.srt.configs.hybrid_arch import mambaish_config
         except ImportError:  # up to 0.5.15 the model runner answers itself
-            hybrid = (
-                getattr(mr, "hybrid_gdn_config", None) is not None
-                or getattr(mr, "mamba2_config", None) is not None
-            )
+            hybrid = mr.mambaish_config is not None
         else:
             hybrid = mambaish_config(mr.model_config) is not None
         if hybrid:
             raise ValueError(
                 "--speculative-disable-batch-size-threshold does not support hybrid "
-                "linear-attention targets (GDN or Mamba layers, e.g. Qwen3-Next, Nemotron-H): "
+                "linear-attention targets (GDN, Mamba or other linear-attention layers, e.g. "
+                "Qwen3-Next, Nemotron-H, Kimi-Linear): "
                 "a fallback step would not update the recurrent state that the speculative "
                 "path updates after each verify. Serve this model without the flag."
             )
