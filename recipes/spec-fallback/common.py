@@ -233,9 +233,9 @@ class EAGLEWorkerV2:
         linear-attention target (GDN, Mamba, Kimi linear or lightning layers, or one in the
         release's linear-attention registry: whatever its mambaish_config names), whose
         recurrent state the speculative path updates after verify and the scheduler then
-        tracks, which a plain fallback step does not do; and a NEXTN/MTP draft (the target's own next-token layers), which is
-        not an EAGLE head the draft sync can keep in step. Every rank loads the same models,
-        so every rank stops with the same message."""
+        tracks, which a plain fallback step does not do; and a NEXTN/MTP draft (the target's
+        own next-token layers), which is not an EAGLE head the draft sync can keep in step.
+        Every rank loads the same models, so every rank stops with the same message."""
         mr = self._target_worker.model_runner
         try:
             from sglang.srt.configs.hybrid_arch import mambaish_config
